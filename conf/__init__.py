@@ -1,0 +1,1 @@
+"""Shipped defaults (trainctl.toml) and example job specs; read with importlib.resources."""

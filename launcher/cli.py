@@ -1,0 +1,329 @@
+"""The `trainctl` command line: click declarations only; operations live in api/views."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainctl.supervisor.errors import (
+    ConfigError, JobNotFoundError, RemoteError, StateError, TrainctlError,
+)
+
+from . import __version__
+from .config import Config, load_config
+
+
+class ExitCode(IntEnum):
+    """Every exit status trainctl uses (README "Exit codes")."""
+
+    OK = 0
+    FAILED = 1  # the operation failed (survivors, start failed, name clash, ...)
+    USAGE = 2  # bad flag, bad config, unknown job
+    NOT_RUNNING = 3  # status: the job is not running
+    STATE_UNKNOWN = 4  # state untrusted or supervisor lost
+    REMOTE = 5
+    INTERNAL = 70
+    TIMEOUT = 124  # wait --timeout expired
+    INTERRUPTED = 130
+
+
+def exit_code_for(err: TrainctlError) -> ExitCode:
+    """Map an error class to its exit code."""
+    if isinstance(err, ConfigError | JobNotFoundError):
+        return ExitCode.USAGE
+    if isinstance(err, StateError):
+        return ExitCode.STATE_UNKNOWN
+    if isinstance(err, RemoteError):
+        return ExitCode.REMOTE
+    return ExitCode.FAILED
+
+
+class Ctx:
+    """Per-invocation context: the config and the resolved home."""
+
+    def __init__(self, home: str | None) -> None:
+        self._home = home
+        self._cfg: Config | None = None
+
+    @property
+    def cfg(self) -> Config:
+        """Return the loaded config."""
+        if self._cfg is None:
+            self._cfg = load_config()
+        return self._cfg
+
+    @property
+    def home(self) -> Path:
+        """Return the resolved TRAINCTL_HOME."""
+        from .api import resolve_home  # noqa: PLC0415
+
+        return resolve_home(self._home, self.cfg)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", metavar="DIR", help="State directory [env TRAINCTL_HOME; default "
+              "$XDG_STATE_HOME/trainctl].")
+@click.version_option(__version__, prog_name="trainctl")
+@click.pass_context
+def cli(ctx: click.Context, home: str | None) -> None:
+    """Start, stop and prove-stopped multi-process training jobs.
+
+    Every job runs detached in its own session under a small supervisor; `stop` signals
+    every process of the job (however it escaped) and nothing else, waits for it to
+    checkpoint, escalates, and verifies that nothing survived.
+    """
+    ctx.obj = Ctx(home)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--name", "-n", required=True, help="Job name (letters, digits, . _ -).")
+@click.option("--cwd", metavar="DIR", help="Working directory [default: current].")
+@click.option("--env", "-e", "env", multiple=True, metavar="KEY=VAL",
+              help="Extra environment variable (repeatable).")
+@click.option("--grace", metavar="SECONDS", help="Seconds between stop signal and SIGKILL "
+              "[default from config: 60].")
+@click.option("--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... "
+              "[default TERM].")
+@click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
+@json_opt
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def start(c: Ctx, name: str, cwd: str | None, env: tuple[str, ...], grace: str | None,
+          stop_signal: str | None, follow: bool, as_json: bool, argv: tuple[str, ...]) -> int:
+    """Start ARGV as job NAME, detached; return once its main process has exec'd.
+
+    \b
+    Example: trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
+    """
+    from . import api, render  # noqa: PLC0415
+
+    spec = api.build_spec(name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace,
+                          stop_signal=stop_signal)
+    res = api.start_job(c.home, spec, c.cfg)
+    if as_json:
+        render.emit_json({"name": res.name, "run": res.run, "main_pid": res.main_pid,
+                          "mode": res.mode, "log": res.log, "elapsed_s": res.elapsed_s})
+    else:
+        render.start(res)
+    if follow:
+        return _follow(c, name, Path(res.log))
+    return ExitCode.OK
+
+
+def _follow(c: Ctx, name: str, path: Path) -> int:
+    from . import render, views  # noqa: PLC0415
+
+    if path.exists():
+        render.write(path.read_text(errors="replace"))
+    try:
+        for chunk in views.follow(c.home, name, path, c.cfg.follow_poll_s):
+            render.write(chunk)
+    except KeyboardInterrupt:
+        click.echo(f"\ndetached; {name} keeps running (trainctl stop {name})", err=True)
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@click.option("--main-only", is_flag=True, help="Send the stop signal to the main process "
+              "only (it forwards to its workers); the rest still gets SIGKILL after the grace.")
+@json_opt
+@pass_ctx
+def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -> int:
+    """Stop every process of job NAME and nothing else; exit 0 only if none survives."""
+    from . import api, render  # noqa: PLC0415
+
+    grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
+    res = api.stop_job(c.home, name, grace_s=grace_s, main_only=main_only)
+    if as_json:
+        render.emit_json({"name": res.name, "run": res.run, "via": res.via, "ok": res.ok,
+                          "exit_code": res.exit_code, "message": res.message,
+                          "report": res.report})
+    else:
+        render.stop(res)
+    return ExitCode.OK if res.ok else ExitCode.FAILED
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@json_opt
+@pass_ctx
+def restart(c: Ctx, name: str, grace: str | None, as_json: bool) -> int:
+    """Stop job NAME (verified), then start its recorded command again with the code on disk."""
+    from . import api, render  # noqa: PLC0415
+
+    grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
+    stopped, started = api.restart_job(c.home, name, c.cfg, grace_s=grace_s)
+    if as_json:
+        render.emit_json({"stop": {"via": stopped.via, "ok": stopped.ok,
+                                   "report": stopped.report},
+                          "start": {"run": started.run, "main_pid": started.main_pid,
+                                    "log": started.log}})
+    else:
+        render.stop(stopped)
+        render.start(started)
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("name", required=False)
+@json_opt
+@pass_ctx
+def status(c: Ctx, name: str | None, as_json: bool) -> int:
+    """Show job NAME's phase, pids, uptime, members and last log line (all jobs if no NAME).
+
+    Exit code: 0 running, 3 not running (stopped/exited/failed), 4 supervisor lost.
+    """
+    from . import render, views  # noqa: PLC0415
+
+    if name is None:
+        return _list(c, as_json)
+    s = views.job_status(c.home, name)
+    if as_json:
+        render.emit_json(s.to_doc())
+    else:
+        render.status(s)
+    if s.state == "lost":
+        return ExitCode.STATE_UNKNOWN
+    return ExitCode.OK if s.state in ("starting", "running", "stopping") else ExitCode.NOT_RUNNING
+
+
+def _list(c: Ctx, as_json: bool) -> int:
+    from . import render, views  # noqa: PLC0415
+
+    rows = views.all_statuses(c.home)
+    if as_json:
+        render.emit_json([r.to_doc() if not isinstance(r, tuple) else
+                          {"name": r[0], "state": "unknown", "error": r[1]} for r in rows])
+    else:
+        render.job_table(rows)
+    return ExitCode.OK
+
+
+@cli.command(name="list")
+@json_opt
+@pass_ctx
+def list_(c: Ctx, as_json: bool) -> int:
+    """List every job with its phase, run, main pid, members and last log line."""
+    return _list(c, as_json)
+
+
+@cli.command()
+@click.argument("name")
+@json_opt
+@pass_ctx
+def ps(c: Ctx, name: str, as_json: bool) -> int:
+    """Show job NAME's live process tree; members outside main's tree are marked escaped."""
+    from . import render, views  # noqa: PLC0415
+
+    rows = views.job_ps(c.home, name)
+    if as_json:
+        render.emit_json([{k: getattr(r, k) for k in r.__slots__} for r in rows])
+    else:
+        render.ps(rows)
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output (across restarts) "
+              "until the job ends; Ctrl-C stops following.")
+@click.option("-n", "--lines", "lines", type=int, default=None, metavar="N",
+              help="Print only the last N lines [default from config: all].")
+@click.option("--run", "run", type=int, default=None, metavar="R",
+              help="Show run R instead of the current one.")
+@pass_ctx
+def logs(c: Ctx, name: str, follow: bool, lines: int | None, run: int | None) -> int:
+    """Print the log (stdout+stderr) of job NAME."""
+    from . import render, views  # noqa: PLC0415
+
+    if lines is not None and lines < 0:
+        raise ConfigError("-n must be >= 0")
+    path, text = views.log_lines(c.home, name, run, c.cfg.tail_lines if lines is None else lines)
+    render.write("".join(text))
+    if follow:
+        try:
+            for chunk in views.follow(c.home, name, path, c.cfg.follow_poll_s):
+                render.write(chunk)
+        except KeyboardInterrupt:
+            pass
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--timeout", metavar="SECONDS", help="Give up after this long (exit 124).")
+@pass_ctx
+def wait(c: Ctx, name: str, timeout: str | None) -> int:
+    """Wait until job NAME's run ends; exit with the job's exit code (128+N for signal N)."""
+    from . import api  # noqa: PLC0415
+
+    timeout_s = None if timeout is None else api.parse_seconds(timeout, "--timeout")
+    try:
+        st = api.wait_job(c.home, name, timeout_s)
+    except TimeoutError as e:
+        click.echo(f"trainctl: {e}", err=True)
+        return ExitCode.TIMEOUT
+    return st.exit_code if st.exit_code is not None else ExitCode.OK
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Also remove a job whose state file is corrupt "
+              "(deletes files only; signals nothing).")
+@pass_ctx
+def rm(c: Ctx, name: str, force: bool) -> int:
+    """Remove finished job NAME: its state, events and logs."""
+    from . import api  # noqa: PLC0415
+
+    path = api.remove_job(c.home, name, force=force)
+    click.echo(f"removed {name} ({path})")
+    return ExitCode.OK
+
+
+def _internal_error() -> int:
+    fd, path = tempfile.mkstemp(prefix="trainctl-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(traceback.format_exc())
+    click.echo(f"trainctl: internal error (traceback in {path}); please report it", err=True)
+    return ExitCode.INTERNAL
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point: map every error to one line and an exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="trainctl", standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        click.echo(f"trainctl: error: {e.format_message()}", err=True)
+        rv = ExitCode.USAGE
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("trainctl: interrupted", err=True)
+        rv = ExitCode.INTERRUPTED
+    except TrainctlError as e:
+        click.echo(f"trainctl: error: {e}", err=True)
+        rv = exit_code_for(e)
+    except click.exceptions.ClickException as e:
+        click.echo(f"trainctl: error: {e.format_message()}", err=True)
+        rv = ExitCode.USAGE
+    except OSError as e:
+        if e.errno is not None and e.filename is not None:
+            click.echo(f"trainctl: error: {e.filename}: {e.strerror}", err=True)
+            rv = ExitCode.FAILED
+        else:
+            rv = _internal_error()
+    except Exception:  # noqa: BLE001  (last resort: never show a traceback to a user)
+        rv = _internal_error()
+    sys.exit(int(rv) if isinstance(rv, int) else 0)

@@ -1,0 +1,89 @@
+"""Configuration: shipped defaults (conf/trainctl.toml) overlaid by the user's file."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Resolved defaults; flags override these per command."""
+
+    home: str
+    ready_timeout_s: float
+    cgroup: bool
+    grace_s: float
+    stop_signal: str
+    kill_wait_s: float
+    snapshot_interval_s: float
+    tail_lines: int
+    follow_poll_s: float
+
+
+_KEYS: dict[tuple[str, str], tuple[str, type]] = {
+    ("state", "home"): ("home", str),
+    ("start", "ready_timeout_s"): ("ready_timeout_s", float),
+    ("start", "cgroup"): ("cgroup", bool),
+    ("stop", "grace_s"): ("grace_s", float),
+    ("stop", "signal"): ("stop_signal", str),
+    ("stop", "kill_wait_s"): ("kill_wait_s", float),
+    ("supervisor", "snapshot_interval_s"): ("snapshot_interval_s", float),
+    ("logs", "tail_lines"): ("tail_lines", int),
+    ("logs", "follow_poll_s"): ("follow_poll_s", float),
+}
+
+
+def _load(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: invalid TOML: {e}") from None
+
+
+def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
+    for table, entries in doc.items():
+        if not isinstance(entries, dict):
+            raise ConfigError(f"{where}: [{table}] must be a table")
+        for key, value in entries.items():
+            if (table, key) not in _KEYS:
+                raise ConfigError(f"{where}: unknown key {table}.{key}")
+            field, typ = _KEYS[(table, key)]
+            if typ is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+                raise ConfigError(f"{where}: {table}.{key} must be {typ.__name__}, got {value!r}")
+            if typ in (int, float) and value < 0:
+                raise ConfigError(f"{where}: {table}.{key} must not be negative")
+            values[field] = value
+
+
+def user_config_path() -> Path:
+    """Return the user's config file path (it may not exist)."""
+    if os.environ.get("TRAINCTL_CONFIG"):
+        return Path(os.environ["TRAINCTL_CONFIG"])
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(xdg) / "trainctl" / "config.toml"
+
+
+def load_config() -> Config:
+    """Return the shipped defaults overlaid by the user's config file, validated."""
+    values: dict[str, Any] = {}
+    shipped = resources.files("trainctl.conf").joinpath("trainctl.toml").read_text()
+    _apply(values, _load(shipped, "conf/trainctl.toml"), "conf/trainctl.toml")
+    path = user_config_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        text = None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if text is not None:
+        _apply(values, _load(text, str(path)), str(path))
+    return Config(**values)

@@ -1,0 +1,130 @@
+"""Human and JSON output. The only module (besides cli) that prints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from .api import StartResult, StopResult
+from .views import PsRow, Status
+
+
+def emit_json(doc: Any) -> None:
+    """Print one JSON document."""
+    print(json.dumps(doc, indent=2, default=str))
+
+
+def duration(secs: float) -> str:
+    """Format seconds as 3d4h, 2h05m, 4m07s or 12.3s."""
+    if secs < 60:
+        return f"{secs:.1f}s"
+    m, s = divmod(int(secs), 60)
+    h, m = divmod(m, 60)
+    d, h = divmod(h, 24)
+    if d:
+        return f"{d}d{h}h"
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def size(nbytes: int) -> str:
+    """Format a byte count as 512K, 3.1M, 2.0G."""
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}G"
+
+
+def start(res: StartResult) -> None:
+    """Render a started run."""
+    print(f"started {res.name} run {res.run}: main pid {res.main_pid}, mode {res.mode} "
+          f"({res.elapsed_s * 1000:.0f} ms)")
+    print(f"log: {res.log}")
+
+
+def stop(res: StopResult) -> None:
+    """Render a stop report."""
+    if res.via == "noop":
+        print(res.message)
+        return
+    r = res.report
+    if r.get("already_stopped"):
+        print(f"{res.name}: no process of run {res.run} was alive; nothing to stop")
+        return
+    nets = ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_net", {}).items()))
+    print(f"stopped {res.name} run {res.run} via {res.via} ({r.get('mode')} mode)")
+    print(f"  found      {r['found']} process(es), {r.get('escaped', 0)} escaped the tree  "
+          f"[{nets}]")
+    if r.get("late_joiners"):
+        print(f"  late       {r['late_joiners']} appeared during the grace and were signalled")
+    ex = r.get("exit_s") or {}
+    timing = (f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)"
+              if ex else "")
+    print(f"  {r['signal']:<10} {r['exited_on_signal']} exited{timing}")
+    print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
+    if r.get("zombies"):
+        print(f"  zombies    {len(r['zombies'])} exited, waiting for their parent to reap them")
+    for s in r.get("survivors", []):
+        print(f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: "
+              f"{s['cmd']}")
+    code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
+    verdict = "nothing of the job is alive" if res.ok else \
+        f"{len(r.get('survivors', []))} process(es) SURVIVED"
+    print(f"  total      {r['total_s']:.2f} s — {verdict}{code}")
+
+
+def status(s: Status) -> None:
+    """Render one job's status."""
+    code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
+    print(f"{s.name}: {s.state}{code}, run {s.run}")
+    sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+    print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
+    when = "uptime" if s.ended_at is None else "ran"
+    escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
+    print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
+    if s.argv:
+        print(f"  cmd  {' '.join(s.argv)[:150]}")
+    print(f"  log  {s.log}")
+    if s.last_log_line:
+        print(f"  last {s.last_log_line}")
+    if s.last_stop and s.state in ("stopped", "exited", "failed"):
+        ok = "clean" if s.last_stop.get("ok", True) else "SURVIVORS"
+        print(f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s "
+              f"({s.last_stop.get('reason', 'stop')})")
+
+
+def job_table(rows: list[Status | tuple[str, str]]) -> None:
+    """Render `trainctl list`."""
+    if not rows:
+        print("no jobs")
+        return
+    print(f"{'NAME':<20} {'STATE':<9} {'RUN':>4} {'MAIN':>8} {'MEMBERS':>7} {'UPTIME':>8}  "
+          "LAST LOG LINE")
+    for row in rows:
+        if isinstance(row, tuple):
+            print(f"{row[0]:<20} {'?':<9} {'':>4} {'':>8} {'':>7} {'':>8}  {row[1]}")
+            continue
+        code = f"({row.exit_code})" if row.exit_code is not None else ""
+        print(f"{row.name:<20} {row.state + code:<9} {row.run:>4} {row.main_pid or '-':>8} "
+              f"{row.members:>7} {duration(row.uptime_s):>8}  {row.last_log_line[:60]}")
+
+
+def ps(rows: list[PsRow]) -> None:
+    """Render `trainctl ps` as an indented tree."""
+    if not rows:
+        print("no live process")
+        return
+    print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}  CMD")
+    for r in rows:
+        flag = "  [escaped]" if r.escaped else ""
+        print(f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
+              f"{size(r.rss_bytes):>7}  {'  ' * r.depth}{r.cmd[:100]}{flag}")
+
+
+def write(text: str) -> None:
+    """Write raw log text."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+

@@ -1,0 +1,233 @@
+"""Read-only views of jobs: status, list, ps, logs. Import-light: `status` must stay fast."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor import procfs, state
+from trainctl.supervisor.errors import ConfigError, StateError
+from trainctl.supervisor.proctree import scan
+from trainctl.supervisor.state import Phase
+
+from .api import existing_job, target_of
+
+RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
+
+
+@dataclass(slots=True)
+class Status:
+    """What `trainctl status NAME` shows (and `--json` emits)."""
+
+    name: str
+    state: str
+    run: int
+    main_pid: int | None
+    pgid: int | None
+    supervisor_pid: int | None
+    supervisor_alive: bool
+    exit_code: int | None
+    members: int
+    escaped: int
+    mode: str
+    cgroup: str | None
+    started_at: float
+    ended_at: float | None
+    uptime_s: float
+    log: str
+    last_log_line: str
+    argv: list[str] = field(default_factory=list)
+    last_stop: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+
+def last_line(path: Path) -> str:
+    """Return the last non-empty line of a file, cheaply (reads at most 8 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return ""
+    for raw in reversed(lines):
+        text = raw.decode(errors="replace").strip()
+        # progress bars rewrite one line with \r: show its latest frame
+        text = text.rsplit("\r", 1)[-1].strip()
+        if text:
+            return text[:200]
+    return ""
+
+
+def job_status(home: Path, name: str) -> Status:
+    """Return the status of a job, with a live member count."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    argv: list[str] = []
+    try:
+        argv = list(state.read_spec(jdir).argv)
+    except (StateError, FileNotFoundError):
+        argv = []
+    phase = state.effective_phase(jdir, st)
+    sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
+    members = scan(target_of(st)) if phase not in state.TERMINAL or st.last_stop is None \
+        or not st.last_stop.get("ok", True) else {}
+    live = [m for m in members.values() if m.alive]
+    end = st.ended_at or time.time()
+    log = state.log_path(jdir, st.run)
+    return Status(
+        name=st.name, state=str(phase), run=st.run,
+        main_pid=st.main.pid if st.main else None, pgid=st.pgid,
+        supervisor_pid=st.supervisor.pid if st.supervisor else None,
+        supervisor_alive=sup_alive, exit_code=st.exit_code, members=len(live),
+        escaped=sum(1 for m in live if m.escaped), mode=st.mode, cgroup=st.cgroup,
+        started_at=st.started_at, ended_at=st.ended_at, uptime_s=round(end - st.started_at, 3),
+        log=str(log), last_log_line=last_line(log), argv=argv, last_stop=st.last_stop,
+        error=st.error,
+    )
+
+
+def all_statuses(home: Path) -> list[Status | tuple[str, str]]:
+    """Return the status of every job; an untrusted one becomes (name, error)."""
+    out: list[Status | tuple[str, str]] = []
+    for name in state.list_jobs(home):
+        try:
+            out.append(job_status(home, name))
+        except (StateError, ConfigError) as e:
+            out.append((name, str(e)))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PsRow:
+    """One process of a job, for `trainctl ps`."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    cpu_percent: float
+    rss_bytes: int
+    escaped: bool
+    nets: list[str]
+    cmd: str
+    depth: int
+
+
+def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
+    """Return the job's live process tree, parents before children (escapees at top level)."""
+    import psutil  # noqa: PLC0415  (only `ps` pays for it)
+
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    members = {pid: m for pid, m in scan(target_of(st)).items() if m.alive}
+    procs: dict[int, psutil.Process] = {}
+    for pid in members:
+        try:
+            procs[pid] = psutil.Process(pid)
+            procs[pid].cpu_percent(None)
+        except psutil.NoSuchProcess:
+            continue
+    time.sleep(sample_s if procs else 0)
+    rows: list[PsRow] = []
+    for pid, depth in _tree_order(members):
+        m = members[pid]
+        try:
+            cpu = procs[pid].cpu_percent(None) if pid in procs else 0.0
+            rss = procs[pid].memory_info().rss if pid in procs else 0
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            cpu, rss = 0.0, 0
+        rows.append(PsRow(pid=pid, ppid=m.stat.ppid, pgid=m.stat.pgid, sid=m.stat.sid,
+                          state=m.stat.state, cpu_percent=round(cpu, 1), rss_bytes=rss,
+                          escaped=m.escaped and "main" not in m.nets, nets=sorted(m.nets),
+                          cmd=procfs.read_cmdline(pid) or f"[{m.stat.comm}]", depth=depth))
+    return rows
+
+
+def _tree_order(members: dict[int, Any]) -> list[tuple[int, int]]:
+    kids: dict[int, list[int]] = {}
+    roots = []
+    for pid, m in sorted(members.items()):
+        if m.stat.ppid in members:
+            kids.setdefault(m.stat.ppid, []).append(pid)
+        else:
+            roots.append(pid)
+    out: list[tuple[int, int]] = []
+    stack = [(pid, 0) for pid in reversed(roots)]
+    while stack:
+        pid, depth = stack.pop()
+        out.append((pid, depth))
+        stack.extend((c, depth + 1) for c in reversed(kids.get(pid, [])))
+    return out
+
+
+# ---------------------------------------------------------------- logs
+
+
+def log_lines(home: Path, name: str, run: int | None, tail: int) -> tuple[Path, list[str]]:
+    """Return the log path of run ``run`` (default: current) and its last ``tail`` lines."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    run = st.run if run is None else run
+    if run < 1 or run > st.run:
+        raise ConfigError(f"job {name} has runs 1..{st.run}, not {run}")
+    path = state.log_path(jdir, run)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    lines = data.decode(errors="replace").splitlines(keepends=True)
+    return path, lines[-tail:] if tail else lines
+
+
+def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
+    """Yield new log text as it appears, switching to the next run's log after a restart.
+
+    Ends when the job has finished (terminal phase, supervisor gone, nobody restarting it
+    under the job lock) and its log is drained.
+    """
+    jdir = existing_job(home, name)
+    run = int(path.stem.split("-")[-1])
+    pos = path.stat().st_size if path.exists() else 0
+    while True:
+        chunk, pos = _read_from(path, pos)
+        if chunk:
+            yield chunk
+            continue
+        st = state.read_state(jdir)
+        if st.run > run:
+            run += 1
+            path, pos = state.log_path(jdir, run), 0
+            yield f"==> {name} run {run} <==\n"
+            continue
+        finished = state.effective_phase(jdir, st) in state.TERMINAL | {Phase.LOST}
+        if finished and not state.is_locked(jdir, "lock"):
+            chunk, pos = _read_from(path, pos)
+            if chunk:
+                yield chunk
+            return
+        time.sleep(poll_s)
+
+
+def _read_from(path: Path, pos: int) -> tuple[str, int]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(pos)
+            data = f.read(1 << 20)
+    except FileNotFoundError:
+        return "", pos
+    return data.decode(errors="replace"), pos + len(data)

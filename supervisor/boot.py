@@ -1,0 +1,116 @@
+"""Supervisor start-up: the readiness handshake, kept import-light.
+
+The CLI is waiting on the other end of a socketpair, so everything up to the reply imports
+only the standard library and trainctl's own small modules; anyio and structlog (~120 ms)
+are imported after the CLI has been answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from . import cgroup as cg
+from . import procfs
+from .errors import SpawnError, TrainctlError
+from .spawn import Spawned, job_env, spawn_main
+from .state import (
+    JobState, Phase, ProcRef, Spec, append_event, job_dir, log_path, spec_from_doc,
+    spec_to_doc, write_json_atomic, write_state,
+)
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_subreaper() -> bool:
+    """Make orphans of the job reparent to this process instead of init."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def hold_supervisor_lock(jdir: Path) -> int:
+    """Take supervisor.lock for this process's whole life; the CLI tests it for liveness."""
+    fd = os.open(jdir / "supervisor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _reply(sock: socket.socket, msg: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(msg).encode() + b"\n")
+
+
+def _read_request(sock: socket.socket) -> dict[str, Any]:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise SpawnError("the CLI went away before sending the job spec")
+        buf += chunk
+    doc = json.loads(buf)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def launch(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[JobState, Spawned, Path | None]:
+    """Start the job's main process and record it; raise SpawnError if it cannot start."""
+    cgroup = cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.cgroup else None
+    procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
+    log = log_path(jdir, run)
+    log.parent.mkdir(mode=0o700, exist_ok=True)
+    progress = jdir / "logs" / f"run-{run}.progress.jsonl"
+    try:
+        spawned = spawn_main(spec, job_env(spec, marker, run, progress), log, procs_fd)
+    except SpawnError:
+        if cgroup:
+            cg.remove(cgroup)
+        raise
+    finally:
+        if procs_fd is not None:
+            os.close(procs_fd)
+    st = procfs.read_stat(spawned.pid)
+    me = procfs.read_stat(os.getpid())
+    assert me is not None
+    state = JobState(
+        name=spec.name, run=run, phase=Phase.RUNNING, marker=marker, started_at=time.time(),
+        supervisor=ProcRef(me.pid, me.start_ticks),
+        main=ProcRef(spawned.pid, st.start_ticks) if st else None,
+        pgid=spawned.pid, sid=spawned.pid,
+        mode="cgroup" if cgroup else "signals", cgroup=str(cgroup) if cgroup else None,
+    )
+    write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
+    write_state(jdir, state)
+    append_event(jdir, "started", job=spec.name, run=run, main_pid=spawned.pid,
+                 argv=list(spec.argv), cwd=spec.cwd, mode=state.mode, cgroup=state.cgroup)
+    return state, spawned, cgroup
+
+
+def main(argv: list[str]) -> int:
+    """Handshake with the CLI, start the job, then supervise it until it ends."""
+    p = argparse.ArgumentParser(prog="trainctl-supervisor")
+    p.add_argument("--home", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--fd", type=int, required=True)
+    args = p.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    jdir = job_dir(Path(args.home), args.name)
+    lock_fd = hold_supervisor_lock(jdir)
+    set_subreaper()
+    try:
+        req = _read_request(sock)
+        spec = spec_from_doc(req["spec"])
+        state, spawned, cgroup = launch(jdir, spec, int(req["run"]), str(req["marker"]))
+    except TrainctlError as e:
+        _reply(sock, {"ok": False, "error": str(e)})
+        return 1
+    _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
+    sock.close()
+    from .service import run_supervisor  # heavy imports only after the CLI has its answer
+
+    return run_supervisor(jdir, spec, state, spawned, cgroup, lock_fd)

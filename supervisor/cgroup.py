@@ -1,0 +1,124 @@
+"""Optional cgroup v2 placement of a job: the strongest net, plus atomic freeze and kill.
+
+Detected, never assumed: the cgroup2 mount is read from /proc/self/mountinfo and the job's
+group is created *below the supervisor's own cgroup* (which is what systemd delegation
+makes writable for non-root users). Anything that fails falls back to signal mode; the
+caller records which mode is in use so ``status`` can say it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+SUBDIR = "trainctl"
+
+
+def find_mount() -> Path | None:
+    """Return the cgroup2 mount point, or None when cgroup v2 is not mounted."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["cgroup2"]:
+                    return Path(left.split()[4])
+    except OSError:
+        return None
+    return None
+
+
+def own_cgroup() -> str | None:
+    """Return this process's cgroup v2 path (the ``0::`` line), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        return None
+    return None
+
+
+def create_job_cgroup(leaf: str) -> Path | None:
+    """Create the job's cgroup and return its path; None if this machine does not allow it."""
+    mount, own = find_mount(), own_cgroup()
+    if mount is None or own is None:
+        return None
+    base = mount / own.lstrip("/") / SUBDIR
+    path = base / leaf
+    try:
+        base.mkdir(exist_ok=True)
+        path.mkdir()
+    except OSError:
+        return None
+    # freeze and kill are the reason to be here: without both (kernel < 5.14) use signals.
+    if not (path / "cgroup.kill").exists() or not (path / "cgroup.freeze").exists():
+        remove(path)
+        return None
+    return path
+
+
+def open_procs_fd(path: Path) -> int:
+    """Open ``cgroup.procs`` for writing; the child writes ``0`` to it before exec."""
+    return os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+
+
+def read_pids(path: Path) -> list[int]:
+    """Return the pids in the cgroup (empty if it is gone)."""
+    try:
+        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def freeze(path: Path, timeout_s: float) -> bool:
+    """Freeze every task in the cgroup; return True once the kernel reports it frozen."""
+    try:
+        (path / "cgroup.freeze").write_text("1")
+    except OSError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "frozen 1" in _events(path):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def kill(path: Path) -> bool:
+    """SIGKILL every task in the cgroup at once (frozen tasks die too)."""
+    try:
+        (path / "cgroup.kill").write_text("1")
+    except OSError:
+        return False
+    return True
+
+
+def thaw(path: Path) -> None:
+    """Undo a freeze; harmless if the cgroup is gone."""
+    try:
+        (path / "cgroup.freeze").write_text("0")
+    except OSError:
+        pass
+
+
+def is_populated(path: Path) -> bool:
+    """Tell whether any live task remains in the cgroup."""
+    return "populated 1" in _events(path)
+
+
+def remove(path: Path) -> bool:
+    """Remove the (empty) cgroup; return False if it is still busy or already gone."""
+    try:
+        path.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _events(path: Path) -> str:
+    try:
+        return (path / "cgroup.events").read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,73 @@
+"""The CLI <-> supervisor protocol over ``jobs/<name>/control.sock``: one JSON line each way.
+
+Requests: ``{"op": "ping"}``, ``{"op": "stop", "grace_s": 5.0, "main_only": false}``.
+Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket is 0600 in a
+0700 directory and the server also checks the peer's uid (SO_PEERCRED).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from .errors import StateError
+
+SOCK_NAME = "control.sock"
+MAX_LINE = 1 << 20
+
+
+class ControlUnavailableError(Exception):
+    """The supervisor did not answer (gone, or died mid-request)."""
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """Return the uid of the process at the other end of a Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """Frame one message."""
+    return json.dumps(msg, default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one framed message."""
+    msg = json.loads(line)
+    if not isinstance(msg, dict):
+        raise ValueError("message is not an object")
+    return msg
+
+
+def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Send one request to the job's supervisor and return its reply."""
+    path = jdir / SOCK_NAME
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        try:
+            s.connect(str(path))
+        except OSError as e:
+            raise ControlUnavailableError(f"cannot connect to {path}: {e.strerror}") from None
+        if peer_uid(s) != os.geteuid():
+            raise StateError(f"{path} is served by another user; refusing to talk to it")
+        s.sendall(encode(msg))
+        buf = b""
+        while not buf.endswith(b"\n"):
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                raise ControlUnavailableError("the supervisor did not answer in time") from None
+            if not chunk:
+                raise ControlUnavailableError("the supervisor closed the connection")
+            buf += chunk
+            if len(buf) > MAX_LINE:
+                raise ControlUnavailableError("reply too long")
+        return decode(buf)
+    finally:
+        s.close()

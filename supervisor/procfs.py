@@ -1,0 +1,156 @@
+"""Small, fast readers of /proc: the only place that parses its formats.
+
+A process is identified by ``(pid, start_ticks)``: field 22 of ``/proc/<pid>/stat``, the
+start time in clock ticks since boot. A pid alone is never trusted: it is recycled.
+psutil is deliberately not used here: it costs ~20 ms to import, and ``trainctl status``
+must stay well under 80 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from functools import cache
+
+PROC = "/proc"
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The fields of /proc/<pid>/stat that trainctl uses."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    utime_ticks: int
+    stime_ticks: int
+    start_ticks: int
+    rss_pages: int
+
+
+def read_stat(pid: int) -> Stat | None:
+    """Return the parsed stat of ``pid``, or None when it does not exist (any more)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm may contain spaces and parentheses: split at the *last* ')'.
+    head, _, tail = raw.rpartition(b")")
+    comm = head.partition(b"(")[2].decode(errors="replace")
+    fields = tail.split()
+    # fields[0] is field 3 (state); field N is fields[N - 3].
+    return Stat(
+        pid=pid,
+        comm=comm,
+        state=fields[0].decode(),
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        sid=int(fields[3]),
+        utime_ticks=int(fields[11]),
+        stime_ticks=int(fields[12]),
+        start_ticks=int(fields[19]),
+        rss_pages=int(fields[21]),
+    )
+
+
+def list_pids() -> list[int]:
+    """Return every pid currently in /proc (threads are not listed)."""
+    return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+
+
+def has_marker(pid: int, needle: bytes) -> bool:
+    """Tell whether the initial environment of ``pid`` contains ``needle`` (``b"K=V"``)."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            env = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    # Entries are NUL-separated; match a whole entry, not a substring of another one.
+    return needle in env.split(b"\0")
+
+
+def read_cmdline(pid: int) -> str:
+    """Return the command line of ``pid`` joined by spaces ('' for zombies/kernel threads)."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
+def read_wchan(pid: int) -> str:
+    """Return the kernel function ``pid`` sleeps in ('' if unknown)."""
+    try:
+        with open(f"{PROC}/{pid}/wchan") as f:
+            return f.read().strip() or ""
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+
+
+def owner_uid(pid: int) -> int | None:
+    """Return the real uid owning ``pid``, or None if it is gone."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except FileNotFoundError:
+        return None
+
+
+@cache
+def clock_ticks() -> int:
+    """Return USER_HZ, the unit of the stat time fields."""
+    return os.sysconf("SC_CLK_TCK")
+
+
+@cache
+def boot_time() -> float:
+    """Return the boot time as a Unix timestamp."""
+    with open(f"{PROC}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def ticks_to_epoch(start_ticks: int) -> float:
+    """Convert a stat start time to a Unix timestamp."""
+    return boot_time() + start_ticks / clock_ticks()
+
+
+def is_alive(pid: int, start_ticks: int) -> bool:
+    """Tell whether the process ``(pid, start_ticks)`` exists and is not a zombie."""
+    st = read_stat(pid)
+    return st is not None and st.start_ticks == start_ticks and st.state not in ("Z", "X")
+
+
+def exists(pid: int, start_ticks: int) -> bool:
+    """Tell whether ``(pid, start_ticks)`` still holds its pid (zombies included)."""
+    st = read_stat(pid)
+    return st is not None and st.start_ticks == start_ticks
+
+
+def send_signal(pid: int, start_ticks: int, sig: int) -> bool:
+    """Signal ``(pid, start_ticks)`` through a pidfd; return False if it is not that process.
+
+    The pidfd is opened *before* the start time is checked: if the check passes, the fd
+    provably refers to the process we verified, so a pid recycled between the check and
+    the signal cannot receive it (the race plain ``os.kill`` has).
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not exists(pid, start_ticks):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+    return True

@@ -1,0 +1,144 @@
+"""Who belongs to a job: every net at once, strongest first.
+
+Nets (a member records every net that caught it):
+
+- ``cgroup``    listed in the job's cgroup v2 ``cgroup.procs``
+- ``marker``    its initial environment holds ``TRAINCTL_JOB=<uuid>`` (setsid, double fork and
+                nohup do not shed it; only an exec with a scrubbed environment does)
+- ``tree``      a descendant of the main process by parent links
+- ``subreaper`` a child of the supervisor other than main: an orphan that reparented to it
+- ``child``     a descendant of any other member (catches a scrubbed-env exec below a member)
+- ``pgroup`` / ``session``  shares the main's process group / session while main holds them
+
+A process counts only while its ``(pid, start_ticks)`` is consistent; every job process
+starts no earlier than the main process, so older processes are never even read beyond
+their stat line. The calling process is never a member (a job may run ``trainctl stop``
+on itself).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cgroup as cg
+from . import procfs
+from .procfs import Stat
+from .state import ProcRef
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Everything a scan needs to recognise a job's processes."""
+
+    marker: str
+    main: ProcRef | None = None
+    supervisor: ProcRef | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    cgroup: Path | None = None
+
+
+@dataclass(slots=True)
+class Member:
+    """A process of the job as seen by one scan."""
+
+    stat: Stat
+    nets: set[str] = field(default_factory=set)
+
+    @property
+    def ref(self) -> ProcRef:
+        """Return the trusted identity of this member."""
+        return ProcRef(self.stat.pid, self.stat.start_ticks)
+
+    @property
+    def escaped(self) -> bool:
+        """Tell whether it left main's tree (setsid + double fork, reparented, ...)."""
+        return "main" not in self.nets and "tree" not in self.nets
+
+    @property
+    def alive(self) -> bool:
+        """A zombie has finished running: it only waits to be reaped."""
+        return self.stat.state not in ("Z", "X")
+
+
+def _verified(ref: ProcRef | None, stats: dict[int, Stat]) -> bool:
+    return ref is not None and ref.pid in stats and stats[ref.pid].start_ticks == ref.start_ticks
+
+
+def _candidates(target: Target) -> dict[int, Stat]:
+    """Stat every process that could belong to the job (started no earlier than main)."""
+    floor = target.main.start_ticks if target.main else 0
+    out: dict[int, Stat] = {}
+    for pid in procfs.list_pids():
+        st = procfs.read_stat(pid)
+        if st is not None and st.start_ticks >= floor:
+            out[pid] = st
+    return out
+
+
+def scan(target: Target) -> dict[int, Member]:
+    """Return every live-or-zombie process of the job, keyed by pid."""
+    me = os.getpid()
+    stats = _candidates(target)
+    members: dict[int, Member] = {}
+
+    def add(pid: int, net: str) -> None:
+        if pid == me or pid not in stats:
+            return
+        if target.supervisor and pid == target.supervisor.pid:
+            return
+        members.setdefault(pid, Member(stats[pid])).nets.add(net)
+
+    main_ok = _verified(target.main, stats)
+    if main_ok and target.main:
+        add(target.main.pid, "main")
+    if target.cgroup is not None:
+        for pid in cg.read_pids(target.cgroup):
+            add(pid, "cgroup")
+    needle = f"TRAINCTL_JOB={target.marker}".encode()
+    sup_ok = _verified(target.supervisor, stats)
+    for pid, st in stats.items():
+        if procfs.has_marker(pid, needle):
+            add(pid, "marker")
+        if sup_ok and target.supervisor and st.ppid == target.supervisor.pid:
+            add(pid, "subreaper")
+        # pgid/sid numbers cannot be recycled while main holds them (the kernel keeps the
+        # struct pid alive), so they identify the job only while main is verified.
+        if main_ok and target.pgid is not None and st.pgid == target.pgid:
+            add(pid, "pgroup")
+        if main_ok and target.sid is not None and st.sid == target.sid:
+            add(pid, "session")
+    _add_descendants(stats, members, target, add)
+    return members
+
+
+def _add_descendants(stats: dict[int, Stat], members: dict[int, Member], target: Target,
+                     add: Callable[[int, str], None]) -> None:
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(st.ppid, []).append(pid)
+    main_pid = target.main.pid if target.main and target.main.pid in members else None
+    if main_pid is not None:
+        for pid in _walk(children, main_pid):
+            add(pid, "tree")
+    for root in list(members):
+        for pid in _walk(children, root):
+            if pid not in members:
+                add(pid, "child")
+
+
+def _walk(children: dict[int, list[int]], root: int) -> list[int]:
+    out: list[int] = []
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def alive(members: dict[int, Member]) -> dict[int, Member]:
+    """Return the members that are still running (not zombies)."""
+    return {pid: m for pid, m in members.items() if m.alive}

@@ -1,0 +1,241 @@
+"""The supervisor's main loop (anyio): exit watch, reaping, snapshots, control socket, stop.
+
+One supervisor per job run. It is never in the job's data path (the job writes its log
+itself), so killing it loses no log line; ``trainctl stop`` then works from state.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from . import cgroup as cg
+from . import control, procfs
+from .proctree import Target, scan
+from .spawn import Spawned
+from .state import JobState, MemberSnap, Phase, Spec, write_state
+from .terminate import StopPolicy, stop_tree
+
+
+def exit_code_of(status: int) -> int:
+    """Return the shell-style exit code: N, or 128+N when killed by signal N."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _configure_events(jdir: Path, name: str) -> structlog.stdlib.BoundLogger:
+    events = open(jdir / "events.jsonl", "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+    structlog.configure(
+        processors=[structlog.processors.TimeStamper(fmt=None, key="ts"),
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.WriteLoggerFactory(file=events),
+        cache_logger_on_first_use=True,
+    )
+    log: structlog.stdlib.BoundLogger = structlog.get_logger().bind(job=name)
+    return log
+
+
+class Supervisor:
+    """Supervises one run of one job."""
+
+    def __init__(self, jdir: Path, spec: Spec, state: JobState, spawned: Spawned,
+                 cgroup: Path | None) -> None:
+        self.jdir, self.spec, self.state, self.spawned, self.cgroup = (
+            jdir, spec, state, spawned, cgroup)
+        self.log = _configure_events(jdir, spec.name)
+        self.main_status: int | None = None
+        self.main_exited = anyio.Event()
+        self.stop_done = anyio.Event()
+        self.stop_report: dict[str, Any] | None = None
+        self.stopping = False
+        self.done = anyio.Event()
+        self.handlers = 0
+
+    # ------------------------------------------------------------ state
+
+    def _set(self, phase: Phase, **changes: Any) -> None:
+        self.state = self.state.moved(phase, **changes)
+        write_state(self.jdir, self.state)
+
+    def _target(self) -> Target:
+        st = self.state
+        return Target(marker=st.marker, main=st.main, supervisor=st.supervisor, pgid=st.pgid,
+                      sid=st.sid, cgroup=self.cgroup)
+
+    # ------------------------------------------------------------ reaping
+
+    def reap(self) -> None:
+        """Reap every exited child: main (recording its status) and adopted orphans."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.spawned.pid:
+                self.main_status = status
+                # We reaped it ourselves; tell Popen so it never waits or warns.
+                self.spawned.proc.returncode = exit_code_of(status)
+                self.main_exited.set()
+                self.log.info("main_exited", pid=pid, exit_code=exit_code_of(status))
+            else:
+                self.log.debug("reaped", pid=pid, exit_code=exit_code_of(status))
+
+    async def _reaper(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGCHLD) as signals:
+            self.reap()  # children that exited before the handler was installed
+            async for _ in signals:
+                self.reap()
+
+    async def _watch_main(self) -> None:
+        fd = os.pidfd_open(self.spawned.pid)
+        try:
+            await anyio.wait_readable(fd)  # readable = exited; no polling delay
+        finally:
+            os.close(fd)
+        self.reap()
+        await self.main_exited.wait()
+        if not self.stopping:
+            # Main is gone on its own: whatever it left behind (orphaned workers holding
+            # GPUs) is cleaned up now, with the same grace a stop would give.
+            await self.stop(self.spec.grace_s, main_only=False, reason="main exited")
+
+    # ------------------------------------------------------------ snapshots
+
+    async def _snapshots(self) -> None:
+        while True:
+            await anyio.sleep(self.spec.snapshot_interval_s)
+            self.reap()
+            if self.stopping:
+                continue
+            members = await anyio.to_thread.run_sync(scan, self._target())
+            snap = tuple(
+                MemberSnap(pid=m.stat.pid, start_ticks=m.stat.start_ticks, ppid=m.stat.ppid,
+                           pgid=m.stat.pgid, sid=m.stat.sid, cmd=procfs.read_cmdline(pid)[:300],
+                           nets=tuple(sorted(m.nets)))
+                for pid, m in sorted(members.items()) if m.alive)
+            # Rewrite (and fsync) only when the member set changed: a quiet job costs nothing.
+            if {(s.pid, s.start_ticks) for s in snap} != {
+                    (s.pid, s.start_ticks) for s in self.state.members} and not self.stopping:
+                self._set(self.state.phase, members=snap, snapshot_at=time.time())
+
+    # ------------------------------------------------------------ stop
+
+    async def stop(self, grace_s: float, *, main_only: bool, reason: str) -> dict[str, Any]:
+        """Run the stop sequence once; concurrent callers share its report."""
+        if self.stopping:
+            await self.stop_done.wait()
+            assert self.stop_report is not None
+            return self.stop_report
+        self.stopping = True
+        self._set(Phase.STOPPING)
+        self.log.info("stopping", reason=reason, grace_s=grace_s, main_only=main_only)
+        policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
+        sig = signal.Signals[self.spec.stop_signal]
+        run = functools.partial(stop_tree, self._target(), sig, policy, main_only=main_only,
+                                emit=self.log.info)
+        with anyio.CancelScope(shield=True):
+            report = (await anyio.to_thread.run_sync(run)).to_doc()
+            with anyio.move_on_after(2):
+                await self.main_exited.wait()
+        report["reason"] = reason
+        code = exit_code_of(self.main_status) if self.main_status is not None else None
+        if reason == "main exited":
+            final = Phase.EXITED if code == 0 else Phase.FAILED
+        else:
+            final = Phase.STOPPED
+        self._set(final, exit_code=code, ended_at=time.time(), last_stop=report, members=())
+        self.stop_report = report
+        self.stop_done.set()
+        self.done.set()
+        return report
+
+    # ------------------------------------------------------------ control socket
+
+    async def _serve(self) -> None:
+        path = self.jdir / control.SOCK_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        listener = await anyio.create_unix_listener(path, mode=0o600)
+        async with listener:
+            await listener.serve(self._handle)
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        self.handlers += 1
+        try:
+            async with stream:
+                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                if control.peer_uid(raw) != os.geteuid():
+                    await stream.send(control.encode({"ok": False, "error": "permission denied"}))
+                    return
+                line = await BufferedByteReceiveStream(stream).receive_until(
+                    b"\n", control.MAX_LINE)
+                reply = await self._dispatch(control.decode(line))
+                await stream.send(control.encode(reply))
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                anyio.DelimiterNotFound, ValueError):
+            pass
+        finally:
+            self.handlers -= 1
+
+    async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
+        if op == "stop":
+            grace = float(req.get("grace_s", self.spec.grace_s))
+            report = await self.stop(grace, main_only=bool(req.get("main_only")), reason="stop")
+            return {"ok": True, "report": report, "exit_code": self.state.exit_code}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    # ------------------------------------------------------------ main
+
+    async def run(self) -> None:
+        """Supervise until the run has ended and every client has its answer."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._reaper)
+            tg.start_soon(self._watch_main)
+            tg.start_soon(self._snapshots)
+            tg.start_soon(self._serve)
+            await self.done.wait()
+            with anyio.move_on_after(5):
+                while self.handlers:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.jdir / control.SOCK_NAME).unlink()
+        if self.cgroup is not None:
+            for _ in range(50):
+                if cg.remove(self.cgroup) or not self.cgroup.exists():
+                    break
+                time.sleep(0.02)
+        self.log.info("supervisor_exit", phase=str(self.state.phase))
+
+
+def run_supervisor(jdir: Path, spec: Spec, state: JobState, spawned: Spawned,
+                   cgroup: Path | None, lock_fd: int) -> int:
+    """Run the supervisor to completion; log (not show) any crash."""
+    sup = Supervisor(jdir, spec, state, spawned, cgroup)
+    try:
+        anyio.run(sup.run)
+    except Exception:  # noqa: BLE001  (last resort: record why, the job itself is unharmed)
+        sup.log.error("supervisor_crashed", traceback=traceback.format_exc())
+        return 70
+    finally:
+        os.close(lock_fd)
+    return 0

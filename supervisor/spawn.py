@@ -1,0 +1,76 @@
+"""Build and start a job's main process: own session, marker env, log fds, cgroup before exec."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpawnError
+from .state import Spec
+
+# Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
+# job would silently ignore its own stop signal.
+_RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+          signal.SIGUSR2, signal.SIGCHLD, signal.SIGPIPE)
+
+TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
+
+
+@dataclass(frozen=True, slots=True)
+class Spawned:
+    """The started main process."""
+
+    proc: subprocess.Popen[bytes]
+    pid: int
+
+
+def job_env(spec: Spec, marker: str, run: int, progress: Path) -> dict[str, str]:
+    """Return the job's environment: the recorded one plus trainctl's variables."""
+    env = {k: v for k, v in spec.env.items() if k not in TRAINCTL_VARS}
+    env.update(
+        TRAINCTL_JOB=marker,
+        TRAINCTL_NAME=spec.name,
+        TRAINCTL_RUN=str(run),
+        TRAINCTL_PROGRESS=str(progress),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int | None) -> Spawned:
+    """Start the main process in a new session; raise SpawnError if it cannot be exec'd."""
+
+    def in_child() -> None:
+        # Runs between fork and exec in the child (the supervisor is single-threaded here).
+        for sig in _RESET:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if cgroup_procs_fd is not None:
+            # "0" moves the writing process: the job is inside its cgroup before it can fork.
+            os.write(cgroup_procs_fd, b"0")
+
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        proc = subprocess.Popen(  # noqa: PLW1509  (preexec_fn: see in_child)
+            list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            # preexec_fn runs before close_fds, so the CLOEXEC cgroup fd is still open there
+            # and never reaches the job.
+            preexec_fn=in_child,
+        )
+    except FileNotFoundError as e:
+        if e.filename == spec.cwd or not os.path.isdir(spec.cwd):
+            raise SpawnError(f"working directory {spec.cwd} does not exist") from None
+        raise SpawnError(f"command not found: {spec.argv[0]}") from None
+    except PermissionError:
+        raise SpawnError(f"permission denied executing {spec.argv[0]} (in {spec.cwd})") from None
+    except OSError as e:
+        raise SpawnError(f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+    except subprocess.SubprocessError as e:
+        raise SpawnError(f"cannot start {spec.argv[0]}: {e}") from None
+    finally:
+        os.close(log_fd)
+    return Spawned(proc=proc, pid=proc.pid)

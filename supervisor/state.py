@@ -1,0 +1,358 @@
+"""Job directory layout, versioned spec/state documents, atomic writes, locks, trust checks.
+
+Layout under ``$TRAINCTL_HOME`` (mode 0700)::
+
+    jobs/<name>/spec.json        what to run (argv, cwd, env, grace, stop signal)
+    jobs/<name>/state.json       live state, replaced atomically by its single writer
+    jobs/<name>/events.jsonl     one JSON event per line
+    jobs/<name>/control.sock     the supervisor's socket (0600, peer uid checked)
+    jobs/<name>/lock             flock: held by start / restart / supervisor-less stop
+    jobs/<name>/supervisor.lock  flock: held by the live supervisor for its whole life
+    jobs/<name>/logs/run-N.log   stdout+stderr of run N
+
+Only one process writes state.json at a time: the supervisor while it lives (the CLI asks it
+over the socket), otherwise the CLI holding ``lock``. Readers never need a lock because
+every write is temp file + fsync + rename + fsync(dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
+
+SCHEMA = 1
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class Phase(StrEnum):
+    """Lifecycle phase of a job's current run."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"  # stopped by `trainctl stop`
+    EXITED = "exited"  # main exited with status 0 on its own
+    FAILED = "failed"  # main exited non-zero / by a signal, or never started
+    LOST = "lost"  # derived, never stored: supervisor gone while the run was live
+
+
+TERMINAL = frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED})
+
+# The legal moves. Anything else is a bug and raises.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.STARTING: frozenset({Phase.RUNNING, Phase.FAILED, Phase.STOPPING}),
+    Phase.RUNNING: frozenset({Phase.STOPPING, Phase.EXITED, Phase.FAILED}),
+    Phase.STOPPING: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED}),
+    Phase.STOPPED: frozenset({Phase.STARTING}),
+    Phase.EXITED: frozenset({Phase.STARTING, Phase.STOPPED}),
+    Phase.FAILED: frozenset({Phase.STARTING, Phase.STOPPED}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRef:
+    """A process as trainctl trusts it: pid plus start time (clock ticks since boot)."""
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSnap:
+    """One member of the job's process tree as last seen."""
+
+    pid: int
+    start_ticks: int
+    ppid: int
+    pgid: int
+    sid: int
+    cmd: str
+    nets: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What to run; the resolved form that `restart` reuses."""
+
+    name: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]  # the whole environment of the job, minus trainctl's own variables
+    grace_s: float
+    stop_signal: str  # a name such as "SIGTERM"
+    kill_wait_s: float = 10.0
+    snapshot_interval_s: float = 3.0
+    cgroup: bool = True  # try cgroup v2 placement
+    schema: int = SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """The live state of a job's current run (state.json)."""
+
+    name: str
+    run: int
+    phase: Phase
+    marker: str
+    started_at: float
+    supervisor: ProcRef | None = None
+    main: ProcRef | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    mode: str = "signals"  # "cgroup" or "signals": how the tree is frozen and killed
+    cgroup: str | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None  # 128+N when killed by signal N
+    error: str | None = None
+    members: tuple[MemberSnap, ...] = ()
+    snapshot_at: float | None = None
+    last_stop: dict[str, Any] | None = None
+    schema: int = SCHEMA
+
+    def moved(self, phase: Phase, **changes: Any) -> JobState:
+        """Return a copy in ``phase``; refuse moves the TRANSITIONS table forbids."""
+        if phase != self.phase and phase not in TRANSITIONS[self.phase]:
+            raise StateError(f"job {self.name}: illegal phase move {self.phase} -> {phase}")
+        return dataclasses.replace(self, phase=phase, **changes)
+
+
+# ---------------------------------------------------------------- paths
+
+
+def default_home() -> Path:
+    """Return ``$XDG_STATE_HOME/trainctl`` (``~/.local/state/trainctl``)."""
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(xdg) / "trainctl"
+
+
+def check_name(name: str) -> str:
+    """Validate a job name (it becomes a directory name)."""
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"invalid job name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting alphanumeric"
+        )
+    return name
+
+
+def jobs_dir(home: Path) -> Path:
+    """Return the folder holding one directory per job."""
+    return home / "jobs"
+
+
+def job_dir(home: Path, name: str) -> Path:
+    """Return the directory of job ``name`` (not checked for existence)."""
+    return jobs_dir(home) / check_name(name)
+
+
+def log_path(jdir: Path, run: int) -> Path:
+    """Return the log file of run ``run``."""
+    return jdir / "logs" / f"run-{run}.log"
+
+
+def ensure_home(home: Path) -> None:
+    """Create the home (0700) or verify it is ours and writable."""
+    try:
+        jobs_dir(home).mkdir(parents=True, exist_ok=True, mode=0o700)
+        home.chmod(0o700)
+    except PermissionError as e:
+        raise ConfigError(f"TRAINCTL_HOME {home} is not writable: {e.strerror}") from None
+    except OSError as e:
+        raise ConfigError(f"TRAINCTL_HOME {home} cannot be used: {e.strerror}") from None
+    if not os.access(jobs_dir(home), os.W_OK):
+        raise ConfigError(f"TRAINCTL_HOME {home} is not writable")
+    check_owner(home)
+
+
+def check_owner(path: Path) -> None:
+    """Refuse a file or folder owned by someone else or writable by group/others."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid():
+        raise StateError(f"{path} is owned by uid {st.st_uid}, not by you; refusing to use it")
+    if st.st_mode & 0o022:
+        raise StateError(f"{path} is writable by other users; refusing to trust it")
+
+
+def list_jobs(home: Path) -> list[str]:
+    """Return the names of all jobs, sorted."""
+    try:
+        return sorted(p.name for p in jobs_dir(home).iterdir() if NAME_RE.match(p.name))
+    except FileNotFoundError:
+        return []
+
+
+# ---------------------------------------------------------------- documents
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Replace ``path`` with ``doc`` so that readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_doc(path: Path, what: str) -> dict[str, Any]:
+    check_owner(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise JobNotFoundError(f"no {what} at {path}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise StateError(f"{path} is corrupt or truncated ({e.msg}); refusing to act on it") from None
+    if not isinstance(doc, dict):
+        raise StateError(f"{path} is not a JSON object; refusing to act on it")
+    if doc.get("schema") != SCHEMA:
+        raise StateError(f"{path} has unknown schema {doc.get('schema')!r} (expected {SCHEMA})")
+    return doc
+
+
+def spec_to_doc(spec: Spec) -> dict[str, Any]:
+    """Serialise a spec for spec.json (and the supervisor handshake)."""
+    return dataclasses.asdict(spec)
+
+
+def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
+    """Build a Spec from its JSON form, rejecting missing or mistyped fields."""
+    try:
+        spec = Spec(**{**doc, "argv": tuple(doc["argv"])})
+    except (TypeError, KeyError) as e:
+        raise StateError(f"{where} is incomplete or malformed: {e}") from None
+    if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+        raise StateError(f"{where} has an empty or malformed argv")
+    return spec
+
+
+def read_spec(jdir: Path) -> Spec:
+    """Read and validate spec.json."""
+    path = jdir / "spec.json"
+    return spec_from_doc(_read_doc(path, "spec"), str(path))
+
+
+def state_to_doc(st: JobState) -> dict[str, Any]:
+    """Serialise a JobState for state.json."""
+    return dataclasses.asdict(st)
+
+
+def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
+    """Build a JobState from JSON, rejecting anything malformed (never act on it then)."""
+    try:
+        d = dict(doc)
+        d["phase"] = Phase(d["phase"])
+        for key in ("supervisor", "main"):
+            d[key] = ProcRef(**d[key]) if d.get(key) else None
+        d["members"] = tuple(
+            MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
+        )
+        st = JobState(**d)
+    except (TypeError, KeyError, ValueError) as e:
+        raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None
+    if not isinstance(st.marker, str) or len(st.marker) < 16 or not isinstance(st.run, int):
+        raise StateError(f"{where} has no valid marker/run; refusing to act on it")
+    return st
+
+
+def read_state(jdir: Path) -> JobState:
+    """Read and validate state.json of a job directory."""
+    path = jdir / "state.json"
+    return state_from_doc(_read_doc(path, "state"), str(path))
+
+
+def write_state(jdir: Path, st: JobState) -> None:
+    """Atomically replace state.json."""
+    write_json_atomic(jdir / "state.json", state_to_doc(st))
+
+
+def append_event(jdir: Path, event: str, **fields: Any) -> None:
+    """Append one JSON line to events.jsonl (O_APPEND: concurrent writers never interleave)."""
+    line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
+    fd = os.open(jdir / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- locks
+
+
+@contextlib.contextmanager
+def job_lock(jdir: Path, timeout_s: float, what: str = "another trainctl command") -> Iterator[None]:
+    """Hold the job's exclusive lock; wait up to ``timeout_s`` for it."""
+    fd = os.open(jdir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise JobConflictError(
+                        f"job {jdir.name} is busy ({what} holds its lock); try again"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_locked(jdir: Path, lockname: str) -> bool:
+    """Tell whether some process holds ``lockname`` in the job directory."""
+    try:
+        fd = os.open(jdir / lockname, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as e:
+        if e.errno == errno.EWOULDBLOCK:
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def supervisor_alive(jdir: Path) -> bool:
+    """Tell whether the job's supervisor lives: it holds supervisor.lock until it dies.
+
+    A lock cannot be inherited by a recycled pid, so this is immune to pid reuse.
+    """
+    return is_locked(jdir, "supervisor.lock")
+
+
+def effective_phase(jdir: Path, st: JobState) -> Phase:
+    """Return the stored phase, or LOST when a live-looking run has no supervisor."""
+    if st.phase not in TERMINAL and not supervisor_alive(jdir):
+        return Phase.LOST
+    return st.phase

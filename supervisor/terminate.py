@@ -1,0 +1,254 @@
+"""The stop algorithm: graceful first, then certain, then proven.
+
+Synchronous and loop-free so that it runs both inside the supervisor (through
+``anyio.to_thread``) and straight from the CLI when the supervisor is gone.
+
+1. scan every net for members; nothing alive -> done
+2. stop signal to the process group (while main holds it) and by pidfd to every member
+   outside it, then SIGCONT; wait ``grace_s`` re-scanning, signalling newcomers too
+3. survivors: freeze (cgroup.freeze, or SIGSTOP-and-rescan until no new process appears),
+   SIGKILL everything (cgroup.kill + pidfd), wait ``kill_wait_s`` re-scanning
+4. report: who was found through which net, who left on the signal and how fast, who was
+   killed, who survived (pid, state, wchan) and which zombies wait for a reaper
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import cgroup as cg
+from . import procfs
+from .proctree import Member, Target, scan
+from .state import ProcRef
+
+Emit = Callable[..., None]
+
+
+@dataclass(frozen=True, slots=True)
+class StopPolicy:
+    """Every duration of the stop sequence, in one place (tests pass small values)."""
+
+    grace_s: float = 60.0
+    kill_wait_s: float = 10.0
+    freeze_timeout_s: float = 2.0
+    poll_s: float = 0.01  # first poll; doubles up to max_poll_s
+    max_poll_s: float = 0.05
+    rescan_s: float = 0.1  # how often the full /proc scan repeats while waiting
+    stop_rounds: int = 200  # SIGSTOP-and-rescan rounds before giving up on quiescence
+
+
+@dataclass(slots=True)
+class StopReport:
+    """What a stop did and proved; rendered by the CLI and kept in state.json."""
+
+    signal: str
+    grace_s: float
+    main_only: bool
+    mode: str
+    found: int = 0
+    by_net: dict[str, int] = field(default_factory=dict)
+    escaped: int = 0
+    late_joiners: int = 0
+    exited_on_signal: int = 0
+    exit_s: dict[str, float] = field(default_factory=dict)  # first / median / last
+    killed: int = 0
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+    zombies: list[dict[str, Any]] = field(default_factory=list)
+    total_s: float = 0.0
+    ok: bool = False
+    already_stopped: bool = False
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+
+class _Tracker:
+    """Members seen so far, with the moment each was seen gone."""
+
+    def __init__(self, target: Target, policy: StopPolicy) -> None:
+        self.target, self.policy = target, policy
+        self.known: dict[ProcRef, Member] = {}
+        self.gone_at: dict[ProcRef, float] = {}
+        self.last_scan = 0.0
+
+    def rescan(self) -> list[Member]:
+        """Scan all nets; return members never seen before (alive ones only)."""
+        self.last_scan = time.monotonic()
+        new = []
+        for m in scan(self.target).values():
+            if m.ref not in self.known:
+                self.known[m.ref] = m
+                if m.alive:
+                    new.append(m)
+                else:
+                    self.gone_at.setdefault(m.ref, self.last_scan)
+            else:
+                self.known[m.ref].nets |= m.nets
+        return new
+
+    def pending(self) -> list[ProcRef]:
+        """Return the known members not yet seen gone (checks each one now)."""
+        now = time.monotonic()
+        left = []
+        for ref in self.known:
+            if ref in self.gone_at:
+                continue
+            if procfs.is_alive(ref.pid, ref.start_ticks):
+                left.append(ref)
+            else:
+                self.gone_at[ref] = now
+        return left
+
+    def wait_gone(self, timeout_s: float, on_new: Callable[[list[Member]], None]) -> list[ProcRef]:
+        """Wait until no known member is alive and a fresh scan finds none; return the rest."""
+        deadline = time.monotonic() + timeout_s
+        delay = self.policy.poll_s
+        while True:
+            left = self.pending()
+            if not left or time.monotonic() - self.last_scan >= self.policy.rescan_s:
+                new = self.rescan()
+                if new:
+                    on_new(new)
+                    left = self.pending()
+                elif not left:
+                    return []
+            if time.monotonic() >= deadline:
+                return left
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, self.policy.max_poll_s)
+
+
+def _signal_members(members: list[Member], target: Target, sig: int, *, group: bool) -> int:
+    """Signal the process group (if main holds it) and every member outside it by pidfd."""
+    sent = 0
+    pgid = target.pgid
+    use_group = (
+        group and pgid is not None and target.main is not None and target.main.pid == pgid
+        and procfs.exists(target.main.pid, target.main.start_ticks)
+    )
+    if use_group and pgid is not None:
+        # pgid cannot be recycled while its leader (main) exists, checked just above; the
+        # remaining window is main being reaped *and* its pid reused within microseconds.
+        try:
+            os.killpg(pgid, sig)
+            sent += 1
+        except ProcessLookupError:
+            use_group = False
+    for m in members:
+        if use_group and m.stat.pgid == pgid:
+            continue
+        sent += procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig)
+    return sent
+
+
+def stop_tree(target: Target, sig: int, policy: StopPolicy, *, main_only: bool = False,
+              emit: Emit | None = None) -> StopReport:
+    """Stop every process of the job and nothing else; return the proof."""
+    emit = emit or (lambda *_a, **_k: None)
+    t0 = time.monotonic()
+    report = StopReport(signal=signal.Signals(sig).name, grace_s=policy.grace_s,
+                        main_only=main_only, mode="cgroup" if target.cgroup else "signals")
+    tr = _Tracker(target, policy)
+    first = tr.rescan()
+    if not first:
+        report.already_stopped = True
+        return _finish(report, tr, t0, emit)
+    _send_stop(first, target, sig, main_only, emit)
+    signalled_at = time.monotonic()
+
+    def late(new: list[Member]) -> None:
+        report.late_joiners += len(new)
+        if not main_only:
+            _signal_members(new, target, sig, group=False)
+            _signal_members(new, target, signal.SIGCONT, group=False)
+
+    left = tr.wait_gone(policy.grace_s, late)
+    exits = sorted(t - signalled_at for r, t in tr.gone_at.items() if r not in left)
+    report.exited_on_signal = len(exits)
+    if exits:
+        report.exit_s = {"first": round(exits[0], 4), "median": round(statistics.median(exits), 4),
+                         "last": round(exits[-1], 4)}
+    if left:
+        report.killed = _escalate(tr, target, policy, emit)
+    return _finish(report, tr, t0, emit)
+
+
+def _send_stop(members: list[Member], target: Target, sig: int, main_only: bool,
+               emit: Emit) -> None:
+    if main_only:
+        to = [m for m in members if "main" in m.nets]
+        _signal_members(to, target, sig, group=False)
+        _signal_members(to, target, signal.SIGCONT, group=False)
+    else:
+        _signal_members(members, target, sig, group=True)
+        _signal_members(members, target, signal.SIGCONT, group=True)
+    emit("signal_sent", signal=signal.Signals(sig).name, members=len(members), main_only=main_only)
+
+
+def _escalate(tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit) -> int:
+    """Freeze what is left so nothing can fork, SIGKILL all of it, wait for it to go."""
+    frozen = target.cgroup is not None and cg.freeze(target.cgroup, policy.freeze_timeout_s)
+    stopped = _stop_until_quiet(tr, policy, skip_cgroup=frozen)
+    victims = [r for r in tr.known if r not in tr.gone_at]
+    emit("escalated", frozen_by="cgroup" if frozen else "sigstop", remaining=len(victims),
+         stop_rounds=stopped)
+    killed = 0
+    if target.cgroup is not None:
+        cg.kill(target.cgroup)
+    for ref in victims:
+        killed += procfs.send_signal(ref.pid, ref.start_ticks, signal.SIGKILL)
+
+    def late(new: list[Member]) -> None:
+        for m in new:
+            procfs.send_signal(m.stat.pid, m.stat.start_ticks, signal.SIGKILL)
+
+    tr.wait_gone(policy.kill_wait_s, late)
+    if target.cgroup is not None:
+        cg.thaw(target.cgroup)
+    return max(killed, len(victims))
+
+
+def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) -> int:
+    """SIGSTOP every live member, re-scanning until a scan turns up nobody new."""
+    stopped: set[ProcRef] = set()
+    for rounds in range(1, policy.stop_rounds + 1):
+        tr.rescan()
+        todo = [r for r, m in tr.known.items()
+                if r not in stopped and r not in tr.gone_at and not (skip_cgroup and "cgroup" in m.nets)]
+        if not todo:
+            return rounds
+        for ref in todo:
+            procfs.send_signal(ref.pid, ref.start_ticks, signal.SIGSTOP)
+            stopped.add(ref)
+    return policy.stop_rounds
+
+
+def _finish(report: StopReport, tr: _Tracker, t0: float, emit: Emit) -> StopReport:
+    left = tr.pending()
+    report.found = len(tr.known)
+    for m in tr.known.values():
+        for net in m.nets:
+            report.by_net[net] = report.by_net.get(net, 0) + 1
+    report.escaped = sum(1 for m in tr.known.values() if m.escaped)
+    for ref in left:
+        st = procfs.read_stat(ref.pid)
+        report.survivors.append({"pid": ref.pid, "state": st.state if st else "?",
+                                 "wchan": procfs.read_wchan(ref.pid),
+                                 "cmd": procfs.read_cmdline(ref.pid)[:200]})
+    for ref in tr.known:
+        st = procfs.read_stat(ref.pid)
+        if st is not None and st.start_ticks == ref.start_ticks and st.state == "Z":
+            report.zombies.append({"pid": ref.pid, "ppid": st.ppid})
+    report.ok = not left
+    report.total_s = round(time.monotonic() - t0, 4)
+    if left:
+        emit("survivors", survivors=report.survivors)
+    emit("stop_report", **{k: v for k, v in report.to_doc().items() if k != "survivors"})
+    return report
