@@ -277,11 +277,19 @@ def stop_job(home: Path, name: str, *, grace_s: float | None = None, main_only: 
         else:
             if not reply.get("ok"):
                 raise TrainctlError(f"supervisor refused: {reply.get('error')}")
+            _wait_supervisor_exit(jdir, 5.0)
             return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
     if lock_held:
         return _stop_direct(jdir, spec, grace, main_only)
     with state.job_lock(jdir, grace + spec.kill_wait_s + 60, "another stop"):
         return _stop_direct(jdir, spec, grace, main_only)
+
+
+def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
+    """Let the supervisor finish its cleanup, so that a returned stop leaves nothing behind."""
+    deadline = time.monotonic() + timeout_s
+    while state.supervisor_alive(jdir) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> StopResult:
