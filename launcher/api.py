@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor import control, procfs, state
+from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import (
-    ConfigError, JobConflictError, JobNotFoundError, SpawnError, StateError, TrainctlError,
+    ConfigError,
+    JobConflictError,
+    JobNotFoundError,
+    SpawnError,
+    StateError,
+    TrainctlError,
 )
 from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.spawn import TRAINCTL_VARS
@@ -44,13 +49,18 @@ def parse_signal(name: str) -> str:
     """Return the canonical name ("SIGTERM") of a signal given as TERM, sigterm, SIGTERM or 15."""
     raw = name.strip().upper()
     try:
-        sig = signal.Signals(int(raw)) if raw.isdigit() else signal.Signals[
-            raw if raw.startswith("SIG") else "SIG" + raw]
+        sig = (
+            signal.Signals(int(raw))
+            if raw.isdigit()
+            else signal.Signals[raw if raw.startswith("SIG") else "SIG" + raw]
+        )
     except (KeyError, ValueError):
         raise ConfigError(f"unknown signal {name!r} (try TERM, INT, HUP, USR2)") from None
     if sig in UNCATCHABLE:
-        raise ConfigError(f"{sig.name} cannot be caught, so it gives no grace; "
-                          "SIGKILL is what the stop sequence escalates to after the grace")
+        raise ConfigError(
+            f"{sig.name} cannot be caught, so it gives no grace; "
+            "SIGKILL is what the stop sequence escalates to after the grace"
+        )
     return sig.name
 
 
@@ -105,8 +115,14 @@ def existing_job(home: Path, name: str) -> Path:
 
 def target_of(st: JobState) -> Target:
     """Build the scan target of a recorded run."""
-    return Target(marker=st.marker, main=st.main, supervisor=st.supervisor, pgid=st.pgid,
-                  sid=st.sid, cgroup=Path(st.cgroup) if st.cgroup else None)
+    return Target(
+        marker=st.marker,
+        main=st.main,
+        supervisor=st.supervisor,
+        pgid=st.pgid,
+        sid=st.sid,
+        cgroup=Path(st.cgroup) if st.cgroup else None,
+    )
 
 
 def live_members(st: JobState) -> dict[int, Any]:
@@ -129,19 +145,30 @@ class StartResult:
     elapsed_s: float
 
 
-def build_spec(name: str, argv: list[str], cfg: Config, *, cwd: str | None = None,
-               env: tuple[str, ...] = (), grace_s: str | float | None = None,
-               stop_signal: str | None = None) -> Spec:
+def build_spec(
+    name: str,
+    argv: list[str],
+    cfg: Config,
+    *,
+    cwd: str | None = None,
+    env: tuple[str, ...] = (),
+    grace_s: str | float | None = None,
+    stop_signal: str | None = None,
+) -> Spec:
     """Validate start inputs and resolve them into a Spec (nothing is touched on disk)."""
     state.check_name(name)
     full_env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
     full_env.update(parse_env(env))
     workdir = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
     spec = Spec(
-        name=name, argv=tuple(argv), cwd=workdir, env=full_env,
+        name=name,
+        argv=tuple(argv),
+        cwd=workdir,
+        env=full_env,
         grace_s=parse_seconds(cfg.grace_s if grace_s is None else grace_s, "--grace"),
         stop_signal=parse_signal(stop_signal or cfg.stop_signal),
-        kill_wait_s=cfg.kill_wait_s, snapshot_interval_s=cfg.snapshot_interval_s,
+        kill_wait_s=cfg.kill_wait_s,
+        snapshot_interval_s=cfg.snapshot_interval_s,
         cgroup=cfg.cgroup,
     )
     _check_command(list(argv), workdir, full_env)
@@ -172,40 +199,64 @@ def start_locked(home: Path, jdir: Path, spec: Spec, cfg: Config) -> StartResult
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
     reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s)
-    return StartResult(name=spec.name, run=run, main_pid=int(reply["main_pid"]),
-                       mode=str(reply["mode"]), log=str(state.log_path(jdir, run)),
-                       elapsed_s=time.monotonic() - t0)
+    return StartResult(
+        name=spec.name,
+        run=run,
+        main_pid=int(reply["main_pid"]),
+        mode=str(reply["mode"]),
+        log=str(state.log_path(jdir, run)),
+        elapsed_s=time.monotonic() - t0,
+    )
 
 
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:
     left = live_members(prev)
     if state.supervisor_alive(jdir) or (left and prev.phase not in state.TERMINAL):
         main = f", main pid {prev.main.pid}" if prev.main else ""
-        raise JobConflictError(f"job {prev.name} is running (run {prev.run}{main}); "
-                               "stop it first or choose another name")
+        raise JobConflictError(
+            f"job {prev.name} is running (run {prev.run}{main}); "
+            "stop it first or choose another name"
+        )
     if left:
         raise JobConflictError(
             f"{len(left)} process(es) of job {prev.name} run {prev.run} are still alive "
-            f"(pids {', '.join(map(str, sorted(left)[:8]))}); run `trainctl stop {prev.name}`")
+            f"(pids {', '.join(map(str, sorted(left)[:8]))}); run `trainctl stop {prev.name}`"
+        )
 
 
-def _spawn_supervisor(home: Path, jdir: Path, spec: Spec, run: int, marker: str,
-                      timeout_s: float) -> dict[str, Any]:
+def _spawn_supervisor(
+    home: Path, jdir: Path, spec: Spec, run: int, marker: str, timeout_s: float
+) -> dict[str, Any]:
     """Launch the detached supervisor and complete the readiness handshake."""
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainctl.supervisor", "--home", str(home),
-             "--name", spec.name, "--fd", str(theirs.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "trainctl.supervisor",
+                "--home",
+                str(home),
+                "--name",
+                spec.name,
+                "--fd",
+                str(theirs.fileno()),
+            ],
             # Fully detached: own session, no tty, stdio on /dev/null and every other fd
             # closed, so `ssh host trainctl start ...` returns as soon as we do.
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, pass_fds=(theirs.fileno(),), cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(theirs.fileno(),),
+            cwd="/",
         )
         theirs.close()
         ours.settimeout(timeout_s)
-        ours.sendall(control.encode({"spec": state.spec_to_doc(spec), "run": run,
-                                     "marker": marker}))
+        ours.sendall(
+            control.encode({"spec": state.spec_to_doc(spec), "run": run, "marker": marker})
+        )
         reply = _read_reply(ours)
     finally:
         ours.close()
@@ -217,8 +268,9 @@ def _spawn_supervisor(home: Path, jdir: Path, spec: Spec, run: int, marker: str,
             proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
             proc.wait()
         if reply is None:
-            raise SpawnError(f"the supervisor of {spec.name} failed to start "
-                             f"(see {jdir / 'events.jsonl'})")
+            raise SpawnError(
+                f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
+            )
         raise SpawnError(str(reply.get("error")))
     # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
     proc.returncode = 0
@@ -258,8 +310,14 @@ class StopResult:
         return bool(self.report.get("ok", True))
 
 
-def stop_job(home: Path, name: str, *, grace_s: float | None = None, main_only: bool = False,
-             lock_held: bool = False) -> StopResult:
+def stop_job(
+    home: Path,
+    name: str,
+    *,
+    grace_s: float | None = None,
+    main_only: bool = False,
+    lock_held: bool = False,
+) -> StopResult:
     """Stop every process of the job's current run (and nothing else)."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
@@ -267,13 +325,18 @@ def stop_job(home: Path, name: str, *, grace_s: float | None = None, main_only: 
     grace = spec.grace_s if grace_s is None else grace_s
     if state.supervisor_alive(jdir):
         try:
-            reply = control.request(jdir, {"op": "stop", "grace_s": grace, "main_only": main_only},
-                                    timeout_s=grace + spec.kill_wait_s + 60)
+            reply = control.request(
+                jdir,
+                {"op": "stop", "grace_s": grace, "main_only": main_only},
+                timeout_s=grace + spec.kill_wait_s + 60,
+            )
         except control.ControlUnavailableError as e:
             if state.supervisor_alive(jdir):
                 # Never run a second stop next to a live (but mute) supervisor.
-                raise TrainctlError(f"the supervisor of job {name} is alive but not "
-                                    f"answering ({e}); retry, or check events.jsonl") from None
+                raise TrainctlError(
+                    f"the supervisor of job {name} is alive but not "
+                    f"answering ({e}); retry, or check events.jsonl"
+                ) from None
         else:
             if not reply.get("ok"):
                 raise TrainctlError(f"supervisor refused: {reply.get('error')}")
@@ -298,14 +361,16 @@ def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> Sto
 
     st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
     if not live_members(st):
-        msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); " \
-              "nothing to stop"
+        msg = (
+            f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); "
+            "nothing to stop"
+        )
         if st.phase not in state.TERMINAL:
-            st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(),
-                                                members=())
+            st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
             state.write_state(jdir, st)
-        return StopResult(st.name, st.run, "noop", {"ok": True, "already_stopped": True},
-                          st.exit_code, msg)
+        return StopResult(
+            st.name, st.run, "noop", {"ok": True, "already_stopped": True}, st.exit_code, msg
+        )
 
     def emit(event: str, **fields: Any) -> None:
         state.append_event(jdir, event, job=st.name, via="cli", **fields)
@@ -315,8 +380,9 @@ def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> Sto
         state.write_state(jdir, st)
     emit("stopping", reason="stop", grace_s=grace_s, supervisor="gone")
     policy = StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s)
-    report = stop_tree(target_of(st), signal.Signals[spec.stop_signal], policy,
-                       main_only=main_only, emit=emit).to_doc()
+    report = stop_tree(
+        target_of(st), signal.Signals[spec.stop_signal], policy, main_only=main_only, emit=emit
+    ).to_doc()
     report["reason"] = "stop"
     final = Phase.STOPPED if st.phase == Phase.STOPPING else st.phase
     st = st.moved(final, ended_at=st.ended_at or time.time(), last_stop=report, members=())
@@ -327,8 +393,9 @@ def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> Sto
 # ---------------------------------------------------------------- restart, wait, rm
 
 
-def restart_job(home: Path, name: str, cfg: Config, *, grace_s: float | None = None
-                ) -> tuple[StopResult, StartResult]:
+def restart_job(
+    home: Path, name: str, cfg: Config, *, grace_s: float | None = None
+) -> tuple[StopResult, StartResult]:
     """Stop the job (verified), then start its recorded spec again (new code on disk)."""
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
@@ -339,7 +406,8 @@ def restart_job(home: Path, name: str, cfg: Config, *, grace_s: float | None = N
         if not stopped.ok or left:
             raise JobConflictError(
                 f"not restarting {name}: {len(left)} process(es) of run {st.run} survived "
-                f"the stop (pids {', '.join(map(str, sorted(left)[:8]))})")
+                f"the stop (pids {', '.join(map(str, sorted(left)[:8]))})"
+            )
         started = start_locked(home, jdir, spec, cfg)
     return stopped, started
 
@@ -375,7 +443,6 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
         if st is not None:
             phase = state.effective_phase(jdir, st)
             if phase not in state.TERMINAL or live_members(st):
-                raise JobConflictError(
-                    f"job {name} is {phase}: stop it before removing it")
+                raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
         shutil.rmtree(jdir)
     return jdir

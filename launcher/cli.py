@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-
 from trainctl.supervisor.errors import (
-    ConfigError, JobNotFoundError, RemoteError, StateError, TrainctlError,
+    ConfigError,
+    JobNotFoundError,
+    RemoteError,
+    StateError,
+    TrainctlError,
 )
 
 from . import __version__
@@ -72,8 +75,11 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON for 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--home", metavar="DIR", help="State directory [env TRAINCTL_HOME; default "
-              "$XDG_STATE_HOME/trainctl].")
+@click.option(
+    "--home",
+    metavar="DIR",
+    help="State directory [env TRAINCTL_HOME; default $XDG_STATE_HOME/trainctl].",
+)
 @click.version_option(__version__, prog_name="trainctl")
 @click.pass_context
 def cli(ctx: click.Context, home: str | None) -> None:
@@ -89,18 +95,37 @@ def cli(ctx: click.Context, home: str | None) -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", "-n", required=True, help="Job name (letters, digits, . _ -).")
 @click.option("--cwd", metavar="DIR", help="Working directory [default: current].")
-@click.option("--env", "-e", "env", multiple=True, metavar="KEY=VAL",
-              help="Extra environment variable (repeatable).")
-@click.option("--grace", metavar="SECONDS", help="Seconds between stop signal and SIGKILL "
-              "[default from config: 60].")
-@click.option("--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... "
-              "[default TERM].")
+@click.option(
+    "--env",
+    "-e",
+    "env",
+    multiple=True,
+    metavar="KEY=VAL",
+    help="Extra environment variable (repeatable).",
+)
+@click.option(
+    "--grace",
+    metavar="SECONDS",
+    help="Seconds between stop signal and SIGKILL [default from config: 60].",
+)
+@click.option(
+    "--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... [default TERM]."
+)
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
-def start(c: Ctx, name: str, cwd: str | None, env: tuple[str, ...], grace: str | None,
-          stop_signal: str | None, follow: bool, as_json: bool, argv: tuple[str, ...]) -> int:
+def start(
+    c: Ctx,
+    name: str,
+    cwd: str | None,
+    env: tuple[str, ...],
+    grace: str | None,
+    stop_signal: str | None,
+    follow: bool,
+    as_json: bool,
+    argv: tuple[str, ...],
+) -> int:
     """Start ARGV as job NAME, detached; return once its main process has exec'd.
 
     \b
@@ -108,12 +133,21 @@ def start(c: Ctx, name: str, cwd: str | None, env: tuple[str, ...], grace: str |
     """
     from . import api, render  # noqa: PLC0415
 
-    spec = api.build_spec(name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace,
-                          stop_signal=stop_signal)
+    spec = api.build_spec(
+        name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace, stop_signal=stop_signal
+    )
     res = api.start_job(c.home, spec, c.cfg)
     if as_json:
-        render.emit_json({"name": res.name, "run": res.run, "main_pid": res.main_pid,
-                          "mode": res.mode, "log": res.log, "elapsed_s": res.elapsed_s})
+        render.emit_json(
+            {
+                "name": res.name,
+                "run": res.run,
+                "main_pid": res.main_pid,
+                "mode": res.mode,
+                "log": res.log,
+                "elapsed_s": res.elapsed_s,
+            }
+        )
     else:
         render.start(res)
     if follow:
@@ -137,8 +171,12 @@ def _follow(c: Ctx, name: str, path: Path) -> int:
 @cli.command()
 @click.argument("name")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
-@click.option("--main-only", is_flag=True, help="Send the stop signal to the main process "
-              "only (it forwards to its workers); the rest still gets SIGKILL after the grace.")
+@click.option(
+    "--main-only",
+    is_flag=True,
+    help="Send the stop signal to the main process "
+    "only (it forwards to its workers); the rest still gets SIGKILL after the grace.",
+)
 @json_opt
 @pass_ctx
 def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -> int:
@@ -148,9 +186,17 @@ def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -
     grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
     res = api.stop_job(c.home, name, grace_s=grace_s, main_only=main_only)
     if as_json:
-        render.emit_json({"name": res.name, "run": res.run, "via": res.via, "ok": res.ok,
-                          "exit_code": res.exit_code, "message": res.message,
-                          "report": res.report})
+        render.emit_json(
+            {
+                "name": res.name,
+                "run": res.run,
+                "via": res.via,
+                "ok": res.ok,
+                "exit_code": res.exit_code,
+                "message": res.message,
+                "report": res.report,
+            }
+        )
     else:
         render.stop(res)
     return ExitCode.OK if res.ok else ExitCode.FAILED
@@ -168,10 +214,12 @@ def restart(c: Ctx, name: str, grace: str | None, as_json: bool) -> int:
     grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
     stopped, started = api.restart_job(c.home, name, c.cfg, grace_s=grace_s)
     if as_json:
-        render.emit_json({"stop": {"via": stopped.via, "ok": stopped.ok,
-                                   "report": stopped.report},
-                          "start": {"run": started.run, "main_pid": started.main_pid,
-                                    "log": started.log}})
+        render.emit_json(
+            {
+                "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report},
+                "start": {"run": started.run, "main_pid": started.main_pid, "log": started.log},
+            }
+        )
     else:
         render.stop(stopped)
         render.start(started)
@@ -206,8 +254,14 @@ def _list(c: Ctx, as_json: bool) -> int:
 
     rows = views.all_statuses(c.home)
     if as_json:
-        render.emit_json([r.to_doc() if not isinstance(r, tuple) else
-                          {"name": r[0], "state": "unknown", "error": r[1]} for r in rows])
+        render.emit_json(
+            [
+                r.to_doc()
+                if not isinstance(r, tuple)
+                else {"name": r[0], "state": "unknown", "error": r[1]}
+                for r in rows
+            ]
+        )
     else:
         render.job_table(rows)
     return ExitCode.OK
@@ -239,12 +293,29 @@ def ps(c: Ctx, name: str, as_json: bool) -> int:
 
 @cli.command()
 @click.argument("name")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new output (across restarts) "
-              "until the job ends; Ctrl-C stops following.")
-@click.option("-n", "--lines", "lines", type=int, default=None, metavar="N",
-              help="Print only the last N lines [default from config: all].")
-@click.option("--run", "run", type=int, default=None, metavar="R",
-              help="Show run R instead of the current one.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new output (across restarts) until the job ends; Ctrl-C stops following.",
+)
+@click.option(
+    "-n",
+    "--lines",
+    "lines",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Print only the last N lines [default from config: all].",
+)
+@click.option(
+    "--run",
+    "run",
+    type=int,
+    default=None,
+    metavar="R",
+    help="Show run R instead of the current one.",
+)
 @pass_ctx
 def logs(c: Ctx, name: str, follow: bool, lines: int | None, run: int | None) -> int:
     """Print the log (stdout+stderr) of job NAME."""
@@ -282,8 +353,11 @@ def wait(c: Ctx, name: str, timeout: str | None) -> int:
 
 @cli.command()
 @click.argument("name")
-@click.option("--force", is_flag=True, help="Also remove a job whose state file is corrupt "
-              "(deletes files only; signals nothing).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove a job whose state file is corrupt (deletes files only; signals nothing).",
+)
 @pass_ctx
 def rm(c: Ctx, name: str, force: bool) -> int:
     """Remove finished job NAME: its state, events and logs."""

@@ -51,15 +51,16 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
     for table, entries in doc.items():
         if not isinstance(entries, dict):
             raise ConfigError(f"{where}: [{table}] must be a table")
-        for key, value in entries.items():
+        for key, raw in entries.items():
             if (table, key) not in _KEYS:
                 raise ConfigError(f"{where}: unknown key {table}.{key}")
             field, typ = _KEYS[(table, key)]
-            if typ is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
+            value = raw
+            if typ is float and isinstance(raw, int) and not isinstance(raw, bool):
+                value = float(raw)
             if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
                 raise ConfigError(f"{where}: {table}.{key} must be {typ.__name__}, got {value!r}")
-            if typ in (int, float) and value < 0:
+            if isinstance(value, int | float) and value < 0:
                 raise ConfigError(f"{where}: {table}.{key} must not be negative")
             values[field] = value
 

@@ -39,8 +39,10 @@ def size(nbytes: int) -> str:
 
 def start(res: StartResult) -> None:
     """Render a started run."""
-    print(f"started {res.name} run {res.run}: main pid {res.main_pid}, mode {res.mode} "
-          f"({res.elapsed_s * 1000:.0f} ms)")
+    print(
+        f"started {res.name} run {res.run}: main pid {res.main_pid}, mode {res.mode} "
+        f"({res.elapsed_s * 1000:.0f} ms)"
+    )
     print(f"log: {res.log}")
 
 
@@ -55,23 +57,27 @@ def stop(res: StopResult) -> None:
         return
     nets = ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_net", {}).items()))
     print(f"stopped {res.name} run {res.run} via {res.via} ({r.get('mode')} mode)")
-    print(f"  found      {r['found']} process(es), {r.get('escaped', 0)} escaped the tree  "
-          f"[{nets}]")
+    print(
+        f"  found      {r['found']} process(es), {r.get('escaped', 0)} escaped the tree  [{nets}]"
+    )
     if r.get("late_joiners"):
         print(f"  late       {r['late_joiners']} appeared during the grace and were signalled")
     ex = r.get("exit_s") or {}
-    timing = (f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)"
-              if ex else "")
+    timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
     print(f"  {r['signal']:<10} {r['exited_on_signal']} exited{timing}")
     print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
     if r.get("zombies"):
         print(f"  zombies    {len(r['zombies'])} exited, waiting for their parent to reap them")
     for s in r.get("survivors", []):
-        print(f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: "
-              f"{s['cmd']}")
+        print(
+            f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: {s['cmd']}"
+        )
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
-    verdict = "nothing of the job is alive" if res.ok else \
-        f"{len(r.get('survivors', []))} process(es) SURVIVED"
+    verdict = (
+        "nothing of the job is alive"
+        if res.ok
+        else f"{len(r.get('survivors', []))} process(es) SURVIVED"
+    )
     print(f"  total      {r['total_s']:.2f} s — {verdict}{code}")
 
 
@@ -91,8 +97,10 @@ def status(s: Status) -> None:
         print(f"  last {s.last_log_line}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ok = "clean" if s.last_stop.get("ok", True) else "SURVIVORS"
-        print(f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s "
-              f"({s.last_stop.get('reason', 'stop')})")
+        print(
+            f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s "
+            f"({s.last_stop.get('reason', 'stop')})"
+        )
 
 
 def job_table(rows: list[Status | tuple[str, str]]) -> None:
@@ -100,15 +108,19 @@ def job_table(rows: list[Status | tuple[str, str]]) -> None:
     if not rows:
         print("no jobs")
         return
-    print(f"{'NAME':<20} {'STATE':<9} {'RUN':>4} {'MAIN':>8} {'MEMBERS':>7} {'UPTIME':>8}  "
-          "LAST LOG LINE")
+    print(
+        f"{'NAME':<20} {'STATE':<9} {'RUN':>4} {'MAIN':>8} {'MEMBERS':>7} {'UPTIME':>8}  "
+        "LAST LOG LINE"
+    )
     for row in rows:
         if isinstance(row, tuple):
             print(f"{row[0]:<20} {'?':<9} {'':>4} {'':>8} {'':>7} {'':>8}  {row[1]}")
             continue
         code = f"({row.exit_code})" if row.exit_code is not None else ""
-        print(f"{row.name:<20} {row.state + code:<9} {row.run:>4} {row.main_pid or '-':>8} "
-              f"{row.members:>7} {duration(row.uptime_s):>8}  {row.last_log_line[:60]}")
+        print(
+            f"{row.name:<20} {row.state + code:<9} {row.run:>4} {row.main_pid or '-':>8} "
+            f"{row.members:>7} {duration(row.uptime_s):>8}  {row.last_log_line[:60]}"
+        )
 
 
 def ps(rows: list[PsRow]) -> None:
@@ -119,12 +131,13 @@ def ps(rows: list[PsRow]) -> None:
     print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}  CMD")
     for r in rows:
         flag = "  [escaped]" if r.escaped else ""
-        print(f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
-              f"{size(r.rss_bytes):>7}  {'  ' * r.depth}{r.cmd[:100]}{flag}")
+        print(
+            f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
+            f"{size(r.rss_bytes):>7}  {'  ' * r.depth}{r.cmd[:100]}{flag}"
+        )
 
 
 def write(text: str) -> None:
     """Write raw log text."""
     sys.stdout.write(text)
     sys.stdout.flush()
-

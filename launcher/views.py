@@ -79,19 +79,34 @@ def job_status(home: Path, name: str) -> Status:
         argv = []
     phase = state.effective_phase(jdir, st)
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
-    members = scan(target_of(st)) if phase not in state.TERMINAL or st.last_stop is None \
-        or not st.last_stop.get("ok", True) else {}
+    members = (
+        scan(target_of(st))
+        if phase not in state.TERMINAL or st.last_stop is None or not st.last_stop.get("ok", True)
+        else {}
+    )
     live = [m for m in members.values() if m.alive]
     end = st.ended_at or time.time()
     log = state.log_path(jdir, st.run)
     return Status(
-        name=st.name, state=str(phase), run=st.run,
-        main_pid=st.main.pid if st.main else None, pgid=st.pgid,
+        name=st.name,
+        state=str(phase),
+        run=st.run,
+        main_pid=st.main.pid if st.main else None,
+        pgid=st.pgid,
         supervisor_pid=st.supervisor.pid if st.supervisor else None,
-        supervisor_alive=sup_alive, exit_code=st.exit_code, members=len(live),
-        escaped=sum(1 for m in live if m.escaped), mode=st.mode, cgroup=st.cgroup,
-        started_at=st.started_at, ended_at=st.ended_at, uptime_s=round(end - st.started_at, 3),
-        log=str(log), last_log_line=last_line(log), argv=argv, last_stop=st.last_stop,
+        supervisor_alive=sup_alive,
+        exit_code=st.exit_code,
+        members=len(live),
+        escaped=sum(1 for m in live if m.escaped),
+        mode=st.mode,
+        cgroup=st.cgroup,
+        started_at=st.started_at,
+        ended_at=st.ended_at,
+        uptime_s=round(end - st.started_at, 3),
+        log=str(log),
+        last_log_line=last_line(log),
+        argv=argv,
+        last_stop=st.last_stop,
         error=st.error,
     )
 
@@ -151,10 +166,21 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
             continue
         except psutil.AccessDenied:
             cpu, rss = 0.0, 0
-        rows.append(PsRow(pid=pid, ppid=m.stat.ppid, pgid=m.stat.pgid, sid=m.stat.sid,
-                          state=m.stat.state, cpu_percent=round(cpu, 1), rss_bytes=rss,
-                          escaped=m.escaped and "main" not in m.nets, nets=sorted(m.nets),
-                          cmd=procfs.read_cmdline(pid) or f"[{m.stat.comm}]", depth=depth))
+        rows.append(
+            PsRow(
+                pid=pid,
+                ppid=m.stat.ppid,
+                pgid=m.stat.pgid,
+                sid=m.stat.sid,
+                state=m.stat.state,
+                cpu_percent=round(cpu, 1),
+                rss_bytes=rss,
+                escaped=m.escaped and "main" not in m.nets,
+                nets=sorted(m.nets),
+                cmd=procfs.read_cmdline(pid) or f"[{m.stat.comm}]",
+                depth=depth,
+            )
+        )
     return rows
 
 

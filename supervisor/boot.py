@@ -22,8 +22,17 @@ from . import procfs
 from .errors import SpawnError, TrainctlError
 from .spawn import Spawned, job_env, spawn_main
 from .state import (
-    JobState, Phase, ProcRef, Spec, append_event, job_dir, log_path, spec_from_doc,
-    spec_to_doc, write_json_atomic, write_state,
+    JobState,
+    Phase,
+    ProcRef,
+    Spec,
+    append_event,
+    job_dir,
+    log_path,
+    spec_from_doc,
+    spec_to_doc,
+    write_json_atomic,
+    write_state,
 )
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -54,7 +63,8 @@ def _read_request(sock: socket.socket) -> dict[str, Any]:
             raise SpawnError("the CLI went away before sending the job spec")
         buf += chunk
     doc = json.loads(buf)
-    assert isinstance(doc, dict)
+    if not isinstance(doc, dict):
+        raise SpawnError("malformed handshake from the CLI")
     return doc
 
 
@@ -76,18 +86,34 @@ def launch(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[JobState, Spa
             os.close(procs_fd)
     st = procfs.read_stat(spawned.pid)
     me = procfs.read_stat(os.getpid())
-    assert me is not None
+    if st is None or me is None:  # cannot happen: an unreaped child keeps its /proc entry
+        raise SpawnError(f"{spec.argv[0]} vanished right after exec")
     state = JobState(
-        name=spec.name, run=run, phase=Phase.RUNNING, marker=marker, started_at=time.time(),
+        name=spec.name,
+        run=run,
+        phase=Phase.RUNNING,
+        marker=marker,
+        started_at=time.time(),
         supervisor=ProcRef(me.pid, me.start_ticks),
-        main=ProcRef(spawned.pid, st.start_ticks) if st else None,
-        pgid=spawned.pid, sid=spawned.pid,
-        mode="cgroup" if cgroup else "signals", cgroup=str(cgroup) if cgroup else None,
+        main=ProcRef(spawned.pid, st.start_ticks),
+        pgid=spawned.pid,
+        sid=spawned.pid,
+        mode="cgroup" if cgroup else "signals",
+        cgroup=str(cgroup) if cgroup else None,
     )
     write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     write_state(jdir, state)
-    append_event(jdir, "started", job=spec.name, run=run, main_pid=spawned.pid,
-                 argv=list(spec.argv), cwd=spec.cwd, mode=state.mode, cgroup=state.cgroup)
+    append_event(
+        jdir,
+        "started",
+        job=spec.name,
+        run=run,
+        main_pid=spawned.pid,
+        argv=list(spec.argv),
+        cwd=spec.cwd,
+        mode=state.mode,
+        cgroup=state.cgroup,
+    )
     return state, spawned, cgroup
 
 
@@ -111,6 +137,6 @@ def main(argv: list[str]) -> int:
         return 1
     _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
     sock.close()
-    from .service import run_supervisor  # heavy imports only after the CLI has its answer
+    from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
     return run_supervisor(jdir, spec, state, spawned, cgroup, lock_fd)

@@ -8,6 +8,7 @@ caller records which mode is in use so ``status`` can say it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -97,10 +98,8 @@ def kill(path: Path) -> bool:
 
 def thaw(path: Path) -> None:
     """Undo a freeze; harmless if the cgroup is gone."""
-    try:
+    with contextlib.suppress(OSError):
         (path / "cgroup.freeze").write_text("0")
-    except OSError:
-        pass
 
 
 def is_populated(path: Path) -> bool:

@@ -40,7 +40,7 @@ def decode(line: bytes) -> dict[str, Any]:
     """Parse one framed message."""
     msg = json.loads(line)
     if not isinstance(msg, dict):
-        raise ValueError("message is not an object")
+        raise ValueError("message is not an object")  # noqa: TRY004 (a protocol error)
     return msg
 
 

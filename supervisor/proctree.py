@@ -28,6 +28,7 @@ from . import procfs
 from .procfs import Stat
 from .state import ProcRef
 
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Everything a scan needs to recognise a job's processes."""
@@ -114,8 +115,12 @@ def scan(target: Target) -> dict[int, Member]:
     return members
 
 
-def _add_descendants(stats: dict[int, Stat], members: dict[int, Member], target: Target,
-                     add: Callable[[int, str], None]) -> None:
+def _add_descendants(
+    stats: dict[int, Stat],
+    members: dict[int, Member],
+    target: Target,
+    add: Callable[[int, str], None],
+) -> None:
     children: dict[int, list[int]] = {}
     for pid, st in stats.items():
         children.setdefault(st.ppid, []).append(pid)

@@ -37,8 +37,10 @@ def exit_code_of(status: int) -> int:
 def _configure_events(jdir: Path, name: str) -> structlog.stdlib.BoundLogger:
     events = open(jdir / "events.jsonl", "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
     structlog.configure(
-        processors=[structlog.processors.TimeStamper(fmt=None, key="ts"),
-                    structlog.processors.JSONRenderer()],
+        processors=[
+            structlog.processors.TimeStamper(fmt=None, key="ts"),
+            structlog.processors.JSONRenderer(),
+        ],
         logger_factory=structlog.WriteLoggerFactory(file=events),
         cache_logger_on_first_use=True,
     )
@@ -49,10 +51,16 @@ def _configure_events(jdir: Path, name: str) -> structlog.stdlib.BoundLogger:
 class Supervisor:
     """Supervises one run of one job."""
 
-    def __init__(self, jdir: Path, spec: Spec, state: JobState, spawned: Spawned,
-                 cgroup: Path | None) -> None:
+    def __init__(
+        self, jdir: Path, spec: Spec, state: JobState, spawned: Spawned, cgroup: Path | None
+    ) -> None:
         self.jdir, self.spec, self.state, self.spawned, self.cgroup = (
-            jdir, spec, state, spawned, cgroup)
+            jdir,
+            spec,
+            state,
+            spawned,
+            cgroup,
+        )
         self.log = _configure_events(jdir, spec.name)
         self.main_status: int | None = None
         self.main_exited = anyio.Event()
@@ -61,6 +69,7 @@ class Supervisor:
         self.stopping = False
         self.done = anyio.Event()
         self.handlers = 0
+        self.idle = anyio.Event()  # set when the run is done and no client awaits a reply
 
     # ------------------------------------------------------------ state
 
@@ -70,8 +79,14 @@ class Supervisor:
 
     def _target(self) -> Target:
         st = self.state
-        return Target(marker=st.marker, main=st.main, supervisor=st.supervisor, pgid=st.pgid,
-                      sid=st.sid, cgroup=self.cgroup)
+        return Target(
+            marker=st.marker,
+            main=st.main,
+            supervisor=st.supervisor,
+            pgid=st.pgid,
+            sid=st.sid,
+            cgroup=self.cgroup,
+        )
 
     # ------------------------------------------------------------ reaping
 
@@ -100,7 +115,7 @@ class Supervisor:
                 self.reap()
 
     async def _watch_main(self) -> None:
-        fd = os.pidfd_open(self.spawned.pid)
+        fd = self.spawned.pidfd
         try:
             await anyio.wait_readable(fd)  # readable = exited; no polling delay
         finally:
@@ -122,13 +137,22 @@ class Supervisor:
                 continue
             members = await anyio.to_thread.run_sync(scan, self._target())
             snap = tuple(
-                MemberSnap(pid=m.stat.pid, start_ticks=m.stat.start_ticks, ppid=m.stat.ppid,
-                           pgid=m.stat.pgid, sid=m.stat.sid, cmd=procfs.read_cmdline(pid)[:300],
-                           nets=tuple(sorted(m.nets)))
-                for pid, m in sorted(members.items()) if m.alive)
+                MemberSnap(
+                    pid=m.stat.pid,
+                    start_ticks=m.stat.start_ticks,
+                    ppid=m.stat.ppid,
+                    pgid=m.stat.pgid,
+                    sid=m.stat.sid,
+                    cmd=procfs.read_cmdline(pid)[:300],
+                    nets=tuple(sorted(m.nets)),
+                )
+                for pid, m in sorted(members.items())
+                if m.alive
+            )
             # Rewrite (and fsync) only when the member set changed: a quiet job costs nothing.
             if {(s.pid, s.start_ticks) for s in snap} != {
-                    (s.pid, s.start_ticks) for s in self.state.members} and not self.stopping:
+                (s.pid, s.start_ticks) for s in self.state.members
+            } and not self.stopping:
                 self._set(self.state.phase, members=snap, snapshot_at=time.time())
 
     # ------------------------------------------------------------ stop
@@ -137,15 +161,15 @@ class Supervisor:
         """Run the stop sequence once; concurrent callers share its report."""
         if self.stopping:
             await self.stop_done.wait()
-            assert self.stop_report is not None
-            return self.stop_report
+            return self.stop_report or {}
         self.stopping = True
         self._set(Phase.STOPPING)
         self.log.info("stopping", reason=reason, grace_s=grace_s, main_only=main_only)
         policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
         sig = signal.Signals[self.spec.stop_signal]
-        run = functools.partial(stop_tree, self._target(), sig, policy, main_only=main_only,
-                                emit=self.log.info)
+        run = functools.partial(
+            stop_tree, self._target(), sig, policy, main_only=main_only, emit=self.log.info
+        )
         with anyio.CancelScope(shield=True):
             report = (await anyio.to_thread.run_sync(run)).to_doc()
             with anyio.move_on_after(2):
@@ -160,6 +184,7 @@ class Supervisor:
         self.stop_report = report
         self.stop_done.set()
         self.done.set()
+        self._check_idle()
         return report
 
     # ------------------------------------------------------------ control socket
@@ -176,19 +201,30 @@ class Supervisor:
         self.handlers += 1
         try:
             async with stream:
-                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610
                 if control.peer_uid(raw) != os.geteuid():
                     await stream.send(control.encode({"ok": False, "error": "permission denied"}))
                     return
                 line = await BufferedByteReceiveStream(stream).receive_until(
-                    b"\n", control.MAX_LINE)
+                    b"\n", control.MAX_LINE
+                )
                 reply = await self._dispatch(control.decode(line))
                 await stream.send(control.encode(reply))
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
-                anyio.DelimiterNotFound, ValueError):
+        except (
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.DelimiterNotFound,
+            ValueError,
+        ):
             pass
         finally:
             self.handlers -= 1
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.done.is_set() and not self.handlers:
+            self.idle.set()
 
     async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -211,8 +247,7 @@ class Supervisor:
             tg.start_soon(self._serve)
             await self.done.wait()
             with anyio.move_on_after(5):
-                while self.handlers:
-                    await anyio.sleep(0.01)
+                await self.idle.wait()
             tg.cancel_scope.cancel()
         self._cleanup()
 
@@ -227,14 +262,15 @@ class Supervisor:
         self.log.info("supervisor_exit", phase=str(self.state.phase))
 
 
-def run_supervisor(jdir: Path, spec: Spec, state: JobState, spawned: Spawned,
-                   cgroup: Path | None, lock_fd: int) -> int:
+def run_supervisor(
+    jdir: Path, spec: Spec, state: JobState, spawned: Spawned, cgroup: Path | None, lock_fd: int
+) -> int:
     """Run the supervisor to completion; log (not show) any crash."""
     sup = Supervisor(jdir, spec, state, spawned, cgroup)
     try:
         anyio.run(sup.run)
     except Exception:  # noqa: BLE001  (last resort: record why, the job itself is unharmed)
-        sup.log.error("supervisor_crashed", traceback=traceback.format_exc())
+        sup.log.error("supervisor_crashed", traceback=traceback.format_exc())  # noqa: TRY400
         return 70
     finally:
         os.close(lock_fd)

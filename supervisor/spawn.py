@@ -13,8 +13,16 @@ from .state import Spec
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
-_RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-          signal.SIGUSR2, signal.SIGCHLD, signal.SIGPIPE)
+_RESET = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+)
 
 TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
 
@@ -25,6 +33,7 @@ class Spawned:
 
     proc: subprocess.Popen[bytes]
     pid: int
+    pidfd: int  # opened before anything can reap main, so it always refers to it
 
 
 def job_env(spec: Spec, marker: str, run: int, progress: Path) -> dict[str, str]:
@@ -54,12 +63,18 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
 
     log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
-        proc = subprocess.Popen(  # noqa: PLW1509  (preexec_fn: see in_child)
-            list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+        proc = subprocess.Popen(
+            list(spec.argv),
+            cwd=spec.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
             # preexec_fn runs before close_fds, so the CLOEXEC cgroup fd is still open there
             # and never reaches the job.
-            preexec_fn=in_child,
+            preexec_fn=in_child,  # noqa: PLW1509  (single-threaded here: see in_child)
         )
     except FileNotFoundError as e:
         if e.filename == spec.cwd or not os.path.isdir(spec.cwd):
@@ -73,4 +88,5 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
         raise SpawnError(f"cannot start {spec.argv[0]}: {e}") from None
     finally:
         os.close(log_fd)
-    return Spawned(proc=proc, pid=proc.pid)
+    # Nobody has waited for the child yet, so its pid cannot have been recycled.
+    return Spawned(proc=proc, pid=proc.pid, pidfd=os.pidfd_open(proc.pid))

@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -220,13 +220,15 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 def _read_doc(path: Path, what: str) -> dict[str, Any]:
     check_owner(path)
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")
     except FileNotFoundError:
         raise JobNotFoundError(f"no {what} at {path}") from None
     try:
         doc = json.loads(text)
-    except ValueError as e:
-        raise StateError(f"{path} is corrupt or truncated ({e.msg}); refusing to act on it") from None
+    except json.JSONDecodeError as e:
+        raise StateError(
+            f"{path} is corrupt or truncated ({e.msg}); refusing to act on it"
+        ) from None
     if not isinstance(doc, dict):
         raise StateError(f"{path} is not a JSON object; refusing to act on it")
     if doc.get("schema") != SCHEMA:
@@ -293,7 +295,8 @@ def write_state(jdir: Path, st: JobState) -> None:
 def append_event(jdir: Path, event: str, **fields: Any) -> None:
     """Append one JSON line to events.jsonl (O_APPEND: concurrent writers never interleave)."""
     line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
-    fd = os.open(jdir / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    fd = os.open(jdir / "events.jsonl", flags, 0o600)
     try:
         os.write(fd, line.encode() + b"\n")
     finally:
@@ -304,7 +307,9 @@ def append_event(jdir: Path, event: str, **fields: Any) -> None:
 
 
 @contextlib.contextmanager
-def job_lock(jdir: Path, timeout_s: float, what: str = "another trainctl command") -> Iterator[None]:
+def job_lock(
+    jdir: Path, timeout_s: float, what: str = "another trainctl command"
+) -> Iterator[None]:
     """Hold the job's exclusive lock; wait up to ``timeout_s`` for it."""
     fd = os.open(jdir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:

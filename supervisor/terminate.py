@@ -130,7 +130,10 @@ def _signal_members(members: list[Member], target: Target, sig: int, *, group: b
     sent = 0
     pgid = target.pgid
     use_group = (
-        group and pgid is not None and target.main is not None and target.main.pid == pgid
+        group
+        and pgid is not None
+        and target.main is not None
+        and target.main.pid == pgid
         and procfs.exists(target.main.pid, target.main.start_ticks)
     )
     if use_group and pgid is not None:
@@ -148,13 +151,23 @@ def _signal_members(members: list[Member], target: Target, sig: int, *, group: b
     return sent
 
 
-def stop_tree(target: Target, sig: int, policy: StopPolicy, *, main_only: bool = False,
-              emit: Emit | None = None) -> StopReport:
+def stop_tree(
+    target: Target,
+    sig: int,
+    policy: StopPolicy,
+    *,
+    main_only: bool = False,
+    emit: Emit | None = None,
+) -> StopReport:
     """Stop every process of the job and nothing else; return the proof."""
     emit = emit or (lambda *_a, **_k: None)
     t0 = time.monotonic()
-    report = StopReport(signal=signal.Signals(sig).name, grace_s=policy.grace_s,
-                        main_only=main_only, mode="cgroup" if target.cgroup else "signals")
+    report = StopReport(
+        signal=signal.Signals(sig).name,
+        grace_s=policy.grace_s,
+        main_only=main_only,
+        mode="cgroup" if target.cgroup else "signals",
+    )
     tr = _Tracker(target, policy)
     first = tr.rescan()
     if not first:
@@ -173,15 +186,19 @@ def stop_tree(target: Target, sig: int, policy: StopPolicy, *, main_only: bool =
     exits = sorted(t - signalled_at for r, t in tr.gone_at.items() if r not in left)
     report.exited_on_signal = len(exits)
     if exits:
-        report.exit_s = {"first": round(exits[0], 4), "median": round(statistics.median(exits), 4),
-                         "last": round(exits[-1], 4)}
+        report.exit_s = {
+            "first": round(exits[0], 4),
+            "median": round(statistics.median(exits), 4),
+            "last": round(exits[-1], 4),
+        }
     if left:
         report.killed = _escalate(tr, target, policy, emit)
     return _finish(report, tr, t0, emit)
 
 
-def _send_stop(members: list[Member], target: Target, sig: int, main_only: bool,
-               emit: Emit) -> None:
+def _send_stop(
+    members: list[Member], target: Target, sig: int, main_only: bool, emit: Emit
+) -> None:
     if main_only:
         to = [m for m in members if "main" in m.nets]
         _signal_members(to, target, sig, group=False)
@@ -197,8 +214,12 @@ def _escalate(tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit) -> i
     frozen = target.cgroup is not None and cg.freeze(target.cgroup, policy.freeze_timeout_s)
     stopped = _stop_until_quiet(tr, policy, skip_cgroup=frozen)
     victims = [r for r in tr.known if r not in tr.gone_at]
-    emit("escalated", frozen_by="cgroup" if frozen else "sigstop", remaining=len(victims),
-         stop_rounds=stopped)
+    emit(
+        "escalated",
+        frozen_by="cgroup" if frozen else "sigstop",
+        remaining=len(victims),
+        stop_rounds=stopped,
+    )
     killed = 0
     if target.cgroup is not None:
         cg.kill(target.cgroup)
@@ -220,8 +241,11 @@ def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) ->
     stopped: set[ProcRef] = set()
     for rounds in range(1, policy.stop_rounds + 1):
         tr.rescan()
-        todo = [r for r, m in tr.known.items()
-                if r not in stopped and r not in tr.gone_at and not (skip_cgroup and "cgroup" in m.nets)]
+        todo = [
+            r
+            for r, m in tr.known.items()
+            if r not in stopped and r not in tr.gone_at and not (skip_cgroup and "cgroup" in m.nets)
+        ]
         if not todo:
             return rounds
         for ref in todo:
@@ -239,9 +263,14 @@ def _finish(report: StopReport, tr: _Tracker, t0: float, emit: Emit) -> StopRepo
     report.escaped = sum(1 for m in tr.known.values() if m.escaped)
     for ref in left:
         st = procfs.read_stat(ref.pid)
-        report.survivors.append({"pid": ref.pid, "state": st.state if st else "?",
-                                 "wchan": procfs.read_wchan(ref.pid),
-                                 "cmd": procfs.read_cmdline(ref.pid)[:200]})
+        report.survivors.append(
+            {
+                "pid": ref.pid,
+                "state": st.state if st else "?",
+                "wchan": procfs.read_wchan(ref.pid),
+                "cmd": procfs.read_cmdline(ref.pid)[:200],
+            }
+        )
     for ref in tr.known:
         st = procfs.read_stat(ref.pid)
         if st is not None and st.start_ticks == ref.start_ticks and st.state == "Z":

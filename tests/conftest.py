@@ -111,11 +111,23 @@ class Harness:
         """The test's TRAINCTL_HOME."""
         return Path(self.env["TRAINCTL_HOME"])
 
-    def tc(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
-           check: bool | None = None) -> Result:
+    def tc(
+        self,
+        *args: str,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+        check: bool | None = None,
+    ) -> Result:
         """Run the trainctl CLI; return rc/stdout/stderr."""
-        p = subprocess.run([*TRAINCTL, *args], env=env or self.env, capture_output=True,
-                           text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        p = subprocess.run(
+            [*TRAINCTL, *args],
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         res = Result(p.returncode, p.stdout, p.stderr)
         if check:
             assert res.rc == 0, f"trainctl {' '.join(args)} -> {res.rc}\n{res.out}\n{res.err}"
@@ -126,13 +138,28 @@ class Harness:
         """A path a tree creates when it is fully up."""
         return self.tmp / f"{name}.ready"
 
-    def start_tree(self, name: str, tree: str, *args: str, grace: float = 2.0,
-                   extra: tuple[str, ...] = ()) -> Result:
+    def start_tree(
+        self, name: str, tree: str, *args: str, grace: float = 2.0, extra: tuple[str, ...] = ()
+    ) -> Result:
         """Start tests/trees/<tree> as job ``name`` and wait until the whole tree is up."""
         ready = self.ready_file(name)
-        res = self.tc("start", "--name", name, "--grace", str(grace), "--cwd", str(self.tmp),
-                      "--env", f"TREE_READY={ready}", *extra, "--",
-                      sys.executable, str(TREES / tree), *args, check=True)
+        res = self.tc(
+            "start",
+            "--name",
+            name,
+            "--grace",
+            str(grace),
+            "--cwd",
+            str(self.tmp),
+            "--env",
+            f"TREE_READY={ready}",
+            *extra,
+            "--",
+            sys.executable,
+            str(TREES / tree),
+            *args,
+            check=True,
+        )
         wait_for(ready.exists, 60, f"tree {tree} to be ready")
         return res
 
@@ -140,9 +167,14 @@ class Harness:
         """Start the very same command line outside trainctl (it must survive every stop)."""
         ready = self.tmp / f"bystander-{len(self.bystanders)}.ready"
         env = {**self.env, "TREE_READY": str(ready), "TCTEST_BYSTANDER": "1"}
-        p = subprocess.Popen([sys.executable, str(TREES / tree), *args], env=env,
-                             cwd=self.tmp, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [sys.executable, str(TREES / tree), *args],
+            env=env,
+            cwd=self.tmp,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.bystanders.append(p)
         wait_for(ready.exists, 60, "bystander to be ready")
         return p
@@ -175,15 +207,17 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     """An isolated home + marker; afterwards, no marked survivor may remain."""
     mark = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_")}
-    env.update(TRAINCTL_HOME=str(tmp_path / "home"), TCTEST_MARK=mark,
-               TRAINCTL_CONFIG=str(tmp_path / "config.toml"))
+    env.update(
+        TRAINCTL_HOME=str(tmp_path / "home"),
+        TCTEST_MARK=mark,
+        TRAINCTL_CONFIG=str(tmp_path / "config.toml"),
+    )
     h = Harness(tmp=tmp_path, mark=mark, env=env)
     yield h
     # A process that has just released its locks may still be finishing its exit: give
     # the marked set a moment to drain before calling anything a leak.
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and any(
-            not b for _, b in marked(mark).values()):
+    while time.monotonic() < deadline and any(not b for _, b in marked(mark).values()):
         time.sleep(0.02)
     leaked = []
     for pid, (start, is_bystander) in marked(mark).items():

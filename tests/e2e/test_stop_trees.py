@@ -37,8 +37,9 @@ def stop_and_check(h: Harness, name: str, *args: str) -> dict:  # type: ignore[t
 
 
 @pytest.mark.parametrize(("tree", "args", "killed"), TREES, ids=[t[0] for t in TREES])
-def test_tree_fully_stopped(mode_harness: Harness, tree: str, args: tuple[str, ...],
-                            killed: bool) -> None:
+def test_tree_fully_stopped(
+    mode_harness: Harness, tree: str, args: tuple[str, ...], killed: bool
+) -> None:
     h = mode_harness
     h.start_tree("job", tree, *args, grace=1.5)
     h.bystander(tree, *args)
@@ -57,7 +58,8 @@ def test_escaped_members_are_reported(harness: Harness) -> None:
     ps = h.tc("ps", "d", "--json", check=True).json()
     assert isinstance(ps, list)
     escaped = [r for r in ps if r["escaped"]]
-    assert len(escaped) == 1 and "marker" in escaped[0]["nets"]
+    assert len(escaped) == 1
+    assert "marker" in escaped[0]["nets"]
     doc = stop_and_check(h, "d")
     assert doc["report"]["escaped"] == 1
 
@@ -65,8 +67,9 @@ def test_escaped_members_are_reported(harness: Harness) -> None:
 def test_graceful_checkpoint_completes_within_grace(harness: Harness) -> None:
     h = harness
     sigs = h.tmp / "signals.txt"
-    h.start_tree("ck", "checkpointer.py", str(h.tmp), "2",
-                 extra=("--env", f"TREE_SIGNALS={sigs}"), grace=5)
+    h.start_tree(
+        "ck", "checkpointer.py", str(h.tmp), "2", extra=("--env", f"TREE_SIGNALS={sigs}"), grace=5
+    )
     doc = stop_and_check(h, "ck", "--grace", "5")
     assert (h.tmp / "ckpt.done").exists(), "checkpoint not completed"
     assert not (h.tmp / "ckpt.tmp").exists()
@@ -98,18 +101,21 @@ def test_stop_after_supervisor_was_sigkilled(mode_harness: Harness, tree: str) -
     os.close(fd)
     wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
     st = h.tc("status", "orphaned", "--json")
-    assert st.rc == 4 and st.json()["state"] == "lost"  # type: ignore[index]
+    assert st.rc == 4
+    assert st.json()["state"] == "lost"
     doc = stop_and_check(h, "orphaned")
     assert doc["via"] == "direct"
     again = h.tc("stop", "orphaned")
-    assert again.rc == 0 and "nothing to stop" in again.out
+    assert again.rc == 0
+    assert "nothing to stop" in again.out
 
 
 def test_main_only_signals_main_then_kills_rest(harness: Harness) -> None:
     h = harness
     sigs = h.tmp / "signals.txt"
-    h.start_tree("mo", "checkpointer.py", str(h.tmp), "0.2",
-                 extra=("--env", f"TREE_SIGNALS={sigs}"), grace=1)
+    h.start_tree(
+        "mo", "checkpointer.py", str(h.tmp), "0.2", extra=("--env", f"TREE_SIGNALS={sigs}"), grace=1
+    )
     doc = stop_and_check(h, "mo", "--main-only")
     assert doc["report"]["main_only"] is True
     # the two forked children never got SIGTERM (default action would kill them): killed
@@ -120,16 +126,20 @@ def test_main_only_signals_main_then_kills_rest(harness: Harness) -> None:
 def test_main_exit_cleans_up_leftovers(harness: Harness) -> None:
     h = harness
     # main exits at once, leaving a setsid'd daemon that ignores TERM behind
-    script = ("import os,signal,time\n"
-              "if os.fork()==0:\n"
-              "  os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-              f"  open('{h.tmp}/left','w').close(); time.sleep(600)\n"
-              f"while not os.path.exists('{h.tmp}/left'): time.sleep(0.01)\n"
-              "raise SystemExit(7)\n")
+    script = (
+        "import os,signal,time\n"
+        "if os.fork()==0:\n"
+        "  os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"  open('{h.tmp}/left','w').close(); time.sleep(600)\n"
+        f"while not os.path.exists('{h.tmp}/left'): time.sleep(0.01)\n"
+        "raise SystemExit(7)\n"
+    )
     h.tc("start", "--name", "ex", "--grace", "0.5", "--", "python3", "-c", script, check=True)
     w = h.tc("wait", "ex", "--timeout", "30")
     assert w.rc == 7
     st = h.state("ex")
-    assert st["phase"] == "failed" and st["exit_code"] == 7
-    assert st["last_stop"]["killed"] == 1 and st["last_stop"]["reason"] == "main exited"
+    assert st["phase"] == "failed"
+    assert st["exit_code"] == 7
+    assert st["last_stop"]["killed"] == 1
+    assert st["last_stop"]["reason"] == "main exited"
     assert not h.job_pids("ex")

@@ -1,0 +1,199 @@
+"""Bad input: one clear line on stderr, a non-zero exit, nothing changed, nothing signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRAINCTL, Harness, _stat, alive
+
+
+def one_line_error(res: object, rc: int, needle: str) -> None:
+    assert res.rc == rc, (res.rc, res.out, res.err)  # type: ignore[attr-defined]
+    lines = res.err.strip().splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == 1, res.err  # type: ignore[attr-defined]
+    assert needle in lines[0], lines[0]
+
+
+def no_jobs(h: Harness) -> None:
+    jobs = h.home / "jobs"
+    assert not jobs.exists() or not list(jobs.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "rc", "needle"),
+    [
+        (["start", "--name", "x"], 2, "no command given"),
+        (["start", "--name", "x", "--grace", "-1", "--", "true"], 2, "non-negative"),
+        (["start", "--name", "x", "--grace", "soon", "--", "true"], 2, "number of seconds"),
+        (["start", "--name", "x", "--grace", "nan", "--", "true"], 2, "non-negative"),
+        (["start", "--name", "x", "--stop-signal", "SIGFOO", "--", "true"], 2, "unknown signal"),
+        (["start", "--name", "x", "--stop-signal", "KILL", "--", "true"], 2, "cannot be caught"),
+        (["start", "--name", "x", "--cwd", "/nonexistent/dir", "--", "true"], 1, "does not exist"),
+        (["start", "--name", "x", "--", "no-such-command-xyz"], 1, "command not found"),
+        (["start", "--name", "x", "--", "./missing.sh"], 1, "command not found"),
+        (["start", "--name", "../evil", "--", "true"], 2, "invalid job name"),
+        (["start", "--name", "x", "--env", "NOEQUALS", "--", "true"], 2, "KEY=VALUE"),
+        (["start", "--name", "x", "--env", "TRAINCTL_JOB=1", "--", "true"], 2, "cannot set"),
+        (["stop", "ghost"], 2, "no job named"),
+        (["status", "ghost"], 2, "no job named"),
+        (["logs", "ghost"], 2, "no job named"),
+        (["ps", "ghost"], 2, "no job named"),
+        (["wait", "ghost"], 2, "no job named"),
+        (["rm", "ghost"], 2, "no job named"),
+        (["restart", "ghost"], 2, "no job named"),
+        (["stop"], 2, "Missing argument"),
+        (["frobnicate"], 2, "No such command"),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(
+    harness: Harness, args: list[str], rc: int, needle: str
+) -> None:
+    one_line_error(harness.tc(*args), rc, needle)
+    no_jobs(harness)
+
+
+def test_exec_failure_inside_supervisor_leaves_nothing(harness: Harness) -> None:
+    """A file that passes the CLI's checks but cannot be exec'd (no shebang, not ELF)."""
+    h = harness
+    bad = h.tmp / "notexec"
+    bad.write_text("just text\n")
+    bad.chmod(0o755)
+    one_line_error(h.tc("start", "--name", "bad", "--", str(bad)), 1, "cannot execute")
+    no_jobs(h)
+
+
+def test_unwritable_home(harness: Harness) -> None:
+    h = harness
+    blocker = h.tmp / "file"
+    blocker.write_text("")
+    env = {**h.env, "TRAINCTL_HOME": str(blocker / "home")}
+    one_line_error(h.tc("start", "--name", "x", "--", "true", env=env), 2, "TRAINCTL_HOME")
+
+
+def test_bad_config_file(harness: Harness) -> None:
+    h = harness
+    cfg = Path(h.env["TRAINCTL_CONFIG"])
+    cfg.write_text("[stop]\ngrace = 5\n")
+    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "unknown key stop.grace")
+    cfg.write_text("[stop\n")
+    one_line_error(h.tc("status"), 2, "invalid TOML")
+    no_jobs(h)
+
+
+def test_name_clash_refused(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "one", "--", "sleep", "600", check=True)
+    before = h.state("one")
+    one_line_error(h.tc("start", "--name", "one", "--", "sleep", "1"), 1, "is running")
+    assert h.state("one") == before
+    h.tc("stop", "one", check=True)
+
+
+def test_rm_refuses_running_job(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "busy", "--", "sleep", "600", check=True)
+    one_line_error(h.tc("rm", "busy"), 1, "stop it before removing")
+    h.tc("stop", "busy", check=True)
+
+
+def _finished_job(h: Harness, name: str) -> Path:
+    h.tc("start", "--name", name, "--", "true", check=True)
+    h.tc("wait", name, "--timeout", "30")
+    return h.home / "jobs" / name / "state.json"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda t: '{"schema": 1, "name": ', "corrupt or truncated"),
+        (lambda t: "", "corrupt or truncated"),
+        (lambda t: t.replace('"schema": 1', '"schema": 99'), "unknown schema"),
+        (
+            lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "marker"}),
+            "malformed",
+        ),
+        (lambda t: "[1, 2]", "not a JSON object"),
+    ],
+)
+def test_untrusted_state_is_never_acted_on(harness: Harness, mutate, needle: str) -> None:  # type: ignore[no-untyped-def]
+    h = harness
+    path = _finished_job(h, "st")
+    path.write_text(mutate(path.read_text()))
+    for verb in ("stop", "status", "restart"):
+        one_line_error(h.tc(verb, "st"), 4, needle)
+    one_line_error(h.tc("start", "--name", "st", "--", "true"), 4, needle)
+    assert h.tc("rm", "st", "--force").rc == 0
+
+
+def test_foreign_owned_state_is_refused(harness: Harness) -> None:
+    h = harness
+    path = _finished_job(h, "foreign")
+    os.chown(path, 65534, 65534)
+    one_line_error(h.tc("stop", "foreign"), 4, "owned by uid 65534")
+    path.chmod(0o666)
+    os.chown(path, os.geteuid(), os.getegid())
+    one_line_error(h.tc("status", "foreign"), 4, "writable by other users")
+
+
+def test_stale_state_with_recycled_pid_never_signals_it(harness: Harness) -> None:
+    """state.json claims a running main whose pid now belongs to an unrelated process."""
+    h = harness
+    path = _finished_job(h, "stale")
+    victim = h.bystander("ignore_signals.py")
+    st = _stat(victim.pid)
+    assert st is not None
+    doc = json.loads(path.read_text())
+    fake_main = {"pid": victim.pid, "start_ticks": st[1] - 7}  # same pid, other start time
+    doc.update(
+        phase="running",
+        main=fake_main,
+        pgid=victim.pid,
+        sid=victim.pid,
+        supervisor={"pid": victim.pid, "start_ticks": st[1] - 7},
+        cgroup=None,
+    )
+    path.write_text(json.dumps(doc))
+    res = h.tc("stop", "stale", "--grace", "0.5")
+    assert res.rc == 0
+    assert "nothing to stop" in res.out
+    assert alive(victim.pid, st[1])
+    h.assert_bystanders_alive()
+
+
+def test_concurrent_stops_never_double_signal(harness: Harness) -> None:
+    h = harness
+    sigs = h.tmp / "signals.txt"
+    h.start_tree(
+        "ck",
+        "checkpointer.py",
+        str(h.tmp),
+        "1.5",
+        extra=("--env", f"TREE_SIGNALS={sigs}"),
+        grace=10,
+    )
+    procs = [
+        subprocess.Popen(
+            [*TRAINCTL, "stop", "ck", "--json"],
+            env=h.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    assert sigs.read_text().count("SIGTERM") == 1, sigs.read_text()
+    assert (h.tmp / "ckpt.done").exists()
+
+
+def test_help_exits_zero(harness: Harness) -> None:
+    for args in (["--help"], ["start", "--help"], ["stop", "-h"], ["--version"]):
+        res = harness.tc(*args)
+        assert res.rc == 0
+        assert res.out

@@ -1,0 +1,198 @@
+"""start / status / logs / restart / wait / rm / list, end to end with real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import TRAINCTL, Harness, alive, wait_for
+
+
+def test_start_returns_once_exec_done_and_sets_job_env(harness: Harness) -> None:
+    h = harness
+    out = h.tmp / "env.txt"
+    res = h.tc(
+        "start",
+        "--name",
+        "envjob",
+        "--json",
+        "--env",
+        "EXTRA=1",
+        "--",
+        "sh",
+        "-c",
+        f"env > {out}.tmp && mv {out}.tmp {out} && exec sleep 600",
+        check=True,
+    )
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["run"] == 1
+    assert doc["main_pid"] > 0
+    wait_for(out.exists, what="env dump")
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    st = h.state("envjob")
+    assert env["TRAINCTL_JOB"] == st["marker"]
+    assert env["TRAINCTL_NAME"] == "envjob"
+    assert env["TRAINCTL_RUN"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["EXTRA"] == "1"
+    assert env["TRAINCTL_PROGRESS"].endswith("run-1.progress.jsonl")
+    s = h.tc("status", "envjob", "--json")
+    assert s.rc == 0
+    sd = s.json()
+    assert isinstance(sd, dict)
+    for key in (
+        "name",
+        "state",
+        "main_pid",
+        "pgid",
+        "supervisor_pid",
+        "run",
+        "exit_code",
+        "members",
+    ):
+        assert key in sd
+    assert sd["state"] == "running"
+    assert sd["main_pid"] == sd["pgid"] == doc["main_pid"]
+    assert sd["members"] == 1
+    h.tc("stop", "envjob", check=True)
+
+
+def test_detached_start_closes_a_piped_stdout_at_once(harness: Harness) -> None:
+    """The ssh-hang case: the caller's stdout pipe must reach EOF when start returns."""
+    h = harness
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        [*TRAINCTL, "start", "--name", "piped", "--", "sleep", "600"],
+        env=h.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+    )
+    out, err = p.communicate(timeout=10)  # returns only at EOF on both pipes
+    assert p.returncode == 0, err
+    assert time.monotonic() - t0 < 10
+    assert b"started piped" in out
+    # the job survives its starter's session going away (ssh logout)
+    assert h.tc("status", "piped").rc == 0
+    sup = h.state("piped")["supervisor"]
+    for fd_path in Path(f"/proc/{sup['pid']}/fd").iterdir():
+        target = os.readlink(fd_path)
+        assert not target.startswith("pipe:") or fd_path.name not in ("0", "1", "2"), target
+    h.tc("stop", "piped", check=True)
+
+
+def test_job_survives_hangup_of_the_starting_session(harness: Harness) -> None:
+    h = harness
+    script = f"{' '.join(TRAINCTL)} start --name hup -- sleep 600; sleep 600"
+    shell = subprocess.Popen(
+        ["sh", "-c", script], env=h.env, start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    wait_for((h.home / "jobs/hup/state.json").exists, what="job start")
+    os.killpg(shell.pid, signal.SIGHUP)  # our own shell's session: the "logout"
+    shell.wait(10)
+    st = h.tc("status", "hup", "--json")
+    assert st.rc == 0
+    assert st.json()["state"] == "running"
+    h.tc("stop", "hup", check=True)
+
+
+def test_wait_returns_the_job_exit_code(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "w", "--", "sh", "-c", "sleep 0.3; exit 5", check=True)
+    assert h.tc("wait", "w", "--timeout", "30").rc == 5
+    s = h.tc("status", "w", "--json")
+    assert s.rc == 3
+    doc = s.json()
+    assert isinstance(doc, dict)
+    assert doc["state"] == "failed"
+    assert doc["exit_code"] == 5
+    h.tc("start", "--name", "sig", "--", "sh", "-c", "kill -TERM $$", check=True)
+    assert h.tc("wait", "sig", "--timeout", "30").rc == 128 + signal.SIGTERM
+    h.tc("start", "--name", "ok", "--", "true", check=True)
+    assert h.tc("wait", "ok", "--timeout", "30").rc == 0
+    assert h.state("ok")["phase"] == "exited"
+    h.tc("start", "--name", "long", "--", "sleep", "600", check=True)
+    assert h.tc("wait", "long", "--timeout", "0.3").rc == 124
+    h.tc("stop", "long", check=True)
+
+
+def test_finished_name_starts_next_run_and_keeps_logs(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "r", "--", "sh", "-c", "echo first", check=True)
+    h.tc("wait", "r", "--timeout", "30")
+    h.tc("start", "--name", "r", "--", "sh", "-c", "echo second; sleep 600", check=True)
+    assert h.state("r")["run"] == 2
+    wait_for(lambda: "second" in h.tc("logs", "r").out, what="run 2 output")
+    assert h.tc("logs", "r", "--run", "1").out == "first\n"
+    clash = h.tc("start", "--name", "r", "--", "sleep", "1")
+    assert clash.rc == 1
+    assert "is running" in clash.err
+    h.tc("stop", "r", check=True)
+    listed = h.tc("list", "--json", check=True).json()
+    assert isinstance(listed, list)
+    assert [j["name"] for j in listed] == ["r"]
+    assert h.tc("rm", "r", check=True).rc == 0
+    assert not (h.home / "jobs/r").exists()
+
+
+def test_logs_tail_and_follow_across_restart(harness: Harness) -> None:
+    h = harness
+    code = h.tmp / "train.py"
+    code.write_text("import time\nprint('version A', flush=True)\ntime.sleep(600)\n")
+    h.tc(
+        "start",
+        "--name",
+        "lg",
+        "--cwd",
+        str(h.tmp),
+        "--grace",
+        "1",
+        "--",
+        sys.executable,
+        "train.py",
+        check=True,
+    )
+    wait_for(lambda: "version A" in h.tc("logs", "lg", "-n", "1").out, what="first output")
+    follower = subprocess.Popen(
+        [*TRAINCTL, "logs", "lg", "-f"],
+        env=h.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    code.write_text("import time\nprint('version B', flush=True)\ntime.sleep(600)\n")
+    r = h.tc("restart", "lg", "--json", check=True).json()
+    assert isinstance(r, dict)
+    assert r["start"]["run"] == 2
+    assert r["stop"]["ok"]
+    wait_for(lambda: "version B" in h.tc("logs", "lg").out, what="new code running")
+    h.tc("stop", "lg", check=True)
+    out, err = follower.communicate(timeout=20)  # follow ends by itself once the job ended
+    for needle in ("version A", "==> lg run 2 <==", "version B"):
+        assert needle in out, out + err
+    assert out.index("version A") < out.index("version B")
+
+
+def test_restart_of_a_job_whose_supervisor_died(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "rs", "--", "sleep", "600", check=True)
+    st = h.state("rs")
+    sup = st["supervisor"]
+    fd = os.pidfd_open(sup["pid"])
+    signal.pidfd_send_signal(fd, signal.SIGKILL)  # our own supervisor (marked, verified)
+    os.close(fd)
+    wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
+    clash = h.tc("start", "--name", "rs", "--", "sleep", "1")
+    assert clash.rc == 1
+    assert "running" in clash.err
+    r = h.tc("restart", "rs", "--json", check=True)
+    doc = r.json()
+    assert isinstance(doc, dict)
+    assert doc["stop"]["via"] == "direct"
+    assert h.state("rs")["run"] == 2
+    h.tc("stop", "rs", check=True)
