@@ -1,5 +1,5 @@
 """``python -m trainctl.launcher`` runs the CLI (as the ``trainctl`` script does)."""
 
-from .cli import main
+from .fastpath import main
 
 main()

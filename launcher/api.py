@@ -27,22 +27,16 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
-from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.spawn import TRAINCTL_VARS
 from trainctl.supervisor.state import JobState, Phase, Spec
 
 from .config import Config
+from .jobs import existing_job, live_members, target_of
 
 UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
 
 # ---------------------------------------------------------------- input validation
-
-
-def resolve_home(home: str | None, cfg: Config) -> Path:
-    """--home, else $TRAINCTL_HOME, else the config's state.home, else the XDG default."""
-    chosen = home or os.environ.get("TRAINCTL_HOME") or cfg.home
-    return Path(chosen).expanduser().absolute() if chosen else state.default_home()
 
 
 def parse_signal(name: str) -> str:
@@ -102,32 +96,6 @@ def _check_command(argv: list[str], cwd: str, env: dict[str, str]) -> None:
             raise SpawnError(f"permission denied executing {exe} (in {cwd})")
     elif shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
         raise SpawnError(f"command not found: {exe}")
-
-
-def existing_job(home: Path, name: str) -> Path:
-    """Return the job's directory, or raise JobNotFoundError."""
-    jdir = state.job_dir(home, name)
-    if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
-        raise JobNotFoundError(f"no job named {name!r} (in {home})")
-    state.check_owner(jdir)
-    return jdir
-
-
-def target_of(st: JobState) -> Target:
-    """Build the scan target of a recorded run."""
-    return Target(
-        marker=st.marker,
-        main=st.main,
-        supervisor=st.supervisor,
-        pgid=st.pgid,
-        sid=st.sid,
-        cgroup=Path(st.cgroup) if st.cgroup else None,
-    )
-
-
-def live_members(st: JobState) -> dict[int, Any]:
-    """Return the members of the recorded run that are still running."""
-    return alive(scan(target_of(st)))
 
 
 # ---------------------------------------------------------------- start

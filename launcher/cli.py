@@ -2,50 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-import traceback
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import click
-from trainctl.supervisor.errors import (
-    ConfigError,
-    JobNotFoundError,
-    RemoteError,
-    StateError,
-    TrainctlError,
-)
+
+from trainctl.supervisor.errors import ConfigError, TrainctlError
 
 from . import __version__
-from .config import Config, load_config
-
-
-class ExitCode(IntEnum):
-    """Every exit status trainctl uses (README "Exit codes")."""
-
-    OK = 0
-    FAILED = 1  # the operation failed (survivors, start failed, name clash, ...)
-    USAGE = 2  # bad flag, bad config, unknown job
-    NOT_RUNNING = 3  # status: the job is not running
-    STATE_UNKNOWN = 4  # state untrusted or supervisor lost
-    REMOTE = 5
-    INTERNAL = 70
-    TIMEOUT = 124  # wait --timeout expired
-    INTERRUPTED = 130
-
-
-def exit_code_for(err: TrainctlError) -> ExitCode:
-    """Map an error class to its exit code."""
-    if isinstance(err, ConfigError | JobNotFoundError):
-        return ExitCode.USAGE
-    if isinstance(err, StateError):
-        return ExitCode.STATE_UNKNOWN
-    if isinstance(err, RemoteError):
-        return ExitCode.REMOTE
-    return ExitCode.FAILED
+from .config import Config, load_config, resolve_home
+from .exitcodes import ExitCode, exit_code_for
 
 
 class Ctx:
@@ -64,10 +31,8 @@ class Ctx:
 
     @property
     def home(self) -> Path:
-        """Return the resolved TRAINCTL_HOME."""
-        from .api import resolve_home  # noqa: PLC0415
-
-        return resolve_home(self._home, self.cfg)
+        """Return the resolved TRAINCTL_HOME (reading the config only if it must)."""
+        return resolve_home(self._home, self._cfg)
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -244,9 +209,7 @@ def status(c: Ctx, name: str | None, as_json: bool) -> int:
         render.emit_json(s.to_doc())
     else:
         render.status(s)
-    if s.state == "lost":
-        return ExitCode.STATE_UNKNOWN
-    return ExitCode.OK if s.state in ("starting", "running", "stopping") else ExitCode.NOT_RUNNING
+    return views.status_exit_code(s)
 
 
 def _list(c: Ctx, as_json: bool) -> int:
@@ -369,6 +332,10 @@ def rm(c: Ctx, name: str, force: bool) -> int:
 
 
 def _internal_error() -> int:
+    import os  # noqa: PLC0415  (error path only)
+    import tempfile  # noqa: PLC0415
+    import traceback  # noqa: PLC0415
+
     fd, path = tempfile.mkstemp(prefix="trainctl-crash-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write(traceback.format_exc())

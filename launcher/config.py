@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import trainctl.conf
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
+
+SHIPPED = Path(trainctl.conf.__file__).parent / "trainctl.toml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,8 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
 
 
 def _load(text: str, where: str) -> dict[str, Any]:
+    import tomllib  # noqa: PLC0415  (verbs that need no config never pay for it)
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -76,8 +80,7 @@ def user_config_path() -> Path:
 def load_config() -> Config:
     """Return the shipped defaults overlaid by the user's config file, validated."""
     values: dict[str, Any] = {}
-    shipped = resources.files("trainctl.conf").joinpath("trainctl.toml").read_text()
-    _apply(values, _load(shipped, "conf/trainctl.toml"), "conf/trainctl.toml")
+    _apply(values, _load(SHIPPED.read_text(), "conf/trainctl.toml"), "conf/trainctl.toml")
     path = user_config_path()
     try:
         text = path.read_text()
@@ -88,3 +91,14 @@ def load_config() -> Config:
     if text is not None:
         _apply(values, _load(text, str(path)), str(path))
     return Config(**values)
+
+
+def resolve_home(home: str | None, cfg: Config | None) -> Path:
+    """--home, else $TRAINCTL_HOME, else the config's state.home, else the XDG default.
+
+    With ``cfg`` None the config is read only if neither flag nor environment decides.
+    """
+    chosen = home or os.environ.get("TRAINCTL_HOME")
+    if not chosen:
+        chosen = (cfg or load_config()).home
+    return Path(chosen).expanduser().absolute() if chosen else state.default_home()

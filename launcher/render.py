@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .api import StartResult, StopResult
-from .views import PsRow, Status
+if TYPE_CHECKING:
+    from .api import StartResult, StopResult
+    from .views import PsRow, Status
 
 
 def emit_json(doc: Any) -> None:

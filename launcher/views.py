@@ -14,7 +14,8 @@ from trainctl.supervisor.errors import ConfigError, StateError
 from trainctl.supervisor.proctree import scan
 from trainctl.supervisor.state import Phase
 
-from .api import existing_job, target_of
+from .exitcodes import ExitCode
+from .jobs import existing_job, target_of
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
@@ -47,6 +48,13 @@ class Status:
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
         return asdict(self)
+
+
+def status_exit_code(s: Status) -> int:
+    """0 while the run is live, 3 once it has ended, 4 when its supervisor is lost."""
+    if s.state == Phase.LOST:
+        return ExitCode.STATE_UNKNOWN
+    return ExitCode.OK if s.state in RUNNING_PHASES else ExitCode.NOT_RUNNING
 
 
 def last_line(path: Path) -> str:

@@ -196,3 +196,22 @@ def test_restart_of_a_job_whose_supervisor_died(harness: Harness) -> None:
     assert doc["stop"]["via"] == "direct"
     assert h.state("rs")["run"] == 2
     h.tc("stop", "rs", check=True)
+
+
+def test_status_fast_path_matches_click_path(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "fp", "--", "sleep", "600", check=True)
+    slow_env = {**h.env, "TRAINCTL_NO_FASTPATH": "1"}
+    for args in (["status", "fp", "--json"], ["--home", str(h.home), "status", "fp", "--json"],
+                 ["status", "nope"]):
+        fast, slow = h.tc(*args), h.tc(*args, env=slow_env)
+        assert fast.rc == slow.rc
+        assert fast.err == slow.err
+        if fast.rc == 0:
+            f, s = fast.json(), slow.json()
+            assert isinstance(f, dict)
+            assert isinstance(s, dict)
+            f.pop("uptime_s")
+            s.pop("uptime_s")
+            assert f == s
+    h.tc("stop", "fp", check=True)
