@@ -336,6 +336,10 @@ def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> Sto
         if st.phase not in state.TERMINAL:
             st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
             state.write_state(jdir, st)
+        elif st.last_stop is not None and not st.last_stop.get("ok", True):
+            # The survivors an earlier stop reported are gone now: say so from here on.
+            st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
+            state.write_state(jdir, st)
         return StopResult(
             st.name, st.run, "noop", {"ok": True, "already_stopped": True}, st.exit_code, msg
         )

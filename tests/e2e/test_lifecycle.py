@@ -202,8 +202,11 @@ def test_status_fast_path_matches_click_path(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "fp", "--", "sleep", "600", check=True)
     slow_env = {**h.env, "TRAINCTL_NO_FASTPATH": "1"}
-    for args in (["status", "fp", "--json"], ["--home", str(h.home), "status", "fp", "--json"],
-                 ["status", "nope"]):
+    for args in (
+        ["status", "fp", "--json"],
+        ["--home", str(h.home), "status", "fp", "--json"],
+        ["status", "nope"],
+    ):
         fast, slow = h.tc(*args), h.tc(*args, env=slow_env)
         assert fast.rc == slow.rc
         assert fast.err == slow.err

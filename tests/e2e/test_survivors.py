@@ -1,0 +1,64 @@
+"""A process that cannot die: stop must say so truthfully, and restart must refuse."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness, wait_for
+
+V1_FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.fixture
+def v1_freezer() -> Iterator[Path]:
+    """A cgroup-v1 freezer group: its frozen tasks cannot act on SIGKILL until thawed."""
+    if not (V1_FREEZER / "cgroup.procs").exists() or not os.access(V1_FREEZER, os.W_OK):
+        pytest.skip("no writable cgroup v1 freezer on this machine")
+    path = V1_FREEZER / f"tctest-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            (path / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not (path / "cgroup.procs").read_text().strip(), 10, "thawed exit")
+        path.rmdir()
+
+
+def test_unkillable_survivor_is_named_and_blocks_restart(
+    harness: Harness, v1_freezer: Path
+) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[stop]\nkill_wait_s = 0.5\n")
+    h.tc("start", "--name", "fz", "--grace", "0.2", "--", "sleep", "600", check=True)
+    main = h.state("fz")["main"]["pid"]
+    (v1_freezer / "cgroup.procs").write_text(str(main))
+    (v1_freezer / "freezer.state").write_text("FROZEN")
+    wait_for(lambda: (v1_freezer / "freezer.state").read_text().strip() == "FROZEN")
+    res = h.tc("stop", "fz", "--json")
+    assert res.rc == 1
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["ok"] is False
+    [survivor] = doc["report"]["survivors"]
+    assert survivor["pid"] == main
+    assert survivor["state"] == "D"
+    assert "sleep 600" in survivor["cmd"]
+    human = h.tc("stop", "fz")
+    assert human.rc == 1
+    assert f"SURVIVOR   pid {main} state D" in human.out
+    refused = h.tc("restart", "fz")
+    assert refused.rc == 1
+    assert "survived" in refused.err
+    assert h.state("fz")["run"] == 1
+    (v1_freezer / "freezer.state").write_text("THAWED")  # the pending SIGKILL lands now
+    wait_for(lambda: not h.job_pids("fz"), what="survivor to die once thawed")
+    again = h.tc("stop", "fz")
+    assert again.rc == 0
+    assert h.tc("status", "fz", "--json").json()["last_stop"]["ok"] is True  # type: ignore[index]

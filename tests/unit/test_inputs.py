@@ -1,0 +1,86 @@
+"""Parsing of flags and config values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainctl.launcher import api, config
+from trainctl.supervisor.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ("TERM", "SIGTERM"),
+        ("sigint", "SIGINT"),
+        ("SIGUSR2", "SIGUSR2"),
+        ("15", "SIGTERM"),
+        (" hup ", "SIGHUP"),
+    ],
+)
+def test_parse_signal(raw: str, name: str) -> None:
+    assert api.parse_signal(raw) == name
+
+
+@pytest.mark.parametrize("raw", ["FOO", "", "999", "KILL", "SIGSTOP", "-15"])
+def test_parse_signal_rejects(raw: str) -> None:
+    with pytest.raises(ConfigError):
+        api.parse_signal(raw)
+
+
+@pytest.mark.parametrize(("raw", "secs"), [("0", 0.0), ("1.5", 1.5), (60, 60.0)])
+def test_parse_seconds(raw: str, secs: float) -> None:
+    assert api.parse_seconds(raw, "--grace") == secs
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "1m", ""])
+def test_parse_seconds_rejects(raw: str) -> None:
+    with pytest.raises(ConfigError, match="--grace"):
+        api.parse_seconds(raw, "--grace")
+
+
+def test_parse_env() -> None:
+    assert api.parse_env(["A=1", "B_2=x=y", "C="]) == {"A": "1", "B_2": "x=y", "C": ""}
+    for bad in (["A"], ["=1"], ["1A=2"], ["A-B=1"], ["TRAINCTL_RUN=3"]):
+        with pytest.raises(ConfigError):
+            api.parse_env(bad)
+
+
+def test_shipped_defaults_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "absent.toml"))
+    cfg = config.load_config()
+    assert cfg.grace_s == 60.0
+    assert cfg.stop_signal == "SIGTERM"
+    assert cfg.home == ""
+
+
+def test_user_config_overrides_and_validates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "c.toml"
+    monkeypatch.setenv("TRAINCTL_CONFIG", str(path))
+    path.write_text('[stop]\ngrace_s = 5\nsignal = "SIGINT"\n')
+    cfg = config.load_config()
+    assert (cfg.grace_s, cfg.stop_signal) == (5.0, "SIGINT")
+    for text, needle in (
+        ("[stop]\nbogus = 1\n", "unknown key stop.bogus"),
+        ("[start]\ncgroup = 1\n", "must be bool"),
+        ("[logs]\ntail_lines = true\n", "must be int"),
+        ("x = 1\n", "must be a table"),
+        ("[stop\n", "invalid TOML"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=needle.replace("[", r"\[")):
+            config.load_config()
+
+
+def test_home_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.setenv("TRAINCTL_HOME", "/env/home")
+    assert config.resolve_home("/flag", None) == Path("/flag")
+    assert config.resolve_home(None, None) == Path("/env/home")
+    monkeypatch.delenv("TRAINCTL_HOME")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert config.resolve_home(None, None) == tmp_path / "trainctl"
