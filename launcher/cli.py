@@ -96,12 +96,13 @@ def start(
     \b
     Example: trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
     """
-    from . import api, render  # noqa: PLC0415
+    from . import render  # noqa: PLC0415
+    from .start import build_spec, start_job  # noqa: PLC0415
 
-    spec = api.build_spec(
+    spec = build_spec(
         name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace, stop_signal=stop_signal
     )
-    res = api.start_job(c.home, spec, c.cfg)
+    res = start_job(c.home, spec, c.cfg)
     if as_json:
         render.emit_json(
             {
@@ -146,25 +147,14 @@ def _follow(c: Ctx, name: str, path: Path) -> int:
 @pass_ctx
 def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -> int:
     """Stop every process of job NAME and nothing else; exit 0 only if none survives."""
-    from . import api, render  # noqa: PLC0415
+    from . import render  # noqa: PLC0415
+    from .inputs import parse_seconds  # noqa: PLC0415
+    from .stop import stop_exit_code, stop_job  # noqa: PLC0415
 
-    grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
-    res = api.stop_job(c.home, name, grace_s=grace_s, main_only=main_only)
-    if as_json:
-        render.emit_json(
-            {
-                "name": res.name,
-                "run": res.run,
-                "via": res.via,
-                "ok": res.ok,
-                "exit_code": res.exit_code,
-                "message": res.message,
-                "report": res.report,
-            }
-        )
-    else:
-        render.stop(res)
-    return ExitCode.OK if res.ok else ExitCode.FAILED
+    grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    res = stop_job(c.home, name, grace_s=grace_s, main_only=main_only)
+    render.stop_doc(res) if as_json else render.stop(res)
+    return stop_exit_code(res)
 
 
 @cli.command()
@@ -174,10 +164,12 @@ def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -
 @pass_ctx
 def restart(c: Ctx, name: str, grace: str | None, as_json: bool) -> int:
     """Stop job NAME (verified), then start its recorded command again with the code on disk."""
-    from . import api, render  # noqa: PLC0415
+    from . import render  # noqa: PLC0415
+    from .inputs import parse_seconds  # noqa: PLC0415
+    from .start import restart_job  # noqa: PLC0415
 
-    grace_s = None if grace is None else api.parse_seconds(grace, "--grace")
-    stopped, started = api.restart_job(c.home, name, c.cfg, grace_s=grace_s)
+    grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    stopped, started = restart_job(c.home, name, c.cfg, grace_s=grace_s)
     if as_json:
         render.emit_json(
             {
@@ -205,10 +197,7 @@ def status(c: Ctx, name: str | None, as_json: bool) -> int:
     if name is None:
         return _list(c, as_json)
     s = views.job_status(c.home, name)
-    if as_json:
-        render.emit_json(s.to_doc())
-    else:
-        render.status(s)
+    render.status_doc(s) if as_json else render.status(s)
     return views.status_exit_code(s)
 
 
@@ -303,11 +292,12 @@ def logs(c: Ctx, name: str, follow: bool, lines: int | None, run: int | None) ->
 @pass_ctx
 def wait(c: Ctx, name: str, timeout: str | None) -> int:
     """Wait until job NAME's run ends; exit with the job's exit code (128+N for signal N)."""
-    from . import api  # noqa: PLC0415
+    from .inputs import parse_seconds  # noqa: PLC0415
+    from .jobs import wait_job  # noqa: PLC0415
 
-    timeout_s = None if timeout is None else api.parse_seconds(timeout, "--timeout")
+    timeout_s = None if timeout is None else parse_seconds(timeout, "--timeout")
     try:
-        st = api.wait_job(c.home, name, timeout_s)
+        st = wait_job(c.home, name, timeout_s)
     except TimeoutError as e:
         click.echo(f"trainctl: {e}", err=True)
         return ExitCode.TIMEOUT
@@ -324,9 +314,9 @@ def wait(c: Ctx, name: str, timeout: str | None) -> int:
 @pass_ctx
 def rm(c: Ctx, name: str, force: bool) -> int:
     """Remove finished job NAME: its state, events and logs."""
-    from . import api  # noqa: PLC0415
+    from .jobs import remove_job  # noqa: PLC0415
 
-    path = api.remove_job(c.home, name, force=force)
+    path = remove_job(c.home, name, force=force)
     click.echo(f"removed {name} ({path})")
     return ExitCode.OK
 

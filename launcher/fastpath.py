@@ -1,58 +1,103 @@
-"""The console-script entry: `status` answered without importing click.
+"""The console-script entry: `status` and `stop` answered without importing click.
 
-`trainctl status NAME` is what monitoring loops and shell prompts call over and over, so
-it must beat `supervisorctl status` (~86 ms here). click alone costs ~20 ms to import on
-these machines, so the exact shapes ``status NAME [--json]`` (optionally after
-``--home DIR``) are parsed here by hand; every other command line, including any help or
-error case of `status`, goes through click unchanged. Both paths render with the same
-functions and map errors with the same table.
+`trainctl status NAME` is what monitoring loops and shell prompts call over and over, and
+`stop` is timed against a bare `kill` loop, so both must start fast; click alone costs
+~20 ms to import on these machines. The simple shapes
+
+    [--home DIR] status NAME [--json]
+    [--home DIR] stop NAME [--json] [--main-only] [--grace SECONDS]
+
+are therefore parsed here by hand. Every other command line, including any help, typo or
+unusual spelling, goes through click unchanged. Both paths call the same functions, render
+with the same code and map errors with the same table (a test compares their output).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 from trainctl.supervisor.errors import TrainctlError
 
 from .exitcodes import exit_code_for
 
+_FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
+_VALUED = {"status": set(), "stop": {"--grace"}}
 
-def _parse_status(argv: list[str]) -> tuple[str | None, str, bool] | None:
+
+@dataclass(frozen=True, slots=True)
+class FastCall:
+    """A command line the fast path can serve."""
+
+    verb: str
+    name: str
+    home: str | None
+    flags: frozenset[str]
+    values: dict[str, str]
+
+
+def parse(argv: list[str]) -> FastCall | None:
+    """Return the parsed call, or None to let click handle the command line."""
     home = None
     if argv[:1] == ["--home"] and len(argv) >= 2:
         home, argv = argv[1], argv[2:]
-    if not argv or argv[0] != "status" or len(argv) not in (2, 3):
+    if len(argv) < 2 or argv[0] not in _FLAGS or argv[1].startswith("-"):
         return None
-    name, rest = argv[1], argv[2:]
-    if name.startswith("-") or rest not in ([], ["--json"]):
-        return None
-    return home, name, bool(rest)
+    verb, name, rest = argv[0], argv[1], argv[2:]
+    flags: set[str] = set()
+    values: dict[str, str] = {}
+    while rest:
+        arg = rest.pop(0)
+        if arg in _FLAGS[verb] and arg not in flags:
+            flags.add(arg)
+        elif arg in _VALUED[verb] and arg not in values and rest:
+            values[arg] = rest.pop(0)
+        else:
+            return None
+    return FastCall(verb, name, home, frozenset(flags), values)
 
 
-def fast_status(home_opt: str | None, name: str, as_json: bool) -> int:
-    """Run `status NAME` exactly as the click command would."""
-    from . import render, views  # noqa: PLC0415
+def run(call: FastCall) -> int:
+    """Run a parsed call exactly as the click command would."""
+    from . import render  # noqa: PLC0415
     from .config import resolve_home  # noqa: PLC0415
 
     try:
-        s = views.job_status(resolve_home(home_opt, None), name)
+        home = resolve_home(call.home, None)
+        if call.verb == "status":
+            from . import views  # noqa: PLC0415
+
+            s = views.job_status(home, call.name)
+            render.status_doc(s) if "--json" in call.flags else render.status(s)
+            return views.status_exit_code(s)
+        from .inputs import parse_seconds  # noqa: PLC0415
+        from .stop import stop_exit_code, stop_job  # noqa: PLC0415
+
+        grace = call.values.get("--grace")
+        res = stop_job(
+            home,
+            call.name,
+            grace_s=None if grace is None else parse_seconds(grace, "--grace"),
+            main_only="--main-only" in call.flags,
+        )
+        render.stop_doc(res) if "--json" in call.flags else render.stop(res)
+        return stop_exit_code(res)
     except TrainctlError as e:
         sys.stderr.write(f"trainctl: error: {e}\n")
         return exit_code_for(e)
-    if as_json:
-        render.emit_json(s.to_doc())
-    else:
-        render.status(s)
-    return views.status_exit_code(s)
+    except KeyboardInterrupt:
+        sys.stderr.write("trainctl: interrupted\n")
+        return 130
 
 
 def main() -> None:
     """Entry point of the `trainctl` script."""
-    parsed = _parse_status(sys.argv[1:])
-    if parsed is not None and "TRAINCTL_NO_FASTPATH" not in os.environ:
+    call = parse(sys.argv[1:])
+    if call is not None and "TRAINCTL_NO_FASTPATH" not in os.environ:
+        code = run(call)
         sys.stdout.flush()
-        sys.exit(int(fast_status(*parsed)))
+        sys.exit(code)
     from .cli import main as click_main  # noqa: PLC0415
 
     click_main()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import JobNotFoundError
+from trainctl.supervisor.errors import (
+    JobConflictError,
+    JobNotFoundError,
+    StateError,
+)
 from trainctl.supervisor.proctree import Member, Target, alive, scan
-from trainctl.supervisor.state import JobState
+from trainctl.supervisor.state import JobState, Phase
 
 
 def existing_job(home: Path, name: str) -> Path:
@@ -34,3 +39,41 @@ def target_of(st: JobState) -> Target:
 def live_members(st: JobState) -> dict[int, Member]:
     """Return the members of the recorded run that are still running."""
     return alive(scan(target_of(st)))
+
+
+def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
+    """Block until the job's current run has ended; return its final state."""
+    jdir = existing_job(home, name)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        st = state.read_state(jdir)
+        phase = state.effective_phase(jdir, st)
+        if phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
+            return st
+        if phase == Phase.LOST:
+            raise StateError(f"job {name}: the supervisor is gone, so the exit code is unknown")
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"job {name} still {phase} after {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
+    """Delete a finished job's directory (logs included)."""
+    jdir = state.job_dir(home, name)
+    if not jdir.exists():
+        raise JobNotFoundError(f"no job named {name!r} (in {home})")
+    with state.job_lock(jdir, 10.0):
+        try:
+            st = state.read_state(jdir)
+        except (StateError, JobNotFoundError):
+            if not force:
+                raise
+            st = None
+        if st is not None:
+            phase = state.effective_phase(jdir, st)
+            if phase not in state.TERMINAL or live_members(st):
+                raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
+        import shutil  # noqa: PLC0415  (rm only)
+
+        shutil.rmtree(jdir)
+    return jdir

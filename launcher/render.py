@@ -7,7 +7,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import StartResult, StopResult
+    from .start import StartResult
+    from .stop import StopResult
     from .views import PsRow, Status
 
 
@@ -36,6 +37,26 @@ def size(nbytes: int) -> str:
             return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:.1f}G"
+
+
+def stop_doc(res: StopResult) -> None:
+    """Print a stop result as JSON."""
+    emit_json(
+        {
+            "name": res.name,
+            "run": res.run,
+            "via": res.via,
+            "ok": res.ok,
+            "exit_code": res.exit_code,
+            "message": res.message,
+            "report": res.report,
+        }
+    )
+
+
+def status_doc(s: Status) -> None:
+    """Print a status as JSON."""
+    emit_json(s.to_doc())
 
 
 def start(res: StartResult) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroup as cg
-from . import procfs
+from . import control, procfs
 from .errors import SpawnError, TrainctlError
 from .spawn import Spawned, job_env, spawn_main
 from .state import (
@@ -131,12 +131,18 @@ def main(argv: list[str]) -> int:
     try:
         req = _read_request(sock)
         spec = spec_from_doc(req["spec"])
+        listener = control.bind(jdir)
         state, spawned, cgroup = launch(jdir, spec, int(req["run"]), str(req["marker"]))
     except TrainctlError as e:
         _reply(sock, {"ok": False, "error": str(e)})
+        (jdir / control.SOCK_NAME).unlink(missing_ok=True)
+        return 1
+    except OSError as e:
+        _reply(sock, {"ok": False, "error": f"supervisor set-up failed: {e}"})
+        (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
     _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
     sock.close()
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
-    return run_supervisor(jdir, spec, state, spawned, cgroup, lock_fd)
+    return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

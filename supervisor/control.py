@@ -7,6 +7,7 @@ Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -42,6 +43,22 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ValueError("message is not an object")  # noqa: TRY004 (a protocol error)
     return msg
+
+
+def bind(jdir: Path) -> socket.socket:
+    """Create the listening control socket (0600) before the CLI is told the job started.
+
+    Bound in the handshake phase so a `stop` right after `start` returns always finds it.
+    """
+    path = jdir / SOCK_NAME
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
 
 
 def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:

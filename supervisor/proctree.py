@@ -115,6 +115,22 @@ def scan(target: Target) -> dict[int, Member]:
     return members
 
 
+def scan_cgroup(target: Target) -> dict[int, Member]:
+    """Return the members listed in the job's cgroup alone (no /proc walk)."""
+    out: dict[int, Member] = {}
+    if target.cgroup is None:
+        return out
+    me = os.getpid()
+    for pid in cg.read_pids(target.cgroup):
+        st = procfs.read_stat(pid)
+        if st is None or pid == me:
+            continue
+        m = out[pid] = Member(st, {"cgroup"})
+        if target.main is not None and target.main == m.ref:
+            m.nets.add("main")
+    return out
+
+
 def _add_descendants(
     stats: dict[int, Stat],
     members: dict[int, Member],

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpawnError
-from .state import Spec
+from .state import TRAINCTL_VARS, Spec
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
@@ -23,8 +23,6 @@ _RESET = (
     signal.SIGCHLD,
     signal.SIGPIPE,
 )
-
-TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
 
 
 @dataclass(frozen=True, slots=True)

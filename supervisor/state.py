@@ -34,6 +34,8 @@ from typing import Any
 from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 
 SCHEMA = 1
+# Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
+TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -199,17 +201,25 @@ def list_jobs(home: Path) -> list[str]:
 # ---------------------------------------------------------------- documents
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Replace ``path`` with ``doc`` so that readers see the old or the new file, never half."""
+def write_json_atomic(path: Path, doc: Any, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``doc`` so that readers see the old or the new file, never half.
+
+    ``durable=False`` skips the fsyncs: other processes see the new file at once either
+    way; only a machine crash could bring the old one back, and for a transient phase
+    (``stopping``) a crash kills the job anyway.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)
@@ -287,9 +297,9 @@ def read_state(jdir: Path) -> JobState:
     return state_from_doc(_read_doc(path, "state"), str(path))
 
 
-def write_state(jdir: Path, st: JobState) -> None:
+def write_state(jdir: Path, st: JobState, *, durable: bool = True) -> None:
     """Atomically replace state.json."""
-    write_json_atomic(jdir / "state.json", state_to_doc(st))
+    write_json_atomic(jdir / "state.json", state_to_doc(st), durable=durable)
 
 
 def append_event(jdir: Path, event: str, **fields: Any) -> None:

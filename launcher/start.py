@@ -1,0 +1,215 @@
+"""`trainctl start` and `restart`: validate, spawn the detached supervisor, handshake."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor import control, state
+from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
+from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Spec
+
+from .config import Config
+from .inputs import parse_env, parse_seconds, parse_signal
+from .jobs import existing_job, live_members
+from .stop import StopResult, stop_job
+
+
+def _check_command(argv: list[str], cwd: str, env: dict[str, str]) -> None:
+    if not argv or not argv[0]:
+        raise ConfigError("no command given: put the job's command after `--`")
+    if not os.path.isdir(cwd):
+        raise SpawnError(f"working directory {cwd} does not exist")
+    exe = argv[0]
+    if "/" in exe:
+        path = os.path.join(cwd, exe)
+        if not os.path.isfile(path):
+            raise SpawnError(f"command not found: {exe} (in {cwd})")
+        if not os.access(path, os.X_OK):
+            raise SpawnError(f"permission denied executing {exe} (in {cwd})")
+    elif shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+        raise SpawnError(f"command not found: {exe}")
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """A started run."""
+
+    name: str
+    run: int
+    main_pid: int
+    mode: str
+    log: str
+    elapsed_s: float
+
+
+def build_spec(
+    name: str,
+    argv: list[str],
+    cfg: Config,
+    *,
+    cwd: str | None = None,
+    env: tuple[str, ...] = (),
+    grace_s: str | float | None = None,
+    stop_signal: str | None = None,
+) -> Spec:
+    """Validate start inputs and resolve them into a Spec (nothing is touched on disk)."""
+    state.check_name(name)
+    full_env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
+    full_env.update(parse_env(env))
+    workdir = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
+    spec = Spec(
+        name=name,
+        argv=tuple(argv),
+        cwd=workdir,
+        env=full_env,
+        grace_s=parse_seconds(cfg.grace_s if grace_s is None else grace_s, "--grace"),
+        stop_signal=parse_signal(stop_signal or cfg.stop_signal),
+        kill_wait_s=cfg.kill_wait_s,
+        snapshot_interval_s=cfg.snapshot_interval_s,
+        cgroup=cfg.cgroup,
+    )
+    _check_command(list(argv), workdir, full_env)
+    return spec
+
+
+def start_job(home: Path, spec: Spec, cfg: Config) -> StartResult:
+    """Start a run of ``spec`` under a new detached supervisor; return once main has exec'd."""
+    state.ensure_home(home)
+    jdir = state.job_dir(home, spec.name)
+    created = not jdir.exists()
+    jdir.mkdir(mode=0o700, exist_ok=True)
+    try:
+        with state.job_lock(jdir, 10.0):
+            return start_locked(home, jdir, spec, cfg)
+    except BaseException:
+        if created and not (jdir / "state.json").exists():
+            shutil.rmtree(jdir, ignore_errors=True)
+        raise
+
+
+def start_locked(home: Path, jdir: Path, spec: Spec, cfg: Config) -> StartResult:
+    """Start a run; the caller holds the job lock."""
+    t0 = time.monotonic()
+    prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
+    if prev is not None:
+        _refuse_if_live(jdir, prev)
+    run = prev.run + 1 if prev else 1
+    marker = uuid.uuid4().hex
+    reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s)
+    return StartResult(
+        name=spec.name,
+        run=run,
+        main_pid=int(reply["main_pid"]),
+        mode=str(reply["mode"]),
+        log=str(state.log_path(jdir, run)),
+        elapsed_s=time.monotonic() - t0,
+    )
+
+
+def _refuse_if_live(jdir: Path, prev: JobState) -> None:
+    left = live_members(prev)
+    if state.supervisor_alive(jdir) or (left and prev.phase not in state.TERMINAL):
+        main = f", main pid {prev.main.pid}" if prev.main else ""
+        raise JobConflictError(
+            f"job {prev.name} is running (run {prev.run}{main}); "
+            "stop it first or choose another name"
+        )
+    if left:
+        raise JobConflictError(
+            f"{len(left)} process(es) of job {prev.name} run {prev.run} are still alive "
+            f"(pids {', '.join(map(str, sorted(left)[:8]))}); run `trainctl stop {prev.name}`"
+        )
+
+
+def _spawn_supervisor(
+    home: Path, jdir: Path, spec: Spec, run: int, marker: str, timeout_s: float
+) -> dict[str, Any]:
+    """Launch the detached supervisor and complete the readiness handshake."""
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainctl.supervisor",
+                "--home",
+                str(home),
+                "--name",
+                spec.name,
+                "--fd",
+                str(theirs.fileno()),
+            ],
+            # Fully detached: own session, no tty, stdio on /dev/null and every other fd
+            # closed, so `ssh host trainctl start ...` returns as soon as we do.
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(theirs.fileno(),),
+            cwd="/",
+        )
+        theirs.close()
+        ours.settimeout(timeout_s)
+        ours.sendall(
+            control.encode({"spec": state.spec_to_doc(spec), "run": run, "marker": marker})
+        )
+        reply = _read_reply(ours)
+    finally:
+        ours.close()
+        theirs.close()
+    if reply is None or not reply.get("ok"):
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
+            proc.wait()
+        if reply is None:
+            raise SpawnError(
+                f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
+            )
+        raise SpawnError(str(reply.get("error")))
+    # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
+    proc.returncode = 0
+    return reply
+
+
+def _read_reply(sock: socket.socket) -> dict[str, Any] | None:
+    buf = b""
+    try:
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+    except TimeoutError:
+        return None
+    return control.decode(buf)
+
+
+def restart_job(
+    home: Path, name: str, cfg: Config, *, grace_s: float | None = None
+) -> tuple[StopResult, StartResult]:
+    """Stop the job (verified), then start its recorded spec again (new code on disk)."""
+    jdir = existing_job(home, name)
+    spec = state.read_spec(jdir)
+    with state.job_lock(jdir, 30.0):
+        stopped = stop_job(home, name, grace_s=grace_s, lock_held=True)
+        st = state.read_state(jdir)
+        left = live_members(st)
+        if not stopped.ok or left:
+            raise JobConflictError(
+                f"not restarting {name}: {len(left)} process(es) of run {st.run} survived "
+                f"the stop (pids {', '.join(map(str, sorted(left)[:8]))})"
+            )
+        started = start_locked(home, jdir, spec, cfg)
+    return stopped, started

@@ -1,0 +1,124 @@
+"""`trainctl stop`: through the live supervisor, or from state.json when it is gone."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor import control, state
+from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.state import Phase, Spec
+
+from .exitcodes import ExitCode
+from .jobs import existing_job, live_members, target_of
+
+
+@dataclass(slots=True)
+class StopResult:
+    """The outcome of `trainctl stop`."""
+
+    name: str
+    run: int
+    via: str  # "supervisor" | "direct" | "noop"
+    report: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None  # the job's main exit code, when known
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing of the job is alive."""
+        return bool(self.report.get("ok", True))
+
+
+def stop_exit_code(res: StopResult) -> int:
+    """0 when nothing of the job is alive, 1 when something survived."""
+    return ExitCode.OK if res.ok else ExitCode.FAILED
+
+
+def stop_job(
+    home: Path,
+    name: str,
+    *,
+    grace_s: float | None = None,
+    main_only: bool = False,
+    lock_held: bool = False,
+) -> StopResult:
+    """Stop every process of the job's current run (and nothing else)."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
+    spec = state.read_spec(jdir)
+    grace = spec.grace_s if grace_s is None else grace_s
+    if state.supervisor_alive(jdir):
+        try:
+            reply = control.request(
+                jdir,
+                {"op": "stop", "grace_s": grace, "main_only": main_only},
+                timeout_s=grace + spec.kill_wait_s + 60,
+            )
+        except control.ControlUnavailableError as e:
+            # A supervisor that just finished a stop closes its socket before it exits.
+            _wait_supervisor_exit(jdir, 5.0)
+            if state.supervisor_alive(jdir):
+                # Never run a second stop next to a live (but mute) supervisor.
+                raise TrainctlError(
+                    f"the supervisor of job {name} is alive but not "
+                    f"answering ({e}); retry, or check events.jsonl"
+                ) from None
+        else:
+            if not reply.get("ok"):
+                raise TrainctlError(f"supervisor refused: {reply.get('error')}")
+            _wait_supervisor_exit(jdir, 5.0)
+            return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
+    if lock_held:
+        return _stop_direct(jdir, spec, grace, main_only)
+    with state.job_lock(jdir, grace + spec.kill_wait_s + 60, "another stop"):
+        return _stop_direct(jdir, spec, grace, main_only)
+
+
+def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
+    """Let the supervisor finish its cleanup, so that a returned stop leaves nothing behind."""
+    deadline = time.monotonic() + timeout_s
+    while state.supervisor_alive(jdir) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> StopResult:
+    """Stop from state.json + the marker scan, the supervisor being gone."""
+    from trainctl.supervisor.terminate import StopPolicy, stop_tree  # noqa: PLC0415
+
+    st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
+    if not live_members(st):
+        msg = (
+            f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); "
+            "nothing to stop"
+        )
+        if st.phase not in state.TERMINAL:
+            st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
+            state.write_state(jdir, st)
+        elif st.last_stop is not None and not st.last_stop.get("ok", True):
+            # The survivors an earlier stop reported are gone now: say so from here on.
+            st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
+            state.write_state(jdir, st)
+        return StopResult(
+            st.name, st.run, "noop", {"ok": True, "already_stopped": True}, st.exit_code, msg
+        )
+
+    def emit(event: str, **fields: Any) -> None:
+        state.append_event(jdir, event, job=st.name, via="cli", **fields)
+
+    if st.phase not in state.TERMINAL:
+        st = st.moved(Phase.STOPPING)
+        state.write_state(jdir, st)
+    emit("stopping", reason="stop", grace_s=grace_s, supervisor="gone")
+    policy = StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s)
+    report = stop_tree(
+        target_of(st), signal.Signals[spec.stop_signal], policy, main_only=main_only, emit=emit
+    ).to_doc()
+    report["reason"] = "stop"
+    final = Phase.STOPPED if st.phase == Phase.STOPPING else st.phase
+    st = st.moved(final, ended_at=st.ended_at or time.time(), last_stop=report, members=())
+    state.write_state(jdir, st)
+    return StopResult(st.name, st.run, "direct", report, st.exit_code)

@@ -1,0 +1,29 @@
+# Sourced by the scripts: create .venv and install trainctl (+ extras) into it, once.
+# Usage: [EXTRAS=test] . scripts/_venv.sh  (a variable, not $1: sourcing passes the
+# caller's arguments along)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+extras="${EXTRAS:-}"
+stamp="$VENV/.installed-${extras:-base}"
+_pip() {  # quiet unless it fails
+  local log; log="$(mktemp)"
+  if ! "$VENV/bin/python" -m pip install -q "$@" >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+  spec="$ROOT"; [ -n "$extras" ] && spec="$ROOT[$extras]"
+  # strict editable install: exactly the packaged files, as mypy and users see them
+  _pip -e "$spec" --config-settings editable_mode=strict
+  touch "$stamp"
+else
+  # strict editable installs link files: re-link in case modules were added
+  _pip --no-deps -e "$ROOT" --config-settings editable_mode=strict
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks for README's Performance section. Prints ratios, asserts nothing.
+
+1. stop latency of a 240-process tree (200-wide fan-out + 40-deep chain, every process
+   exits promptly on SIGTERM): `trainctl stop` (the whole CLI invocation) vs a bare
+   baseline (start with setsid, SIGTERM the group, poll until gone). Target <= 1.5x.
+2. `trainctl status NAME` wall time, median of 20, beside `supervisorctl status` for one
+   program when the `supervisor` package is installed. Target <= 80 ms.
+3. `trainctl start` until it returns (median of 5). Target <= 0.5 s.
+4. the supervisor's CPU and RSS while it supervises that tree for --duration seconds.
+   Target <= 1% of one core and <= 60 MB.
+
+Run: scripts/bench.sh [--duration 30] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FANOUT = ROOT / "tests" / "trees" / "fanout.py"
+TRAINCTL = shutil.which("trainctl") or "trainctl"
+
+
+def wait_file(path: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.005)
+    path.unlink()
+
+
+def reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def baseline_stop(tmp: Path, width: int, depth: int) -> float:
+    """setsid-start the tree, SIGTERM its group, poll until no member is left."""
+    ready = tmp / "base.ready"
+    p = subprocess.Popen(
+        [sys.executable, str(FANOUT), str(width), str(depth)],
+        env={**os.environ, "TREE_READY": str(ready)},
+        start_new_session=True,
+    )
+    wait_file(ready)
+    t0 = time.perf_counter()
+    os.killpg(p.pid, signal.SIGTERM)
+    while True:
+        reap_all()  # we are the subreaper: orphans are ours to reap, as init would
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            return time.perf_counter() - t0
+        time.sleep(0.002)
+
+
+def tc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TRAINCTL, *args], env=env, capture_output=True, text=True, check=False)
+
+
+def trainctl_tree(tmp: Path, env: dict[str, str], width: int, depth: int) -> None:
+    ready = tmp / "tc.ready"
+    r = tc(
+        "start",
+        "--name",
+        "bench",
+        "--grace",
+        "30",
+        "--env",
+        f"TREE_READY={ready}",
+        "--",
+        sys.executable,
+        str(FANOUT),
+        str(width),
+        str(depth),
+        env=env,
+    )
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    wait_file(ready)
+
+
+def trainctl_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> float:
+    trainctl_tree(tmp, env, width, depth)
+    t0 = time.perf_counter()
+    r = tc("stop", "bench", "--json", env=env)
+    elapsed = time.perf_counter() - t0
+    doc = json.loads(r.stdout)
+    if r.returncode or not doc["ok"] or doc["report"]["found"] != width + depth + 1:
+        raise SystemExit(f"bad stop: {r.stdout[:500]} {r.stderr}")
+    return elapsed
+
+
+def median_ms(cmd: list[str], env: dict[str, str], n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+        )
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def supervisorctl_status(tmp: Path) -> float | None:
+    """Median ms of `supervisorctl status` for one program, if supervisor is installed."""
+    ctl = shutil.which("supervisorctl")
+    sd = shutil.which("supervisord")
+    if not ctl or not sd:
+        return None
+    conf = tmp / "supervisord.conf"
+    conf.write_text(f"""[unix_http_server]
+file={tmp}/sv.sock
+[supervisord]
+logfile={tmp}/sv.log
+pidfile={tmp}/sv.pid
+nodaemon=true
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix://{tmp}/sv.sock
+[program:sleeper]
+command=sleep 600
+""")
+    daemon = subprocess.Popen(
+        [sd, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while (
+            subprocess.run(
+                [ctl, "-c", str(conf), "status"], capture_output=True, check=False
+            ).returncode
+            != 0
+        ):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+        return median_ms([ctl, "-c", str(conf), "status", "sleeper"], dict(os.environ), 20)
+    finally:
+        subprocess.run([ctl, "-c", str(conf), "shutdown"], capture_output=True, check=False)
+        daemon.wait(20)
+
+
+def supervisor_cost(home: Path, duration_s: float) -> tuple[float, float]:
+    """Return (% of one core, RSS MB) of the bench job's supervisor over duration_s."""
+    st = json.loads((home / "jobs" / "bench" / "state.json").read_text())
+    pid = st["supervisor"]["pid"]
+
+    def cpu_ticks() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return int(fields[11]) + int(fields[12])
+
+    t0, c0 = time.monotonic(), cpu_ticks()
+    time.sleep(duration_s)
+    t1, c1 = time.monotonic(), cpu_ticks()
+    rss_kb = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    return (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0) * 100, rss_kb / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="trainctl benchmarks (ratios, no asserts)")
+    ap.add_argument("--duration", type=float, default=30.0, help="supervisor-cost window")
+    ap.add_argument("--rounds", type=int, default=5, help="stop-latency rounds per side")
+    ap.add_argument("--width", type=int, default=200)
+    ap.add_argument("--depth", type=int, default=40)
+    args = ap.parse_args()
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER for the baseline
+    tmp = Path(tempfile.mkdtemp(prefix="trainctl-bench-"))
+    env = {**os.environ, "TRAINCTL_HOME": str(tmp / "home")}
+    n = args.width + args.depth
+    print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
+    base, ours = [], []
+    for _ in range(args.rounds):  # interleaved so drift hits both sides alike
+        base.append(baseline_stop(tmp, args.width, args.depth))
+        ours.append(trainctl_stop(tmp, env, args.width, args.depth))
+    b, o = statistics.median(base) * 1000, statistics.median(ours) * 1000
+    print(
+        f"1. stop {n}-process tree: trainctl stop {o:.0f} ms vs baseline {b:.0f} ms "
+        f"(median of {args.rounds}) -> ratio {o / b:.2f}x (target <= 1.5x)"
+    )
+
+    trainctl_tree(tmp, env, args.width, args.depth)
+    ms = median_ms([TRAINCTL, "status", "bench"], env, 20)
+    sv = supervisorctl_status(tmp)
+    svs = (
+        f"supervisorctl status {sv:.0f} ms -> ratio {ms / sv:.2f}x"
+        if sv
+        else "supervisorctl not installed (pip install supervisor) -> no side-by-side"
+    )
+    print(
+        f"2. trainctl status ({n + 1} members): {ms:.0f} ms median of 20 (target <= 80 ms); {svs}"
+    )
+    cpu, rss = supervisor_cost(tmp / "home", args.duration)
+    print(
+        f"4. supervisor over {args.duration:.0f} s with {n + 1} members: {cpu:.2f}% of one "
+        f"core (target <= 1%), RSS {rss:.1f} MB (target <= 60 MB)"
+    )
+    tc("stop", "bench", env=env)
+
+    starts = []
+    for i in range(5):
+        t0 = time.perf_counter()
+        r = tc("start", "--name", f"s{i}", "--", "sleep", "600", env=env)
+        starts.append(time.perf_counter() - t0)
+        if r.returncode:
+            raise SystemExit(r.stderr)
+    for i in range(5):
+        tc("stop", f"s{i}", env=env)
+    print(
+        f"3. trainctl start until it returns: {statistics.median(starts) * 1000:.0f} ms "
+        f"median of 5 (target <= 500 ms)"
+    )
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

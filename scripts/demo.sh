@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Quickstart demo: install trainctl into .venv, start the demo trainer detached, look at it,
+# stop it (SIGTERM -> checkpoint -> verified exit), print the stop report.
+set -euo pipefail
+. "$(dirname "$0")/_venv.sh"
+cd "$ROOT"
+export TRAINCTL_HOME="${TRAINCTL_HOME:-$ROOT/demo-home}"
+work="$TRAINCTL_HOME/demo-work"
+mkdir -p "$work"
+name=demo
+if trainctl status "$name" >/dev/null 2>&1; then trainctl stop "$name" >/dev/null; fi
+
+echo "== trainctl start (returns as soon as the job has exec'd)"
+trainctl start --name "$name" --cwd "$work" --grace 30 -- \
+  python "$ROOT/scripts/demo_trainer.py" --out "$work/checkpoints" --ckpt-seconds 1
+for _ in $(seq 1 100); do   # wait for the first few training lines (max ~10 s)
+  [ "$(trainctl logs "$name" | grep -c '^step')" -ge 3 ] && break
+  sleep 0.1
+done
+echo; echo "== trainctl status $name"
+trainctl status "$name"
+echo; echo "== trainctl ps $name"
+trainctl ps "$name"
+echo; echo "== trainctl logs $name -n 3"
+trainctl logs "$name" -n 3
+echo; echo "== trainctl stop $name   (SIGTERM, wait for the checkpoint, verify)"
+trainctl stop "$name"
+echo; echo "== last lines of the log, and the checkpoint"
+trainctl logs "$name" -n 2
+cat "$work/checkpoints/checkpoint.json"; echo
+echo; echo "State and logs: $TRAINCTL_HOME/jobs/$name  (trainctl rm $name to delete)"
