@@ -275,7 +275,9 @@ def logs(c: Ctx, name: str, follow: bool, lines: int | None, run: int | None) ->
 
     if lines is not None and lines < 0:
         raise ConfigError("-n must be >= 0")
-    path, text = views.log_lines(c.home, name, run, c.cfg.tail_lines if lines is None else lines)
+    if lines is None:
+        lines = c.cfg.tail_lines or None  # config: 0 = the whole log
+    path, text = views.log_lines(c.home, name, run, lines)
     render.write("".join(text))
     if follow:
         try:

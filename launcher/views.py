@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 from collections.abc import Iterator
@@ -212,8 +213,11 @@ def _tree_order(members: dict[int, Any]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- logs
 
 
-def log_lines(home: Path, name: str, run: int | None, tail: int) -> tuple[Path, list[str]]:
-    """Return the log path of run ``run`` (default: current) and its last ``tail`` lines."""
+def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple[Path, list[str]]:
+    """Return the log path of run ``run`` (default: current) and its last ``tail`` lines.
+
+    ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``).
+    """
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     run = st.run if run is None else run
@@ -225,43 +229,59 @@ def log_lines(home: Path, name: str, run: int | None, tail: int) -> tuple[Path, 
     except FileNotFoundError:
         data = b""
     lines = data.decode(errors="replace").splitlines(keepends=True)
-    return path, lines[-tail:] if tail else lines
+    if tail is None:
+        return path, lines
+    return path, lines[len(lines) - tail :] if tail else []
 
 
 def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
     """Yield new log text as it appears, switching to the next run's log after a restart.
 
-    Ends when the job has finished (terminal phase, supervisor gone, nobody restarting it
-    under the job lock) and its log is drained.
+    Ends when the job has finished and its log is drained: the run is over (or its
+    supervisor is lost and no process of it is left) and nobody holds the job lock to
+    restart it.
     """
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
-    pos = path.stat().st_size if path.exists() else 0
+    reader = _LogReader(path, from_end=True)
     while True:
-        chunk, pos = _read_from(path, pos)
+        chunk = reader.read()
         if chunk:
             yield chunk
             continue
         st = state.read_state(jdir)
         if st.run > run:
             run += 1
-            path, pos = state.log_path(jdir, run), 0
+            reader = _LogReader(state.log_path(jdir, run), from_end=False)
             yield f"==> {name} run {run} <==\n"
             continue
-        finished = state.effective_phase(jdir, st) in state.TERMINAL | {Phase.LOST}
-        if finished and not state.is_locked(jdir, "lock"):
-            chunk, pos = _read_from(path, pos)
-            if chunk:
-                yield chunk
+        if _finished(jdir, st) and not state.is_locked(jdir, "lock"):
+            yield reader.read(final=True)
             return
         time.sleep(poll_s)
 
 
-def _read_from(path: Path, pos: int) -> tuple[str, int]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(pos)
-            data = f.read(1 << 20)
-    except FileNotFoundError:
-        return "", pos
-    return data.decode(errors="replace"), pos + len(data)
+def _finished(jdir: Path, st: state.JobState) -> bool:
+    phase = state.effective_phase(jdir, st)
+    if phase == Phase.LOST:
+        return not any(m.alive for m in scan(target_of(st)).values())
+    return phase in state.TERMINAL
+
+
+class _LogReader:
+    """Reads a growing log from an offset, never splitting a UTF-8 character."""
+
+    def __init__(self, path: Path, *, from_end: bool) -> None:
+        self.path = path
+        self.pos = path.stat().st_size if from_end and path.exists() else 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self, *, final: bool = False) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read(1 << 20)
+        except FileNotFoundError:
+            data = b""
+        self.pos += len(data)
+        return self.decoder.decode(data, final=final)

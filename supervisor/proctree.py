@@ -99,7 +99,9 @@ def scan(target: Target) -> dict[int, Member]:
         for pid in cg.read_pids(target.cgroup):
             add(pid, "cgroup")
     needle = f"TRAINCTL_JOB={target.marker}".encode()
-    sup_ok = _verified(target.supervisor, stats)
+    # The supervisor started before main, so it is not among the candidates: check it alone.
+    sup = target.supervisor
+    sup_ok = sup is not None and procfs.exists(sup.pid, sup.start_ticks)
     for pid, st in stats.items():
         if procfs.has_marker(pid, needle):
             add(pid, "marker")

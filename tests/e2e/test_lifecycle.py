@@ -218,3 +218,34 @@ def test_status_fast_path_matches_click_path(harness: Harness) -> None:
             s.pop("uptime_s")
             assert f == s
     h.tc("stop", "fp", check=True)
+
+
+def test_start_follow_streams_until_the_job_ends(harness: Harness) -> None:
+    h = harness
+    res = h.tc(
+        "start",
+        "--name",
+        "fol",
+        "--follow",
+        "--",
+        "sh",
+        "-c",
+        "echo one; sleep 0.3; printf 'caf\\303\\251 two\\n'; exit 3",
+        check=True,
+    )
+    assert "started fol run 1" in res.out
+    assert "one\n" in res.out
+    assert "café two\n" in res.out
+    assert h.state("fol")["exit_code"] == 3
+
+
+def test_control_socket_is_private(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "sock", "--", "sleep", "600", check=True)
+    jdir = h.home / "jobs" / "sock"
+    assert (jdir / "control.sock").stat().st_mode & 0o777 == 0o600
+    assert jdir.stat().st_mode & 0o777 == 0o700
+    assert h.home.stat().st_mode & 0o777 == 0o700
+    assert (jdir / "state.json").stat().st_mode & 0o777 == 0o600
+    h.tc("stop", "sock", check=True)
+    assert not (jdir / "control.sock").exists()

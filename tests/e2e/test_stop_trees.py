@@ -18,6 +18,8 @@ TREES = [
     ("zombies.py", (), False),
     ("ddp.py", (), False),
     ("fanout.py", ("20", "10"), False),
+    ("scrubbed_env.py", (), True),
+    ("stopped_child.py", (), False),
 ]
 
 
