@@ -12,7 +12,7 @@ from typing import Any
 
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.proctree import scan
+from trainctl.supervisor.proctree import scan, scan_cgroup
 from trainctl.supervisor.state import Phase
 
 from .exitcodes import ExitCode
@@ -88,8 +88,12 @@ def job_status(home: Path, name: str) -> Status:
         argv = []
     phase = state.effective_phase(jdir, st)
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
+    target = target_of(st)
+    # cgroup.procs is cheap and complete unless root moved a process out; use it for the
+    # frequent `status`, while `ps` and `stop` walk every net.
+    scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
     members = (
-        scan(target_of(st))
+        scan_fn(target)
         if phase not in state.TERMINAL or st.last_stop is None or not st.last_stop.get("ok", True)
         else {}
     )
