@@ -83,7 +83,10 @@ def stop(res: StopResult) -> None:
         f"  found      {r['found']} process(es), {r.get('escaped', 0)} escaped the tree  [{nets}]"
     )
     if r.get("late_joiners"):
-        print(f"  late       {r['late_joiners']} appeared during the grace and were signalled")
+        print(
+            f"  late       {r['late_joiners']} found after the signal (new forks, or outside "
+            "the cgroup) and signalled too"
+        )
     ex = r.get("exit_s") or {}
     timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
     print(f"  {r['signal']:<10} {r['exited_on_signal']} exited{timing}")

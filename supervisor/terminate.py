@@ -160,14 +160,14 @@ class _Tracker:
         deadline = time.monotonic() + timeout_s
         while True:
             left = self.pending()
-            now = time.monotonic()
-            if not left or now - self.last_scan >= self.policy.rescan_s:
+            if not left or time.monotonic() - self.last_scan >= self.policy.rescan_s:
                 new = self.rescan()
                 if new:
                     on_new(new)
-                    continue
-                if not left:
+                    left = self.pending()
+                elif not left:
                     return []
+            now = time.monotonic()
             if now >= deadline:
                 return left
             wake = min(deadline, self.last_scan + self.policy.rescan_s)
