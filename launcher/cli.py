@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,17 @@ def cli(ctx: click.Context, home: str | None) -> None:
 @click.option(
     "--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... [default TERM]."
 )
+@click.option(
+    "--gpus",
+    metavar="SPEC",
+    help="Bind GPUs: 0,3 (indices as nvidia-smi shows them), N >= 1 (pick N free GPUs), all, "
+    "or UUIDs. One GPU by index: 3, (trailing comma); 0 means GPU 0. Sets "
+    "CUDA_VISIBLE_DEVICES. Omitted: no binding.",
+)
+@click.option("--share", is_flag=True, help="Allow GPUs leased by another live job.")
+@click.option(
+    "--force", is_flag=True, help="Allow GPUs with memory in use outside any trainctl job."
+)
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -87,6 +99,9 @@ def start(
     env: tuple[str, ...],
     grace: str | None,
     stop_signal: str | None,
+    gpus: str | None,
+    share: bool,
+    force: bool,
     follow: bool,
     as_json: bool,
     argv: tuple[str, ...],
@@ -97,23 +112,17 @@ def start(
     Example: trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
     """
     from . import render  # noqa: PLC0415
-    from .start import build_spec, start_job  # noqa: PLC0415
+    from .start import GpuRequest, build_spec, start_job  # noqa: PLC0415
 
+    if (share or force) and gpus is None:
+        raise ConfigError("--share and --force only make sense with --gpus")
     spec = build_spec(
         name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace, stop_signal=stop_signal
     )
-    res = start_job(c.home, spec, c.cfg)
+    request = None if gpus is None else GpuRequest(gpus, share=share, force=force)
+    res = start_job(c.home, spec, c.cfg, request)
     if as_json:
-        render.emit_json(
-            {
-                "name": res.name,
-                "run": res.run,
-                "main_pid": res.main_pid,
-                "mode": res.mode,
-                "log": res.log,
-                "elapsed_s": res.elapsed_s,
-            }
-        )
+        render.emit_json(dataclasses.asdict(res))
     else:
         render.start(res)
     if follow:
@@ -143,16 +152,28 @@ def _follow(c: Ctx, name: str, path: Path) -> int:
     help="Send the stop signal to the main process "
     "only (it forwards to its workers); the rest still gets SIGKILL after the grace.",
 )
+@click.option(
+    "--gpu-timeout",
+    metavar="SECONDS",
+    help="How long to wait for the job's GPUs to be released [default from config: 30].",
+)
 @json_opt
 @pass_ctx
-def stop(c: Ctx, name: str, grace: str | None, main_only: bool, as_json: bool) -> int:
-    """Stop every process of job NAME and nothing else; exit 0 only if none survives."""
+def stop(
+    c: Ctx, name: str, grace: str | None, main_only: bool, gpu_timeout: str | None, as_json: bool
+) -> int:
+    """Stop every process of job NAME and nothing else; exit 0 only if none survives.
+
+    Also exits non-zero when the job's GPUs did not return to their start-time memory use
+    within --gpu-timeout, naming who still holds them.
+    """
     from . import render  # noqa: PLC0415
     from .inputs import parse_seconds  # noqa: PLC0415
     from .stop import stop_exit_code, stop_job  # noqa: PLC0415
 
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
-    res = stop_job(c.home, name, grace_s=grace_s, main_only=main_only)
+    gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
+    res = stop_job(c.home, name, grace_s=grace_s, main_only=main_only, gpu_timeout_s=gpu_s)
     render.stop_doc(res) if as_json else render.stop(res)
     return stop_exit_code(res)
 
@@ -240,6 +261,30 @@ def ps(c: Ctx, name: str, as_json: bool) -> int:
         render.emit_json([{k: getattr(r, k) for k in r.__slots__} for r in rows])
     else:
         render.ps(rows)
+    return ExitCode.OK
+
+
+@cli.command()
+@json_opt
+@pass_ctx
+def gpus(c: Ctx, as_json: bool) -> int:
+    """Show every GPU: memory, utilisation, the job leasing it, and who is on it.
+
+    Each process is owned by a job (found by its marker), `foreign` (no marker), or
+    `orphan` (the marker of a job that is no longer running). Without an NVIDIA driver it
+    prints one line and exits 0.
+    """
+    from trainctl.supervisor.gpu import NoDriverError  # noqa: PLC0415
+
+    from . import render  # noqa: PLC0415
+    from .gpus import gpu_views  # noqa: PLC0415
+
+    try:
+        views = gpu_views(c.home)
+    except NoDriverError as e:
+        render.emit_json({"gpus": [], "error": str(e)}) if as_json else click.echo(str(e))
+        return ExitCode.OK
+    render.emit_json([v.to_doc() for v in views]) if as_json else render.gpus(views)
     return ExitCode.OK
 
 

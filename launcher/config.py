@@ -27,6 +27,9 @@ class Config:
     snapshot_interval_s: float
     tail_lines: int
     follow_poll_s: float
+    gpu_foreign_threshold_mib: int
+    gpu_tolerance_mib: int
+    gpu_timeout_s: float
 
 
 _KEYS: dict[tuple[str, str], tuple[str, type]] = {
@@ -39,6 +42,9 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("supervisor", "snapshot_interval_s"): ("snapshot_interval_s", float),
     ("logs", "tail_lines"): ("tail_lines", int),
     ("logs", "follow_poll_s"): ("follow_poll_s", float),
+    ("gpu", "foreign_threshold_mib"): ("gpu_foreign_threshold_mib", int),
+    ("gpu", "tolerance_mib"): ("gpu_tolerance_mib", int),
+    ("gpu", "release_timeout_s"): ("gpu_timeout_s", float),
 }
 
 

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .gpus import GpuView
     from .start import StartResult
     from .stop import StopResult
     from .views import PsRow, Status
@@ -61,6 +62,8 @@ def status_doc(s: Status) -> None:
 
 def start(res: StartResult) -> None:
     """Render a started run."""
+    if res.gpus:
+        print(f"GPUs {res.gpus} bound (CUDA_VISIBLE_DEVICES={res.gpus})")
     print(
         f"started {res.name} run {res.run}: main pid {res.main_pid}, mode {res.mode} "
         f"({res.elapsed_s * 1000:.0f} ms)"
@@ -72,6 +75,8 @@ def stop(res: StopResult) -> None:
     """Render a stop report."""
     if res.via == "noop":
         print(res.message)
+        for g in res.report.get("gpus", []):
+            print(f"  {gpu_line(g)}")
         return
     r = res.report
     if r.get("already_stopped"):
@@ -97,13 +102,19 @@ def stop(res: StopResult) -> None:
         print(
             f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: {s['cmd']}"
         )
+    for g in r.get("gpus", []):
+        print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
-    verdict = (
-        "nothing of the job is alive"
-        if res.ok
-        else f"{len(r.get('survivors', []))} process(es) SURVIVED"
-    )
-    print(f"  total      {r['total_s']:.2f} s — {verdict}{code}")
+    print(f"  total      {r['total_s']:.2f} s — {_verdict(r)}{code}")
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    if r.get("survivors"):
+        return f"{len(r['survivors'])} process(es) SURVIVED"
+    held = [str(g["index"]) for g in r.get("gpus", []) if not g.get("ok")]
+    if held:
+        return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"
+    return "nothing of the job is alive" + (", GPUs released" if r.get("gpus") else "")
 
 
 def status(s: Status) -> None:
@@ -115,6 +126,8 @@ def status(s: Status) -> None:
     when = "uptime" if s.ended_at is None else "ran"
     escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
     print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
+    if s.gpus:
+        print(f"  gpus {','.join(map(str, s.gpus))}")
     if s.argv:
         print(f"  cmd  {' '.join(s.argv)[:150]}")
     print(f"  log  {s.log}")
@@ -149,16 +162,19 @@ def job_table(rows: list[Status | tuple[str, str]]) -> None:
 
 
 def ps(rows: list[PsRow]) -> None:
-    """Render `trainctl ps` as an indented tree."""
+    """Render `trainctl ps` as an indented tree (a GPU column when any process holds one)."""
     if not rows:
         print("no live process")
         return
-    print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}  CMD")
+    with_gpu = any(r.gpu_holder for r in rows)
+    gpu_head = f" {'GPU MEM':>9}" if with_gpu else ""
+    print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  CMD")
     for r in rows:
         flag = "  [escaped]" if r.escaped else ""
+        gpu = f" {gib(r.gpu_bytes) if r.gpu_holder else '-':>9}" if with_gpu else ""
         print(
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
-            f"{size(r.rss_bytes):>7}  {'  ' * r.depth}{r.cmd[:100]}{flag}"
+            f"{size(r.rss_bytes):>7}{gpu}  {'  ' * r.depth}{r.cmd[:100]}{flag}"
         )
 
 
@@ -166,3 +182,46 @@ def write(text: str) -> None:
     """Write raw log text."""
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def gib(nbytes: int | None) -> str:
+    """Format bytes as GiB with one decimal ('?' when unknown)."""
+    return "?" if nbytes is None else f"{nbytes / (1 << 30):.1f} GiB"
+
+
+def gpu_line(g: dict[str, Any]) -> str:
+    """One line of a stop report about a GPU's release."""
+    if g.get("ok"):
+        return (
+            f"GPU {g['index']}  released {gib(g.get('released_bytes', 0))} in "
+            f"{g.get('seconds', 0):.1f} s (now {gib(g['used_bytes'])}, baseline "
+            f"{gib(g['baseline_bytes'])})"
+        )
+    if "error" in g:
+        return f"GPU {g['index']}  NOT VERIFIED: {g['error']}"
+    who = "; ".join(
+        f"pid {h['pid']} {h.get('owner', '')} {h.get('cmd', '(not visible here)')}".strip()
+        for h in g.get("holders", [])
+    )
+    return (
+        f"GPU {g['index']}  NOT RELEASED: {gib(g['used_bytes'])} used vs baseline "
+        f"{gib(g['baseline_bytes'])}; " + (who or g.get("note", ""))
+    )
+
+
+def gpus(views: list[GpuView]) -> None:
+    """Render `trainctl gpus`."""
+    for v in views:
+        util = "?" if v.utilization_pct is None else f"{v.utilization_pct}%"
+        lease = f"leased by {v.leased_by}" if v.leased_by else "free"
+        print(
+            f"GPU {v.index}  {v.name}  {gib(v.memory_used_bytes)} / "
+            f"{gib(v.memory_total_bytes)}  util {util}  {lease}  {v.uuid}"
+        )
+        for p in v.processes:
+            print(
+                f"    pid {p['pid']:>7}  {gib(p['used_bytes']):>9}  {p['owner']:<22} "
+                f"{p.get('cmd', '')[:80]}"
+            )
+        if not v.processes and v.memory_used_bytes:
+            print("    (no process listed: NVML may not see other PID namespaces)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -15,9 +16,11 @@ from typing import Any
 
 from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
-from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Spec
+from trainctl.supervisor.gpu import MIB
+from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Spec
 
 from .config import Config
+from .gpus import gpu_env, resolve_gpus
 from .inputs import parse_env, parse_seconds, parse_signal
 from .jobs import existing_job, live_members
 from .stop import StopResult, stop_job
@@ -49,6 +52,7 @@ class StartResult:
     mode: str
     log: str
     elapsed_s: float
+    gpus: str | None = None  # the bound GPU indices, e.g. "0,3"
 
 
 def build_spec(
@@ -76,12 +80,26 @@ def build_spec(
         kill_wait_s=cfg.kill_wait_s,
         snapshot_interval_s=cfg.snapshot_interval_s,
         cgroup=cfg.cgroup,
+        gpu_timeout_s=cfg.gpu_timeout_s,
+        gpu_tolerance_mib=cfg.gpu_tolerance_mib,
     )
     _check_command(list(argv), workdir, full_env)
     return spec
 
 
-def start_job(home: Path, spec: Spec, cfg: Config) -> StartResult:
+_GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """`--gpus SPEC [--share] [--force]`: a request string, or exact indices (restart)."""
+
+    spec: str | list[int]
+    share: bool = False
+    force: bool = False
+
+
+def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None) -> StartResult:
     """Start a run of ``spec`` under a new detached supervisor; return once main has exec'd."""
     state.ensure_home(home)
     jdir = state.job_dir(home, spec.name)
@@ -89,14 +107,16 @@ def start_job(home: Path, spec: Spec, cfg: Config) -> StartResult:
     jdir.mkdir(mode=0o700, exist_ok=True)
     try:
         with state.job_lock(jdir, 10.0):
-            return start_locked(home, jdir, spec, cfg)
+            return start_locked(home, jdir, spec, cfg, gpus)
     except BaseException:
         if created and not (jdir / "state.json").exists():
             shutil.rmtree(jdir, ignore_errors=True)
         raise
 
 
-def start_locked(home: Path, jdir: Path, spec: Spec, cfg: Config) -> StartResult:
+def start_locked(
+    home: Path, jdir: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None
+) -> StartResult:
     """Start a run; the caller holds the job lock."""
     t0 = time.monotonic()
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
@@ -104,7 +124,24 @@ def start_locked(home: Path, jdir: Path, spec: Spec, cfg: Config) -> StartResult
         _refuse_if_live(jdir, prev)
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
-    reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s)
+    if gpus is None:
+        reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s, [])
+    else:
+        # One start at a time picks GPUs, so two jobs can never lease the same one.
+        with state.flock_file(home / "gpus.lock", 30.0, "another start is choosing GPUs"):
+            leases = resolve_gpus(
+                gpus.spec,
+                home,
+                share=gpus.share,
+                force=gpus.force,
+                foreign_threshold_bytes=cfg.gpu_foreign_threshold_mib * MIB,
+            )
+            spec = dataclasses.replace(
+                spec,
+                gpus=",".join(str(g.index) for g in leases),
+                env={**spec.env, **gpu_env(leases)},
+            )
+            reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s, leases)
     return StartResult(
         name=spec.name,
         run=run,
@@ -112,6 +149,7 @@ def start_locked(home: Path, jdir: Path, spec: Spec, cfg: Config) -> StartResult
         mode=str(reply["mode"]),
         log=str(state.log_path(jdir, run)),
         elapsed_s=time.monotonic() - t0,
+        gpus=spec.gpus,
     )
 
 
@@ -131,7 +169,13 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
 
 
 def _spawn_supervisor(
-    home: Path, jdir: Path, spec: Spec, run: int, marker: str, timeout_s: float
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    run: int,
+    marker: str,
+    timeout_s: float,
+    leases: list[GpuLease],
 ) -> dict[str, Any]:
     """Launch the detached supervisor and complete the readiness handshake."""
     ours, theirs = socket.socketpair()
@@ -161,7 +205,14 @@ def _spawn_supervisor(
         theirs.close()
         ours.settimeout(timeout_s)
         ours.sendall(
-            control.encode({"spec": state.spec_to_doc(spec), "run": run, "marker": marker})
+            control.encode(
+                {
+                    "spec": state.spec_to_doc(spec),
+                    "run": run,
+                    "marker": marker,
+                    "gpus": [dataclasses.asdict(g) for g in leases],
+                }
+            )
         )
         reply = _read_reply(ours)
     finally:
@@ -206,10 +257,17 @@ def restart_job(
         stopped = stop_job(home, name, grace_s=grace_s, lock_held=True)
         st = state.read_state(jdir)
         left = live_members(st)
-        if not stopped.ok or left:
-            raise JobConflictError(
-                f"not restarting {name}: {len(left)} process(es) of run {st.run} survived "
-                f"the stop (pids {', '.join(map(str, sorted(left)[:8]))})"
+        if left or not stopped.ok:
+            held = [g for g in stopped.report.get("gpus", []) if not g.get("ok")]
+            why = (
+                f"{len(left)} process(es) of run {st.run} survived the stop (pids "
+                f"{', '.join(map(str, sorted(left)[:8]))})"
+                if left or not held
+                else f"GPU(s) {', '.join(str(g['index']) for g in held)} were not released"
             )
-        started = start_locked(home, jdir, spec, cfg)
+            raise JobConflictError(f"not restarting {name}: {why}")
+        # the same GPUs as before: they were just verified free
+        gpus = GpuRequest([int(i) for i in spec.gpus.split(",")]) if spec.gpus else None
+        env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
+        started = start_locked(home, jdir, dataclasses.replace(spec, env=env), cfg, gpus)
     return stopped, started

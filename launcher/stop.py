@@ -6,11 +6,14 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.state import Phase, Spec
+
+if TYPE_CHECKING:
+    from trainctl.supervisor.gpu.verify import GpuPolicy
 
 from .exitcodes import ExitCode
 from .jobs import existing_job, live_members, target_of
@@ -44,19 +47,22 @@ def stop_job(
     *,
     grace_s: float | None = None,
     main_only: bool = False,
+    gpu_timeout_s: float | None = None,
     lock_held: bool = False,
 ) -> StopResult:
-    """Stop every process of the job's current run (and nothing else)."""
+    """Stop every process of the job's current run (and nothing else); verify its GPUs."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
     spec = state.read_spec(jdir)
     grace = spec.grace_s if grace_s is None else grace_s
+    gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
+    budget = grace + spec.kill_wait_s + gpu_wait + 60
     if state.supervisor_alive(jdir):
         try:
             reply = control.request(
                 jdir,
-                {"op": "stop", "grace_s": grace, "main_only": main_only},
-                timeout_s=grace + spec.kill_wait_s + 60,
+                {"op": "stop", "grace_s": grace, "main_only": main_only, "gpu_timeout_s": gpu_wait},
+                timeout_s=budget,
             )
         except control.ControlUnavailableError as e:
             # A supervisor that just finished a stop closes its socket before it exits.
@@ -73,9 +79,24 @@ def stop_job(
             _wait_supervisor_exit(jdir, 5.0)
             return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
     if lock_held:
-        return _stop_direct(jdir, spec, grace, main_only)
-    with state.job_lock(jdir, grace + spec.kill_wait_s + 60, "another stop"):
-        return _stop_direct(jdir, spec, grace, main_only)
+        return _stop_direct(jdir, spec, grace, main_only, gpu_wait)
+    with state.job_lock(jdir, budget, "another stop"):
+        return _stop_direct(jdir, spec, grace, main_only, gpu_wait)
+
+
+def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopResult:
+    """Re-run the GPU release check of an ended run whose last stop found GPUs held."""
+    from trainctl.supervisor.gpu.verify import verify_release  # noqa: PLC0415
+
+    gpus = verify_release(st.gpus, st.marker, {}, policy)
+    ok = all(g["ok"] for g in gpus)
+    last = {**(st.last_stop or {}), "gpus": gpus, "ok": ok, "survivors": []}
+    state.write_state(jdir, st.moved(st.phase, last_stop=last))
+    msg = f"job {st.name} has no process left; its GPUs are " + (
+        "released now" if ok else "still not released"
+    )
+    report = {"ok": ok, "already_stopped": True, "gpus": gpus}
+    return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
 
 
 def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
@@ -85,11 +106,18 @@ def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
         time.sleep(0.001)
 
 
-def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> StopResult:
+def _stop_direct(
+    jdir: Path, spec: Spec, grace_s: float, main_only: bool, gpu_timeout_s: float
+) -> StopResult:
     """Stop from state.json + the marker scan, the supervisor being gone."""
-    from trainctl.supervisor.terminate import StopPolicy, stop_tree  # noqa: PLC0415
+    from trainctl.supervisor.gpu.verify import gpu_policy_of  # noqa: PLC0415
+    from trainctl.supervisor.terminate import StopPolicy, stop_and_verify  # noqa: PLC0415
 
     st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
+    held = [g for g in (st.last_stop or {}).get("gpus", []) if not g.get("ok")]
+    if not live_members(st) and held and st.phase in state.TERMINAL:
+        # Nothing left to signal, but the last stop could not prove the GPUs free: check again.
+        return _reverify_gpus(jdir, st, gpu_policy_of(spec, gpu_timeout_s))
     if not live_members(st):
         msg = (
             f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); "
@@ -114,9 +142,15 @@ def _stop_direct(jdir: Path, spec: Spec, grace_s: float, main_only: bool) -> Sto
         state.write_state(jdir, st)
     emit("stopping", reason="stop", grace_s=grace_s, supervisor="gone")
     policy = StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s)
-    report = stop_tree(
-        target_of(st), signal.Signals[spec.stop_signal], policy, main_only=main_only, emit=emit
-    ).to_doc()
+    report = stop_and_verify(
+        target_of(st),
+        signal.Signals[spec.stop_signal],
+        policy,
+        leases=st.gpus,
+        gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
+        main_only=main_only,
+        emit=emit,
+    )
     report["reason"] = "stop"
     final = Phase.STOPPED if st.phase == Phase.STOPPING else st.phase
     st = st.moved(final, ended_at=st.ended_at or time.time(), last_stop=report, members=())

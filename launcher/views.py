@@ -45,6 +45,7 @@ class Status:
     argv: list[str] = field(default_factory=list)
     last_stop: dict[str, Any] | None = None
     error: str | None = None
+    gpus: list[int] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -121,6 +122,7 @@ def job_status(home: Path, name: str) -> Status:
         argv=argv,
         last_stop=st.last_stop,
         error=st.error,
+        gpus=[g.index for g in st.gpus],
     )
 
 
@@ -152,11 +154,15 @@ class PsRow:
     nets: list[str]
     cmd: str
     depth: int
+    gpu_holder: bool = False  # has a GPU open
+    gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
 
 
 def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
     """Return the job's live process tree, parents before children (escapees at top level)."""
     import psutil  # noqa: PLC0415  (only `ps` pays for it)
+
+    from .gpus import gpu_memory_by_pid  # noqa: PLC0415
 
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
@@ -168,6 +174,7 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
             procs[pid].cpu_percent(None)
         except psutil.NoSuchProcess:
             continue
+    gpu_mem = gpu_memory_by_pid() if procs else {}  # doubles as part of the CPU sample
     time.sleep(sample_s if procs else 0)
     rows: list[PsRow] = []
     for pid, depth in _tree_order(members):
@@ -192,6 +199,8 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
                 nets=sorted(m.nets),
                 cmd=procfs.read_cmdline(pid) or f"[{m.stat.comm}]",
                 depth=depth,
+                gpu_holder=pid in gpu_mem,
+                gpu_bytes=gpu_mem.get(pid),
             )
         )
     return rows

@@ -22,6 +22,7 @@ from . import control, procfs
 from .errors import SpawnError, TrainctlError
 from .spawn import Spawned, job_env, spawn_main
 from .state import (
+    GpuLease,
     JobState,
     Phase,
     ProcRef,
@@ -68,7 +69,9 @@ def _read_request(sock: socket.socket) -> dict[str, Any]:
     return doc
 
 
-def launch(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[JobState, Spawned, Path | None]:
+def launch(
+    jdir: Path, spec: Spec, run: int, marker: str, gpus: tuple[GpuLease, ...] = ()
+) -> tuple[JobState, Spawned, Path | None]:
     """Start the job's main process and record it; raise SpawnError if it cannot start."""
     cgroup = cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.cgroup else None
     procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
@@ -100,6 +103,7 @@ def launch(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[JobState, Spa
         sid=spawned.pid,
         mode="cgroup" if cgroup else "signals",
         cgroup=str(cgroup) if cgroup else None,
+        gpus=gpus,
     )
     write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     write_state(jdir, state)
@@ -113,6 +117,7 @@ def launch(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[JobState, Spa
         cwd=spec.cwd,
         mode=state.mode,
         cgroup=state.cgroup,
+        gpus=[g.index for g in gpus],
     )
     return state, spawned, cgroup
 
@@ -132,7 +137,8 @@ def main(argv: list[str]) -> int:
         req = _read_request(sock)
         spec = spec_from_doc(req["spec"])
         listener = control.bind(jdir)
-        state, spawned, cgroup = launch(jdir, spec, int(req["run"]), str(req["marker"]))
+        leases = tuple(GpuLease(**g) for g in req.get("gpus", ()))
+        state, spawned, cgroup = launch(jdir, spec, int(req["run"]), str(req["marker"]), leases)
     except TrainctlError as e:
         _reply(sock, {"ok": False, "error": str(e)})
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)

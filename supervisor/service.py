@@ -24,10 +24,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import cgroup as cg
 from . import control, procfs
+from .gpu.verify import gpu_policy_of
 from .proctree import Target, scan
 from .spawn import Spawned
 from .state import JobState, MemberSnap, Phase, Spec, write_state
-from .terminate import StopPolicy, stop_tree
+from .terminate import StopPolicy, stop_and_verify
 
 
 def exit_code_of(status: int) -> int:
@@ -168,7 +169,9 @@ class Supervisor:
 
     # ------------------------------------------------------------ stop
 
-    async def stop(self, grace_s: float, *, main_only: bool, reason: str) -> dict[str, Any]:
+    async def stop(
+        self, grace_s: float, *, main_only: bool, reason: str, gpu_timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Run the stop sequence once; concurrent callers share its report."""
         if self.stopping:
             await self.stop_done.wait()
@@ -179,10 +182,17 @@ class Supervisor:
         policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
         sig = signal.Signals[self.spec.stop_signal]
         run = functools.partial(
-            stop_tree, self._target(), sig, policy, main_only=main_only, emit=self.log.info
+            stop_and_verify,
+            self._target(),
+            sig,
+            policy,
+            leases=self.state.gpus,
+            gpu_policy=gpu_policy_of(self.spec, gpu_timeout_s),
+            main_only=main_only,
+            emit=self.log.info,
         )
         with anyio.CancelScope(shield=True):
-            report = (await anyio.to_thread.run_sync(run)).to_doc()
+            report = await anyio.to_thread.run_sync(run)
             with anyio.move_on_after(2):
                 await self.main_exited.wait()
         report["reason"] = reason
@@ -241,7 +251,13 @@ class Supervisor:
             return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
         if op == "stop":
             grace = float(req.get("grace_s", self.spec.grace_s))
-            report = await self.stop(grace, main_only=bool(req.get("main_only")), reason="stop")
+            gt = req.get("gpu_timeout_s")
+            report = await self.stop(
+                grace,
+                main_only=bool(req.get("main_only")),
+                reason="stop",
+                gpu_timeout_s=None if gt is None else float(gt),
+            )
             return {"ok": True, "report": report, "exit_code": self.state.exit_code}
         return {"ok": False, "error": f"unknown op {op!r}"}
 

@@ -86,6 +86,16 @@ class MemberSnap:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuLease:
+    """A GPU bound to a run, with its memory use when the run started (the baseline)."""
+
+    index: int
+    uuid: str
+    name: str
+    baseline_used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
     """What to run; the resolved form that `restart` reuses."""
 
@@ -98,6 +108,9 @@ class Spec:
     kill_wait_s: float = 10.0
     snapshot_interval_s: float = 3.0
     cgroup: bool = True  # try cgroup v2 placement
+    gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding
+    gpu_timeout_s: float = 30.0
+    gpu_tolerance_mib: int = 512
     schema: int = SCHEMA
 
 
@@ -122,6 +135,7 @@ class JobState:
     members: tuple[MemberSnap, ...] = ()
     snapshot_at: float | None = None
     last_stop: dict[str, Any] | None = None
+    gpus: tuple[GpuLease, ...] = ()
     schema: int = SCHEMA
 
     def moved(self, phase: Phase, **changes: Any) -> JobState:
@@ -283,6 +297,7 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
         d["members"] = tuple(
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
+        d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
         st = JobState(**d)
     except (TypeError, KeyError, ValueError) as e:
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None
@@ -321,7 +336,14 @@ def job_lock(
     jdir: Path, timeout_s: float, what: str = "another trainctl command"
 ) -> Iterator[None]:
     """Hold the job's exclusive lock; wait up to ``timeout_s`` for it."""
-    fd = os.open(jdir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with flock_file(jdir / "lock", timeout_s, f"job {jdir.name} is busy ({what} holds its lock)"):
+        yield
+
+
+@contextlib.contextmanager
+def flock_file(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; raise JobConflictError(busy) after ``timeout_s``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -330,9 +352,7 @@ def job_lock(
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise JobConflictError(
-                        f"job {jdir.name} is busy ({what} holds its lock); try again"
-                    ) from None
+                    raise JobConflictError(f"{busy}; try again") from None
                 time.sleep(0.05)
         yield
     finally:

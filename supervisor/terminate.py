@@ -25,8 +25,9 @@ from typing import Any
 
 from . import cgroup as cg
 from . import procfs
+from .gpu.verify import GpuPolicy, snapshot, verify_release
 from .proctree import Member, Target, scan, scan_cgroup
-from .state import ProcRef
+from .state import GpuLease, ProcRef
 
 Emit = Callable[..., None]
 
@@ -347,4 +348,26 @@ def _finish(report: StopReport, tr: _Tracker, t0: float, emit: Emit) -> StopRepo
     if left:
         emit("survivors", survivors=report.survivors)
     emit("stop_report", **{k: v for k, v in report.to_doc().items() if k != "survivors"})
+    return report
+
+
+def stop_and_verify(
+    target: Target,
+    sig: int,
+    policy: StopPolicy,
+    *,
+    leases: tuple[GpuLease, ...] = (),
+    gpu_policy: GpuPolicy | None = None,
+    main_only: bool = False,
+    emit: Emit | None = None,
+) -> dict[str, Any]:
+    """Stop the tree, then prove its GPUs were released; return the combined report."""
+    emit = emit or (lambda *_a, **_k: None)
+    pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
+    report = stop_tree(target, sig, policy, main_only=main_only, emit=emit).to_doc()
+    if leases:
+        gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
+        report["gpus"] = gpus
+        report["ok"] = bool(report["ok"]) and all(g["ok"] for g in gpus)
+        emit("gpus_verified", ok=all(g["ok"] for g in gpus), gpus=gpus)
     return report

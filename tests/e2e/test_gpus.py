@@ -1,0 +1,327 @@
+"""GPU bindings, leases, ownership and release proofs, with the fake GPU backend.
+
+The fake is selected explicitly (TRAINCTL_FAKE_GPU) and its "GPU processes" are real
+processes holding a marker file that stands in for /dev/nvidiaN.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Harness, Result, wait_for
+
+GIB = 1 << 30
+
+
+def fake_gpus(h: Harness, n: int = 4, **overrides: Any) -> Path:
+    """Describe n fake GPUs (overrides apply to every GPU) and select the fake backend."""
+    dev = h.tmp / "dev"
+    dev.mkdir(exist_ok=True)
+    gpus = []
+    for i in range(n):
+        (dev / f"nvidia{i}").touch()
+        gpus.append(
+            {
+                "uuid": f"GPU-fake-{i:04d}",
+                "name": "Fake H200",
+                "memory_total_mib": 143771,
+                "base_used_mib": 300,
+                **overrides,
+            }
+        )
+    path = h.tmp / "gpus.json"
+    path.write_text(json.dumps({"dev_dir": str(dev), "gpus": gpus}))
+    h.env.update(TRAINCTL_FAKE_GPU=str(path), FAKE_DEV_DIR=str(dev), FAKE_GPU_MIB="2048")
+    return path
+
+
+def set_gpu_option(path: Path, **options: Any) -> None:
+    doc = json.loads(path.read_text())
+    for g in doc["gpus"]:
+        g.update(options)
+    path.write_text(json.dumps(doc))
+
+
+def holder(
+    h: Harness, index: int, mib: int = 2048, marker: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A process outside trainctl holding fake GPU ``index`` (a bystander: we started it)."""
+    ready = h.tmp / f"holder-{len(h.bystanders)}.ready"
+    env = {**h.env, "TCTEST_BYSTANDER": "1", "FAKE_GPU_MIB": str(mib)}
+    if marker:
+        env["TRAINCTL_JOB"] = marker
+    code = (
+        f"import os,time\nfd=os.open({h.env['FAKE_DEV_DIR']!r}+'/nvidia{index}',os.O_RDWR)\n"
+        f"open({str(ready)!r},'w').close()\ntime.sleep(600)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    h.bystanders.append(p)
+    wait_for(ready.exists, what="GPU holder")
+    return p
+
+
+def start_gpu_job(h: Harness, name: str, gpus: str, *extra: str, grace: float = 1) -> Result:
+    ready = h.ready_file(name)
+    res = h.tc(
+        "start",
+        "--name",
+        name,
+        "--gpus",
+        gpus,
+        "--grace",
+        str(grace),
+        "--json",
+        "--env",
+        f"TREE_READY={ready}",
+        *extra,
+        "--",
+        sys.executable,
+        str(Path(__file__).parents[1] / "trees" / "gpu_holders.py"),
+    )
+    if res.rc == 0:
+        wait_for(ready.exists, what="GPU job ready")
+    return res
+
+
+def gpus_json(h: Harness) -> list[dict[str, Any]]:
+    res = h.tc("gpus", "--json", check=True)
+    doc = res.json()
+    assert isinstance(doc, list)
+    return doc
+
+
+def test_binding_env_and_state(harness: Harness) -> None:
+    h = harness
+    fake_gpus(h)
+    out = h.tmp / "env.txt"
+    res = h.tc(
+        "start",
+        "--name",
+        "b",
+        "--gpus",
+        "1,GPU-fake-0003",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        f"env > {out}.tmp; mv {out}.tmp {out}; sleep 600",
+        check=True,
+    )
+    assert res.json()["gpus"] == "1,3"  # type: ignore[index]
+    wait_for(out.exists)
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    leases = h.state("b")["gpus"]
+    assert [(g["index"], g["uuid"], g["name"]) for g in leases] == [
+        (1, "GPU-fake-0001", "Fake H200"),
+        (3, "GPU-fake-0003", "Fake H200"),
+    ]
+    assert all(g["baseline_used_bytes"] == 300 << 20 for g in leases)
+    assert h.tc("status", "b", "--json").json()["gpus"] == [1, 3]  # type: ignore[index]
+    count = h.tc("start", "--name", "c", "--gpus", "2", "--json", "--", "sleep", "600", check=True)
+    assert count.json()["gpus"] == "0,2"  # type: ignore[index]  # the free ones
+    full = h.tc("start", "--name", "d", "--gpus", "1", "--", "sleep", "600")
+    assert full.rc == 1
+    assert "only 0 of 4 GPUs are free" in full.err
+    h.tc("stop", "b", check=True)
+    h.tc("stop", "c", check=True)
+    zero = h.tc("start", "--name", "z", "--gpus", "0", "--json", "--", "sleep", "600")
+    assert zero.json()["gpus"] == "0"  # type: ignore[index]  # "0" is GPU 0, not a count
+    h.tc("stop", "z", check=True)
+    nobind = h.tc(
+        "start",
+        "--name",
+        "e",
+        "--",
+        "sh",
+        "-c",
+        f"env > {out}.2; sleep 600",
+        env={**h.env, "CUDA_VISIBLE_DEVICES": "7"},
+        check=True,
+    )
+    assert nobind.rc == 0
+    wait_for(lambda: Path(f"{out}.2").exists())
+    assert "CUDA_VISIBLE_DEVICES=7" in Path(f"{out}.2").read_text()  # left as it was
+    assert h.state("e")["gpus"] == []
+    h.tc("stop", "e", check=True)
+
+
+def test_leases_and_refusals(harness: Harness) -> None:
+    h = harness
+    fake_gpus(h)
+    h.tc("start", "--name", "a", "--gpus", "0,", "--", "sleep", "600", check=True)
+    clash = h.tc("start", "--name", "b", "--gpus", "0,", "--", "sleep", "600")
+    assert clash.rc == 1
+    assert "GPU 0 is leased by job a" in clash.err
+    assert len(clash.err.strip().splitlines()) == 1
+    assert not (h.home / "jobs" / "b").exists()
+    h.tc("start", "--name", "b", "--gpus", "0,", "--share", "--", "sleep", "600", check=True)
+    foreign = holder(h, 1, mib=4096)
+    refused = h.tc("start", "--name", "c", "--gpus", "1,", "--", "sleep", "600")
+    assert refused.rc == 1
+    assert f"pid {foreign.pid} (foreign)" in refused.err
+    assert "--force" in refused.err
+    h.tc("start", "--name", "c", "--gpus", "1,", "--force", "--", "sleep", "600", check=True)
+    for bad, needle in (
+        (["--gpus", "9,"], "no GPU '9'"),
+        (["--gpus", "-1"], "no GPU '-1'"),
+        (["--gpus", ",,"], "cannot parse"),
+        (["--share"], "only make sense"),
+    ):
+        res = h.tc("start", "--name", "x", *bad, "--", "true")
+        assert res.rc != 0
+        assert needle in res.err
+    for name in ("a", "b", "c"):
+        h.tc("stop", name, check=True)
+
+
+def test_gpus_view_attributes_job_foreign_and_orphan(harness: Harness) -> None:
+    h = harness
+    fake_gpus(h)
+    start_gpu_job(h, "train", "0,")
+    h.tc("start", "--name", "old", "--", "true", check=True)
+    h.tc("wait", "old", "--timeout", "30")
+    old_marker = h.state("old")["marker"]
+    holder(h, 1, mib=1024)
+    holder(h, 2, mib=1024, marker=old_marker)
+    holder(h, 3, mib=1024, marker="f" * 32)
+    by_index = {g["index"]: g for g in gpus_json(h)}
+    owners0 = {p["owner"] for p in by_index[0]["processes"]}
+    assert owners0 == {"train"}
+    assert len(by_index[0]["processes"]) == 4  # main, child, escaped daemon, grandchild
+    assert by_index[0]["leased_by"] == "train"
+    assert by_index[0]["memory_used_bytes"] == (300 + 4 * 2048) << 20
+    assert [p["owner"] for p in by_index[1]["processes"]] == ["foreign"]
+    assert [p["owner"] for p in by_index[2]["processes"]] == ["orphan of old run 1"]
+    assert [p["owner"] for p in by_index[3]["processes"]] == ["orphan"]
+    human = h.tc("gpus", check=True).out
+    assert "leased by train" in human
+    assert "foreign" in human
+    ps = h.tc("ps", "train", "--json", check=True).json()
+    assert isinstance(ps, list)
+    assert sum(1 for r in ps if r["gpu_holder"]) == 4
+    assert all(r["gpu_bytes"] == 2048 << 20 for r in ps if r["gpu_holder"])
+    h.tc("stop", "train", check=True)
+
+
+def test_stop_proves_release(harness: Harness) -> None:
+    h = harness
+    fake_gpus(h)
+    start_gpu_job(h, "rel", "1,2")
+    restarted = h.tc("restart", "rel")
+    assert restarted.rc == 0, restarted.out + restarted.err
+    assert "GPU 1  released 8.0 GiB" in restarted.out
+    assert h.state("rel")["run"] == 2
+    assert [g["index"] for g in h.state("rel")["gpus"]] == [1, 2]  # the same GPUs again
+    wait_for(lambda: len(gpus_json(h)[1]["processes"]) == 4, what="run 2 holding its GPUs")
+    res = h.tc("stop", "rel", "--json")
+    assert res.rc == 0, res.out
+    gpus = res.json()["report"]["gpus"]  # type: ignore[index]
+    assert [g["index"] for g in gpus] == [1, 2]
+    for g in gpus:
+        assert g["ok"] is True
+        assert g["released_bytes"] == 4 * 2048 << 20
+        assert g["used_bytes"] == g["baseline_bytes"]
+
+
+def test_delayed_release_is_waited_for(harness: Harness) -> None:
+    h = harness
+    path = fake_gpus(h)
+    set_gpu_option(path, release_delay_s=2)
+    start_gpu_job(h, "slow", "0,")
+    res = h.tc("stop", "slow", "--json")
+    assert res.rc == 0, res.out
+    [g] = res.json()["report"]["gpus"]  # type: ignore[index]
+    assert g["ok"] is True
+    assert g["seconds"] >= 1.5
+
+
+def test_memory_never_released_fails_truthfully(harness: Harness) -> None:
+    h = harness
+    path = fake_gpus(h)
+    set_gpu_option(path, never_release=True)
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[gpu]\nrelease_timeout_s = 1.0\n")
+    start_gpu_job(h, "leak", "0,")
+    res = h.tc("stop", "leak", "--gpu-timeout", "1", "--json")
+    assert res.rc == 1
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["report"]["survivors"] == []
+    [g] = doc["report"]["gpus"]
+    assert g["ok"] is False
+    assert g["excess_bytes"] == 4 * 2048 << 20
+    assert "NVML lists no process" in g["note"]
+    again = h.tc("stop", "leak")
+    assert again.rc == 1
+    assert "GPU 0  NOT RELEASED" in again.out
+    human = h.tc("restart", "leak")
+    assert human.rc == 1
+    assert "not restarting leak: GPU(s) 0 were not released" in human.err
+
+
+def test_container_style_empty_process_list(harness: Harness) -> None:
+    """NVML lists nothing (other PID namespace): holders are still found by their fds."""
+    h = harness
+    path = fake_gpus(h)
+    set_gpu_option(path, hide_processes=True, per_process_memory=False)
+    start_gpu_job(h, "ct", "0,")
+    g0 = gpus_json(h)[0]
+    assert {p["seen"] for p in g0["processes"]} == {"fd"}
+    assert {p["owner"] for p in g0["processes"]} == {"ct"}
+    assert all(p["used_bytes"] is None for p in g0["processes"])
+    res = h.tc("stop", "ct", "--json")
+    assert res.rc == 0
+    assert res.json()["report"]["gpus"][0]["ok"] is True  # type: ignore[index]
+
+
+def test_phantom_nvml_pids_are_never_attributed(harness: Harness) -> None:
+    h = harness
+    path = fake_gpus(h)
+    set_gpu_option(path, phantom_pids=[4194000])
+    g0 = gpus_json(h)[0]
+    [p] = g0["processes"]
+    assert p["pid"] == 4194000
+    assert p["owner"] == "not visible here"
+
+
+@pytest.mark.parametrize(
+    ("init_error", "rc", "needle"),
+    [
+        ("no driver", 0, "no NVIDIA driver found"),
+        ("Unknown Error", 1, "NVML: Unknown Error"),
+    ],
+)
+def test_driver_failures(harness: Harness, init_error: str, rc: int, needle: str) -> None:
+    h = harness
+    path = fake_gpus(h)
+    doc = json.loads(path.read_text())
+    doc["init_error"] = init_error
+    path.write_text(json.dumps(doc))
+    res = h.tc("gpus")
+    assert res.rc == rc
+    assert needle in (res.out + res.err)
+    start = h.tc("start", "--name", "g", "--gpus", "1", "--", "sleep", "1")
+    assert start.rc == 1
+    assert needle in start.err
+    assert len(start.err.strip().splitlines()) == 1
+
+
+def test_real_nvml_without_driver(harness: Harness) -> None:
+    """No fake selected and no NVIDIA driver here: one clear line, never a traceback."""
+    h = harness
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("a real NVIDIA driver is present")
+    res = h.tc("gpus")
+    assert res.rc == 0
+    assert res.out.strip().startswith("no NVIDIA driver found")
+    start = h.tc("start", "--name", "g", "--gpus", "1", "--", "sleep", "1")
+    assert start.rc == 1
+    assert "no NVIDIA driver found" in start.err
+    h.tc("start", "--name", "plain", "--", "true", check=True)  # no --gpus: no GPU needed
