@@ -42,19 +42,26 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON for 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
+    "--host",
+    metavar="HOST",
+    help="Run the command on HOST (an alias from hosts.toml, or any ssh destination) "
+    "over ssh [env TRAINCTL_HOST].",
+)
+@click.option(
     "--home",
     metavar="DIR",
     help="State directory [env TRAINCTL_HOME; default $XDG_STATE_HOME/trainctl].",
 )
 @click.version_option(__version__, prog_name="trainctl")
 @click.pass_context
-def cli(ctx: click.Context, home: str | None) -> None:
+def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     """Start, stop and prove-stopped multi-process training jobs.
 
     Every job runs detached in its own session under a small supervisor; `stop` signals
     every process of the job (however it escaped) and nothing else, waits for it to
     checkpoint, escalates, and verifies that nothing survived.
     """
+    del host  # --host is served before click runs (launcher/remote.py); `hosts` is local
     ctx.obj = Ctx(home)
 
 
@@ -366,6 +373,47 @@ def rm(c: Ctx, name: str, force: bool) -> int:
     path = remove_job(c.home, name, force=force)
     click.echo(f"removed {name} ({path})")
     return ExitCode.OK
+
+
+@cli.command()
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Connect to each host: reachable, trainctl found, version compatible.",
+)
+@json_opt
+def hosts(check: bool, as_json: bool) -> int:
+    """List the host aliases of hosts.toml (and check them with --check).
+
+    \b
+    hosts.toml lives in the config dir (~/.config/trainctl/hosts.toml, or $TRAINCTL_HOSTS);
+    conf/hosts.example.toml documents every key.
+    """
+    from . import render  # noqa: PLC0415
+    from .remote import check_host, hosts_path, load_hosts  # noqa: PLC0415
+
+    aliases = load_hosts()
+    rows = []
+    for h in aliases.values():
+        row: dict[str, object] = {
+            "name": h.name,
+            "target": h.target,
+            "port": h.port,
+            "prefix": " ".join(h.prefix),
+            "trainctl": h.trainctl,
+            "home": h.home,
+        }
+        if check:
+            row.update(check_host(h))
+        rows.append(row)
+    if as_json:
+        render.emit_json(rows)
+    elif not rows:
+        click.echo(f"no host aliases ({hosts_path()} does not define any)")
+    else:
+        render.hosts(rows)
+    failed = check and any(not r.get("trainctl") or not r.get("compatible") for r in rows)
+    return ExitCode.REMOTE if failed else ExitCode.OK
 
 
 def _internal_error() -> int:

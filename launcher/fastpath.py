@@ -91,8 +91,37 @@ def run(call: FastCall) -> int:
         return 130
 
 
+def _remote(argv: list[str]) -> int | None:
+    """Run the command on --host / $TRAINCTL_HOST if one is given (None: run it here)."""
+    if not any(a == "--host" or a.startswith("--host=") for a in argv) and not os.environ.get(
+        "TRAINCTL_HOST"
+    ):
+        if os.environ.get("TRAINCTL_CLIENT_VERSION"):  # we are the remote end of --host
+            from .remote import check_client_version  # noqa: PLC0415
+
+            try:
+                check_client_version()
+            except TrainctlError as e:
+                sys.stderr.write(f"trainctl: error: {e}\n")
+                return exit_code_for(e)
+        return None
+    from .remote import run_remote, split_host  # noqa: PLC0415
+
+    try:
+        host, rest = split_host(argv)
+        if host is None or rest[:1] == ["hosts"]:
+            return None
+        return run_remote(host, rest)
+    except TrainctlError as e:
+        sys.stderr.write(f"trainctl: error: {e}\n")
+        return exit_code_for(e)
+
+
 def main() -> None:
     """Entry point of the `trainctl` script."""
+    remote = _remote(sys.argv[1:])
+    if remote is not None:
+        sys.exit(remote)
     call = parse(sys.argv[1:])
     if call is not None and "TRAINCTL_NO_FASTPATH" not in os.environ:
         code = run(call)

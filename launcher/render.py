@@ -225,3 +225,20 @@ def gpus(views: list[GpuView]) -> None:
             )
         if not v.processes and v.memory_used_bytes:
             print("    (no process listed: NVML may not see other PID namespaces)")
+
+
+def hosts(rows: list[dict[str, Any]]) -> None:
+    """Render `trainctl hosts`."""
+    for r in rows:
+        line = f"{r['name']:<16} {r['target']}"
+        if r.get("port"):
+            line += f":{r['port']}"
+        if r.get("prefix"):
+            line += f"  via `{r['prefix']}`"
+        if "reachable" in r:
+            if r.get("error"):
+                line += f"  FAIL: {r['error']}"
+            else:
+                ok = "ok" if r.get("compatible") else "INCOMPATIBLE"
+                line += f"  trainctl {r.get('version')} ({ok})"
+        print(line)

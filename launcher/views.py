@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import select
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -247,6 +248,13 @@ def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple
     return path, lines[len(lines) - tail :] if tail else []
 
 
+def reader_gone(fd: int = 1) -> bool:
+    """Tell whether nobody reads ``fd`` any more (ssh gone, `| head` done)."""
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+
+
 def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
     """Yield new log text as it appears, switching to the next run's log after a restart.
 
@@ -270,6 +278,9 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
             continue
         if _finished(jdir, st) and not state.is_locked(jdir, "lock"):
             yield reader.read(final=True)
+            return
+        if reader_gone():
+            # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
             return
         time.sleep(poll_s)
 

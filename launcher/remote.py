@@ -1,0 +1,298 @@
+"""`--host HOST`: run the same verb on another machine through the user's OpenSSH client.
+
+The system ``ssh`` is used on purpose: ~/.ssh/config, the agent, ProxyJump and known_hosts
+all apply. Every argument is quoted for the remote shell (job argv and names can hold
+spaces, quotes or ``$``), and a host alias may add a prefix that enters a container
+(``pct exec 200 --``, ``docker exec -i NAME``, ``lxc-attach -n NAME --``).
+
+On the remote side a tiny ``sh`` wrapper announces itself on stderr before it execs
+trainctl, so a failure is classified exactly: no announcement and ssh's 255 means ssh
+itself failed; no announcement otherwise means the container prefix failed; an announced
+"missing" means trainctl is not on the remote PATH. Output streams straight through and
+the remote exit code becomes ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trainctl.supervisor.errors import ConfigError, RemoteError
+
+from . import __version__
+
+READY = "__trainctl_remote_ready__"
+MISSING = "__trainctl_remote_missing__"
+# $0 = the remote trainctl; prints READY, checks it exists, then becomes it.
+WRAPPER = (
+    f'echo {READY} >&2; command -v "$0" >/dev/null 2>&1 || {{ echo {MISSING} >&2; exit 127; }}; '
+    'TRAINCTL_CLIENT_VERSION="$TCV" exec "$0" "$@"'
+)
+SSH_ERRORS = (
+    ("Permission denied", "authentication refused"),
+    ("Connection refused", "connection refused"),
+    ("timed out", "connection timed out"),
+    ("Could not resolve hostname", "unknown host"),
+    ("No route to host", "no route to host"),
+    ("Host key verification failed", "host key verification failed"),
+    ("Connection closed", "connection closed"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """A remote host: an alias from hosts.toml, or a bare ssh destination."""
+
+    name: str
+    target: str
+    port: int | None = None
+    identity: str | None = None
+    prefix: tuple[str, ...] = ()
+    trainctl: str = "trainctl"
+    home: str | None = None
+    ssh_config: str | None = None
+    connect_timeout_s: int = 10
+    ssh_options: tuple[str, ...] = field(default_factory=tuple)
+
+
+def hosts_path() -> Path:
+    """Return the hosts file: $TRAINCTL_HOSTS, else hosts.toml in the config dir."""
+    if os.environ.get("TRAINCTL_HOSTS"):
+        return Path(os.environ["TRAINCTL_HOSTS"])
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(xdg) / "trainctl" / "hosts.toml"
+
+
+_HOST_KEYS: dict[str, type | tuple[type, ...]] = {
+    "target": str,
+    "port": int,
+    "identity": str,
+    "prefix": (str, list),
+    "trainctl": str,
+    "home": str,
+    "ssh_config": str,
+    "connect_timeout_s": int,
+    "ssh_options": list,
+}
+
+
+def load_hosts() -> dict[str, Host]:
+    """Read and validate hosts.toml (missing file: no aliases)."""
+    import tomllib  # noqa: PLC0415
+
+    path = hosts_path()
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    out = {}
+    for name, entry in doc.get("hosts", {}).items():
+        if not isinstance(entry, dict) or "target" not in entry:
+            raise ConfigError(f"{path}: [hosts.{name}] needs a target (user@host or ssh alias)")
+        for key, value in entry.items():
+            if key not in _HOST_KEYS:
+                raise ConfigError(f"{path}: unknown key hosts.{name}.{key}")
+            if not isinstance(value, _HOST_KEYS[key]):
+                raise ConfigError(f"{path}: hosts.{name}.{key} has the wrong type")
+        prefix = entry.get("prefix", ())
+        out[name] = Host(
+            name=name,
+            target=entry["target"],
+            port=entry.get("port"),
+            identity=entry.get("identity"),
+            prefix=tuple(shlex.split(prefix) if isinstance(prefix, str) else prefix),
+            trainctl=entry.get("trainctl", "trainctl"),
+            home=entry.get("home"),
+            ssh_config=entry.get("ssh_config"),
+            connect_timeout_s=entry.get("connect_timeout_s", 10),
+            ssh_options=tuple(entry.get("ssh_options", ())),
+        )
+    extra = set(doc) - {"hosts"}
+    if extra:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(sorted(extra))}")
+    return out
+
+
+def resolve_host(name: str) -> Host:
+    """Return the alias ``name``, or a Host for the bare ssh destination ``name``."""
+    if not name or name.startswith("-"):
+        raise ConfigError(f"--host: invalid host {name!r}")
+    return load_hosts().get(name) or Host(name=name, target=name)
+
+
+def ssh_argv(host: Host, remote_args: list[str]) -> list[str]:
+    """Build the ssh command line that runs ``trainctl REMOTE_ARGS`` on the host."""
+    argv = [
+        "ssh",
+        "-T",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={host.connect_timeout_s}",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=3",
+    ]
+    if host.ssh_config:
+        argv += ["-F", os.path.expanduser(host.ssh_config)]
+    if host.port:
+        argv += ["-p", str(host.port)]
+    if host.identity:
+        argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
+    argv += list(host.ssh_options)
+    inner = [*host.prefix, "env", f"TCV={__version__}", "sh", "-c", WRAPPER, host.trainctl]
+    if host.home and "--home" not in remote_args:
+        inner += ["--home", host.home]
+    # ssh joins its arguments with spaces for the remote shell: quote each one ourselves.
+    return [*argv, "--", host.target, shlex.join(inner + remote_args)]
+
+
+@dataclass
+class _Stderr:
+    """Copies the remote stderr through, minus the wrapper's markers, remembering them."""
+
+    ready: bool = False
+    missing: bool = False
+    before: list[str] = field(default_factory=list)  # what came before READY (ssh/prefix)
+
+    def pump(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            if line.strip() == READY:
+                self.ready = True
+            elif line.strip() == MISSING:
+                self.missing = True
+            elif self.ready:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            else:
+                self.before.append(line.rstrip())
+
+
+def run_remote(host_name: str, remote_args: list[str]) -> int:
+    """Run ``trainctl REMOTE_ARGS`` on the host; stream its output; return its exit code."""
+    host = resolve_host(host_name)
+    argv = ssh_argv(host, remote_args)
+    err = _Stderr()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        raise RemoteError("ssh is not installed (install openssh-client)") from None
+    pump = threading.Thread(target=err.pump, args=(proc.stderr,), daemon=True)
+    pump.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # Close the channel (ssh may or may not have had the SIGINT too: it is our child,
+        # so terminating it is ours to do). The remote follower then sees its stdout gone
+        # and exits, so nothing is left running there.
+        proc.terminate()
+        proc.wait()
+        pump.join(2)
+        sys.stderr.write(f"\ntrainctl: detached from {host.name}\n")
+        return 130
+    pump.join(5)
+    return _classify(host, code, err)
+
+
+def _classify(host: Host, code: int, err: _Stderr) -> int:
+    if err.ready and not err.missing:
+        return code
+    detail = "; ".join(line for line in err.before if line)[-300:]
+    if err.missing:
+        raise RemoteError(
+            f"trainctl not found on {host.name} (looked for {host.trainctl!r} on the remote "
+            'PATH); install it there (pip install trainctl) or set trainctl = "/path" for '
+            "this host in hosts.toml"
+        )
+    if code == 255:
+        why = next((w for needle, w in SSH_ERRORS if needle in detail), "ssh failed")
+        raise RemoteError(f"{host.name} unreachable: {why} ({detail or 'no detail'})")
+    if host.prefix:
+        raise RemoteError(
+            f"container prefix {shlex.join(host.prefix)!r} failed on "
+            f"{host.name} (exit {code}): {detail or 'no output'}"
+        )
+    raise RemoteError(f"remote shell on {host.name} failed (exit {code}): {detail or 'no output'}")
+
+
+def check_host(host: Host) -> dict[str, Any]:
+    """Return {reachable, trainctl, version, compatible, error} for `trainctl hosts --check`."""
+    argv = ssh_argv(host, ["--version"])
+    try:
+        p = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=host.connect_timeout_s + 20,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"reachable": False, "error": "timed out"}
+    err = _Stderr()
+    lines = p.stderr.splitlines()
+    err.ready = READY in lines
+    err.missing = MISSING in lines
+    err.before = lines[: lines.index(READY)] if err.ready else lines
+    try:
+        _classify(host, p.returncode, err)
+    except RemoteError as e:
+        return {"reachable": err.ready or p.returncode != 255, "trainctl": False, "error": str(e)}
+    version = p.stdout.strip().rsplit(" ", 1)[-1] if p.returncode == 0 else None
+    return {
+        "reachable": True,
+        "trainctl": True,
+        "version": version,
+        "compatible": compatible(version or ""),
+    }
+
+
+def compatible(remote_version: str) -> bool:
+    """Same major.minor as this client."""
+    return remote_version.split(".")[:2] == __version__.split(".")[:2]
+
+
+def check_client_version() -> None:
+    """Refuse a call from a client whose major.minor differs from ours (remote side)."""
+    client = os.environ.get("TRAINCTL_CLIENT_VERSION")
+    if client and not compatible(client):
+        raise RemoteError(
+            f"incompatible trainctl versions: client {client}, this host "
+            f"{__version__}; install the same version on both"
+        )
+
+
+def split_host(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``--host HOST`` / ``--host=HOST`` out of argv (before any ``--``).
+
+    Falls back to $TRAINCTL_HOST; returns (host or None, the remaining argv).
+    """
+    out: list[str] = []
+    host = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out += argv[i:]
+            break
+        if arg == "--host":
+            if i + 1 >= len(argv):
+                raise ConfigError("--host needs a value")
+            host, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--host="):
+            host, i = arg.split("=", 1)[1], i + 1
+            continue
+        out.append(arg)
+        i += 1
+    return host or os.environ.get("TRAINCTL_HOST") or None, out
