@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,21 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--name", "-n", required=True, help="Job name (letters, digits, . _ -).")
+@click.option("--name", "-n", help="Job name (letters, digits, . _ -); or `name` in the spec.")
+@click.option(
+    "-c",
+    "--spec",
+    "spec_file",
+    metavar="FILE",
+    help="Job spec (TOML, e.g. conf/jobs/demo.toml): every flag has a key; flags override it.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one spec key (repeatable), e.g. --set grace=2m --set max_restarts=5.",
+)
 @click.option("--cwd", metavar="DIR", help="Working directory [default: current].")
 @click.option(
     "--env",
@@ -101,7 +116,9 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 @pass_ctx
 def start(
     c: Ctx,
-    name: str,
+    name: str | None,
+    spec_file: str | None,
+    sets: tuple[str, ...],
     cwd: str | None,
     env: tuple[str, ...],
     grace: str | None,
@@ -113,27 +130,47 @@ def start(
     as_json: bool,
     argv: tuple[str, ...],
 ) -> int:
-    """Start ARGV as job NAME, detached; return once its main process has exec'd.
+    """Start ARGV (or the spec's argv) as job NAME, detached; return once main has exec'd.
 
     \b
-    Example: trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
+    Examples:
+      trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
+      trainctl start -c conf/jobs/demo.toml --set max_restarts=5
     """
     from . import render  # noqa: PLC0415
-    from .start import GpuRequest, build_spec, start_job  # noqa: PLC0415
+    from .inputs import parse_env, parse_seconds, parse_signal  # noqa: PLC0415
+    from .specfile import load_spec_file, parse_sets  # noqa: PLC0415
+    from .start import GpuRequest, resolve_spec, start_job  # noqa: PLC0415
 
-    if (share or force) and gpus is None:
+    values: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+    values.update(parse_sets(sets))
+    flags: dict[str, Any] = {
+        "name": name,
+        "argv": list(argv) or None,
+        "cwd": os.path.abspath(os.path.expanduser(cwd)) if cwd else None,
+        "grace": None if grace is None else parse_seconds(grace, "--grace"),
+        "stop_signal": parse_signal(stop_signal) if stop_signal else None,
+        "gpus": gpus,
+        "share": share or None,
+        "force": force or None,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    values["env"] = {**values.get("env", {}), **parse_env(env)}
+    if (values.get("share") or values.get("force")) and not values.get("gpus"):
         raise ConfigError("--share and --force only make sense with --gpus")
-    spec = build_spec(
-        name, list(argv), c.cfg, cwd=cwd, env=env, grace_s=grace, stop_signal=stop_signal
+    spec = resolve_spec(values, c.cfg, os.path.abspath(spec_file) if spec_file else None)
+    request = (
+        GpuRequest(values["gpus"], share=bool(values.get("share")), force=bool(values.get("force")))
+        if values.get("gpus")
+        else None
     )
-    request = None if gpus is None else GpuRequest(gpus, share=share, force=force)
     res = start_job(c.home, spec, c.cfg, request)
     if as_json:
         render.emit_json(dataclasses.asdict(res))
     else:
         render.start(res)
     if follow:
-        return _follow(c, name, Path(res.log))
+        return _follow(c, spec.name, Path(res.log))
     return ExitCode.OK
 
 

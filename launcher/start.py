@@ -65,25 +65,55 @@ def build_spec(
     grace_s: str | float | None = None,
     stop_signal: str | None = None,
 ) -> Spec:
-    """Validate start inputs and resolve them into a Spec (nothing is touched on disk)."""
-    state.check_name(name)
+    """Validate start flags and resolve them into a Spec (nothing is touched on disk)."""
+    values: dict[str, Any] = {"name": name, "argv": list(argv), "env": parse_env(env)}
+    if cwd:
+        values["cwd"] = os.path.abspath(os.path.expanduser(cwd))
+    if grace_s is not None:
+        values["grace"] = parse_seconds(grace_s, "--grace")
+    if stop_signal:
+        values["stop_signal"] = parse_signal(stop_signal)
+    return resolve_spec(values, cfg)
+
+
+def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = None) -> Spec:
+    """Turn validated spec keys (file < --set < flags, already merged) into a Spec."""
+    if not values.get("name"):
+        raise ConfigError("no job name: give --name or set name in the job spec")
+    state.check_name(values["name"])
+    argv = list(values.get("argv") or [])
     full_env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
-    full_env.update(parse_env(env))
-    workdir = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
+    full_env.update(values.get("env", {}))
+    workdir = values.get("cwd") or os.getcwd()
+    backoff = values.get("restart_backoff", 5.0)
     spec = Spec(
-        name=name,
+        name=values["name"],
         argv=tuple(argv),
         cwd=workdir,
         env=full_env,
-        grace_s=parse_seconds(cfg.grace_s if grace_s is None else grace_s, "--grace"),
-        stop_signal=parse_signal(stop_signal or cfg.stop_signal),
-        kill_wait_s=cfg.kill_wait_s,
+        grace_s=values.get("grace", cfg.grace_s),
+        stop_signal=values.get("stop_signal") or parse_signal(cfg.stop_signal),
+        kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
         snapshot_interval_s=cfg.snapshot_interval_s,
         cgroup=cfg.cgroup,
-        gpu_timeout_s=cfg.gpu_timeout_s,
+        gpu_timeout_s=values.get("gpu_timeout", cfg.gpu_timeout_s),
         gpu_tolerance_mib=cfg.gpu_tolerance_mib,
+        checkpoint=values.get("checkpoint"),
+        checkpoint_signal=values.get("checkpoint_signal", "SIGUSR2"),
+        progress_regex=values.get("progress_regex"),
+        total_steps=values.get("total_steps"),
+        stall_timeout_s=values.get("stall_timeout"),
+        on_stall=values.get("on_stall", "mark"),
+        restart=values.get("restart", "never"),
+        max_restarts=values.get("max_restarts", 3),
+        restart_backoff_s=backoff,
+        restart_backoff_max_s=max(backoff, values.get("restart_backoff_max", 300.0)),
+        restart_exit_codes=tuple(values["restart_exit_codes"])
+        if "restart_exit_codes" in values
+        else None,
+        spec_file=spec_file,
     )
-    _check_command(list(argv), workdir, full_env)
+    _check_command(argv, workdir, full_env)
     return spec
 
 

@@ -111,6 +111,19 @@ class Spec:
     gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding
     gpu_timeout_s: float = 30.0
     gpu_tolerance_mib: int = 512
+    # training-aware keys (job spec files): checkpoints, progress, stall, restart policy
+    checkpoint: str | None = None  # glob relative to cwd
+    checkpoint_signal: str = "SIGUSR2"
+    progress_regex: str | None = None
+    total_steps: int | None = None
+    stall_timeout_s: float | None = None
+    on_stall: str = "mark"  # "mark" | "restart"
+    restart: str = "never"  # "never" | "on-failure"
+    max_restarts: int = 3
+    restart_backoff_s: float = 5.0
+    restart_backoff_max_s: float = 300.0
+    restart_exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
+    spec_file: str | None = None
     schema: int = SCHEMA
 
 
@@ -268,7 +281,14 @@ def spec_to_doc(spec: Spec) -> dict[str, Any]:
 def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
     """Build a Spec from its JSON form, rejecting missing or mistyped fields."""
     try:
-        spec = Spec(**{**doc, "argv": tuple(doc["argv"])})
+        codes = doc.get("restart_exit_codes")
+        spec = Spec(
+            **{
+                **doc,
+                "argv": tuple(doc["argv"]),
+                "restart_exit_codes": None if codes is None else tuple(codes),
+            }
+        )
     except (TypeError, KeyError) as e:
         raise StateError(f"{where} is incomplete or malformed: {e}") from None
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):

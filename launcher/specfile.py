@@ -1,0 +1,202 @@
+"""Job spec files (``conf/jobs/NAME.toml``) and ``--set key=value``.
+
+Every start flag has a spec key. Precedence, lowest first: conf/trainctl.toml, the user's
+config, the spec file, ``--set``, explicit flags. Validation names the file, the key and
+its line; unknown keys are errors, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor.errors import ConfigError
+
+from .inputs import parse_signal
+
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
+    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+)
+
+
+def parse_duration(value: object, what: str) -> float:
+    """Seconds from 90, 1.5, "90s", "20m", "1h30m"; never negative."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        secs = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            secs = float(text)
+        except ValueError:
+            m = _DURATION.match(text)
+            if not text or not m or not any(m.groups()):
+                raise ConfigError(
+                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m)"
+                ) from None
+            h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+            secs = h * 3600 + mi * 60 + s
+    else:
+        raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
+    if secs < 0 or not math.isfinite(secs):
+        raise ConfigError(f"{what}: must be a non-negative, finite duration")
+    return secs
+
+
+def _str(v: object, what: str) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{what}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _bool(v: object, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{what}: expected true or false")
+    return v
+
+
+def _int(v: object, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{what}: expected a non-negative integer")
+    return v
+
+
+def _argv(v: object, what: str) -> list[str]:
+    if isinstance(v, str):
+        return shlex.split(v)
+    if isinstance(v, list) and v and all(isinstance(a, str) for a in v):
+        return list(v)
+    raise ConfigError(f"{what}: expected a non-empty list of strings (or one command string)")
+
+
+def _env(v: object, what: str) -> dict[str, str]:
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        raise ConfigError(f"{what}: expected a table of string values")
+    return dict(v)
+
+
+def _gpus(v: object, what: str) -> str:
+    if isinstance(v, bool):
+        raise ConfigError(f"{what}: expected 0,3 / N / all / UUIDs")
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, list):
+        return ",".join(str(x) for x in v) + ("," if len(v) == 1 else "")
+    return _str(v, what)
+
+
+def _choice(*options: str) -> Callable[[object, str], str]:
+    def check(v: object, what: str) -> str:
+        if v not in options:
+            raise ConfigError(f"{what}: expected one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return check
+
+
+def _codes(v: object, what: str) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and 0 <= x < 256 for x in v):
+        raise ConfigError(f"{what}: expected a list of exit codes (0-255)")
+    return list(v)
+
+
+def _regex(v: object, what: str) -> str:
+    text = _str(v, what)
+    try:
+        rx = re.compile(text)
+    except re.error as e:
+        raise ConfigError(f"{what}: invalid regular expression: {e}") from None
+    if not rx.groupindex:
+        raise ConfigError(f"{what}: needs named groups, e.g. (?P<step>\\d+)")
+    return text
+
+
+def _signal(v: object, what: str) -> str:
+    try:
+        return parse_signal(str(v))
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+# key -> validator. Durations become seconds.
+KEYS: dict[str, Callable[[object, str], Any]] = {
+    "name": _str,
+    "argv": _argv,
+    "cwd": _str,
+    "env": _env,
+    "grace": parse_duration,
+    "stop_signal": _signal,
+    "kill_wait": parse_duration,
+    "gpus": _gpus,
+    "share": _bool,
+    "force": _bool,
+    "gpu_timeout": parse_duration,
+    "checkpoint": _str,
+    "checkpoint_signal": _signal,
+    "progress_regex": _regex,
+    "total_steps": _int,
+    "stall_timeout": parse_duration,
+    "on_stall": _choice("mark", "restart"),
+    "restart": _choice("never", "on-failure"),
+    "max_restarts": _int,
+    "restart_backoff": parse_duration,
+    "restart_backoff_max": parse_duration,
+    "restart_exit_codes": _codes,
+}
+
+
+def _line_of(text: str, key: str) -> int | None:
+    for n, line in enumerate(text.splitlines(), 1):
+        if re.match(rf"^\s*{re.escape(key)}\s*=", line):
+            return n
+    return None
+
+
+def load_spec_file(path: str) -> dict[str, Any]:
+    """Read and validate a job spec file; relative ``cwd`` is relative to the file."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read job spec: {e.strerror}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        line = _line_of(text, key)
+        where = f"{path}:{line}: {key}" if line else f"{path}: {key}"
+        if key not in KEYS:
+            raise ConfigError(f"{where}: unknown key (known: {', '.join(sorted(KEYS))})")
+        out[key] = KEYS[key](value, where)
+    if "cwd" in out:
+        out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
+    elif "argv" in out:
+        out["cwd"] = str(p.parent.resolve())
+    return out
+
+
+def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """Parse ``--set key=value`` (the value is TOML when it parses as TOML, else a string)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in KEYS:
+            raise ConfigError(
+                f"--set {pair!r}: expected KEY=VALUE with a spec key ({', '.join(sorted(KEYS))})"
+            )
+        try:
+            value: Any = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key] = KEYS[key](value, f"--set {key}")
+    return out
