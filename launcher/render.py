@@ -80,7 +80,12 @@ def stop(res: StopResult) -> None:
         return
     r = res.report
     if r.get("already_stopped"):
-        print(f"{res.name}: no process of run {res.run} was alive; nothing to stop")
+        why = r.get("reason", "")
+        print(
+            f"{res.name}: {why}"
+            if "backoff" in why
+            else f"{res.name}: no process of run {res.run} was alive; nothing to stop"
+        )
         return
     nets = ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_net", {}).items()))
     print(f"stopped {res.name} run {res.run} via {res.via} ({r.get('mode')} mode)")
@@ -128,6 +133,17 @@ def status(s: Status) -> None:
     print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
     if s.gpus:
         print(f"  gpus {','.join(map(str, s.gpus))}")
+    if s.restarts or s.restart_in_s is not None:
+        lf = s.last_failure or {}
+        nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
+        print(
+            f"  restarts {s.restarts}; last failure: run {lf.get('run')} "
+            f"({lf.get('reason')}, exit code {lf.get('exit_code')}){nxt}"
+        )
+    if s.stalled_for_s is not None:
+        print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
+    if s.error:
+        print(f"  note {s.error}")
     if s.argv:
         print(f"  cmd  {' '.join(s.argv)[:150]}")
     print(f"  log  {s.log}")

@@ -5,19 +5,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor import control, state
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.gpu import MIB
-from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Spec
+from trainctl.supervisor.launch import Handover, launch_supervisor
+from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Spec
 
 from .config import Config
 from .gpus import gpu_env, resolve_gpus
@@ -155,7 +153,7 @@ def start_locked(
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
     if gpus is None:
-        reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s, [])
+        reply = launch_supervisor(home, jdir, spec, Handover(run, marker), cfg.ready_timeout_s)
     else:
         # One start at a time picks GPUs, so two jobs can never lease the same one.
         with state.flock_file(home / "gpus.lock", 30.0, "another start is choosing GPUs"):
@@ -171,7 +169,9 @@ def start_locked(
                 gpus=",".join(str(g.index) for g in leases),
                 env={**spec.env, **gpu_env(leases)},
             )
-            reply = _spawn_supervisor(home, jdir, spec, run, marker, cfg.ready_timeout_s, leases)
+            reply = launch_supervisor(
+                home, jdir, spec, Handover(run, marker, tuple(leases)), cfg.ready_timeout_s
+            )
     return StartResult(
         name=spec.name,
         run=run,
@@ -196,85 +196,6 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
             f"{len(left)} process(es) of job {prev.name} run {prev.run} are still alive "
             f"(pids {', '.join(map(str, sorted(left)[:8]))}); run `trainctl stop {prev.name}`"
         )
-
-
-def _spawn_supervisor(
-    home: Path,
-    jdir: Path,
-    spec: Spec,
-    run: int,
-    marker: str,
-    timeout_s: float,
-    leases: list[GpuLease],
-) -> dict[str, Any]:
-    """Launch the detached supervisor and complete the readiness handshake."""
-    ours, theirs = socket.socketpair()
-    try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainctl.supervisor",
-                "--home",
-                str(home),
-                "--name",
-                spec.name,
-                "--fd",
-                str(theirs.fileno()),
-            ],
-            # Fully detached: own session, no tty, stdio on /dev/null and every other fd
-            # closed, so `ssh host trainctl start ...` returns as soon as we do.
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=(theirs.fileno(),),
-            cwd="/",
-        )
-        theirs.close()
-        ours.settimeout(timeout_s)
-        ours.sendall(
-            control.encode(
-                {
-                    "spec": state.spec_to_doc(spec),
-                    "run": run,
-                    "marker": marker,
-                    "gpus": [dataclasses.asdict(g) for g in leases],
-                }
-            )
-        )
-        reply = _read_reply(ours)
-    finally:
-        ours.close()
-        theirs.close()
-    if reply is None or not reply.get("ok"):
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
-            proc.wait()
-        if reply is None:
-            raise SpawnError(
-                f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
-            )
-        raise SpawnError(str(reply.get("error")))
-    # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
-    proc.returncode = 0
-    return reply
-
-
-def _read_reply(sock: socket.socket) -> dict[str, Any] | None:
-    buf = b""
-    try:
-        while not buf.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                return None
-            buf += chunk
-    except TimeoutError:
-        return None
-    return control.decode(buf)
 
 
 def restart_job(

@@ -58,25 +58,11 @@ def stop_job(
     gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
     budget = grace + spec.kill_wait_s + gpu_wait + 60
     if state.supervisor_alive(jdir):
-        try:
-            reply = control.request(
-                jdir,
-                {"op": "stop", "grace_s": grace, "main_only": main_only, "gpu_timeout_s": gpu_wait},
-                timeout_s=budget,
-            )
-        except control.ControlUnavailableError as e:
-            # A supervisor that just finished a stop closes its socket before it exits.
+        msg = {"op": "stop", "grace_s": grace, "main_only": main_only, "gpu_timeout_s": gpu_wait}
+        reply = _ask_supervisor(jdir, msg, budget)
+        if reply is not None:
             _wait_supervisor_exit(jdir, 5.0)
-            if state.supervisor_alive(jdir):
-                # Never run a second stop next to a live (but mute) supervisor.
-                raise TrainctlError(
-                    f"the supervisor of job {name} is alive but not "
-                    f"answering ({e}); retry, or check events.jsonl"
-                ) from None
-        else:
-            if not reply.get("ok"):
-                raise TrainctlError(f"supervisor refused: {reply.get('error')}")
-            _wait_supervisor_exit(jdir, 5.0)
+            st = state.read_state(jdir)
             return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
     if lock_held:
         return _stop_direct(jdir, spec, grace, main_only, gpu_wait)
@@ -97,6 +83,32 @@ def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopRes
     )
     report = {"ok": ok, "already_stopped": True, "gpus": gpus}
     return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
+
+
+def _ask_supervisor(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    """Send a request to the live supervisor; None if it went away (then stop directly).
+
+    Retries for a few seconds: a supervisor that is handing over to its successor (restart
+    policy) or finishing a stop has no socket for a moment while it still holds the lock.
+    """
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            reply = control.request(jdir, msg, timeout_s=timeout_s)
+        except control.ControlUnavailableError as e:
+            if not state.supervisor_alive(jdir):
+                return None
+            if time.monotonic() >= deadline:
+                # Never run a second stop next to a live (but mute) supervisor.
+                raise TrainctlError(
+                    f"the supervisor of job {jdir.name} is alive but not answering ({e}); "
+                    "retry, or check events.jsonl"
+                ) from None
+            time.sleep(0.05)
+            continue
+        if not reply.get("ok"):
+            raise TrainctlError(f"supervisor refused: {reply.get('error')}")
+        return reply
 
 
 def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:

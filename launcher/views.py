@@ -47,6 +47,10 @@ class Status:
     last_stop: dict[str, Any] | None = None
     error: str | None = None
     gpus: list[int] = field(default_factory=list)
+    restarts: int = 0
+    last_failure: dict[str, Any] | None = None
+    restart_in_s: float | None = None
+    stalled_for_s: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -100,7 +104,8 @@ def job_status(home: Path, name: str) -> Status:
         else {}
     )
     live = [m for m in members.values() if m.alive]
-    end = st.ended_at or time.time()
+    now = time.time()
+    end = st.ended_at or now
     log = state.log_path(jdir, st.run)
     return Status(
         name=st.name,
@@ -124,6 +129,10 @@ def job_status(home: Path, name: str) -> Status:
         last_stop=st.last_stop,
         error=st.error,
         gpus=[g.index for g in st.gpus],
+        restarts=st.restarts,
+        last_failure=st.last_failure,
+        restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
+        stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import fcntl
 import json
 import os
@@ -19,7 +20,9 @@ from typing import Any
 
 from . import cgroup as cg
 from . import control, procfs
+from .drift import code_version
 from .errors import SpawnError, TrainctlError
+from .launch import Handover
 from .spawn import Spawned, job_env, spawn_main
 from .state import (
     GpuLease,
@@ -69,10 +72,9 @@ def _read_request(sock: socket.socket) -> dict[str, Any]:
     return doc
 
 
-def launch(
-    jdir: Path, spec: Spec, run: int, marker: str, gpus: tuple[GpuLease, ...] = ()
-) -> tuple[JobState, Spawned, Path | None]:
+def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Path | None]:
     """Start the job's main process and record it; raise SpawnError if it cannot start."""
+    run, marker, gpus = ho.run, ho.marker, ho.gpus
     cgroup = cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.cgroup else None
     procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
     log = log_path(jdir, run)
@@ -104,6 +106,8 @@ def launch(
         mode="cgroup" if cgroup else "signals",
         cgroup=str(cgroup) if cgroup else None,
         gpus=gpus,
+        restarts=ho.restarts,
+        last_failure=ho.last_failure,
     )
     write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     write_state(jdir, state)
@@ -128,17 +132,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--home", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--lock-fd", type=int, help="supervisor.lock handed over by our predecessor")
     args = p.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     jdir = job_dir(Path(args.home), args.name)
-    lock_fd = hold_supervisor_lock(jdir)
+    if args.lock_fd is not None:
+        lock_fd = args.lock_fd  # already locked: the flock came with the open file
+        os.set_inheritable(lock_fd, False)
+    else:
+        lock_fd = hold_supervisor_lock(jdir)
     set_subreaper()
     try:
         req = _read_request(sock)
-        spec = spec_from_doc(req["spec"])
+        spec = spec_from_doc(req.pop("spec"))
         listener = control.bind(jdir)
-        leases = tuple(GpuLease(**g) for g in req.get("gpus", ()))
-        state, spawned, cgroup = launch(jdir, spec, int(req["run"]), str(req["marker"]), leases)
+        req["gpus"] = tuple(GpuLease(**g) for g in req.get("gpus", ()))
+        state, spawned, cgroup = launch(jdir, spec, Handover(**req))
     except TrainctlError as e:
         _reply(sock, {"ok": False, "error": str(e)})
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
@@ -149,6 +158,9 @@ def main(argv: list[str]) -> int:
         return 1
     _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
     sock.close()
+    # After the answer, so `start` does not wait for git: the code is what it was at exec.
+    state = dataclasses.replace(state, code=code_version(spec))
+    write_state(jdir, state)
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
     return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

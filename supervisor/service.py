@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,13 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import cgroup as cg
 from . import control, procfs
-from .gpu.verify import gpu_policy_of
+from .errors import TrainctlError
+from .gpu.verify import fresh_baselines, gpu_policy_of
+from .launch import Handover, launch_supervisor
+from .policy import backoff_s, restart_refusal
 from .proctree import Target, scan
 from .spawn import Spawned
-from .state import JobState, MemberSnap, Phase, Spec, write_state
+from .state import JobState, MemberSnap, Phase, Spec, log_path, write_state
 from .terminate import StopPolicy, stop_and_verify
 
 
@@ -64,6 +68,7 @@ class Supervisor:
         spawned: Spawned,
         cgroup: Path | None,
         listener: socket.socket,
+        lock_fd: int,
     ) -> None:
         self.listener = listener
         self.jdir, self.spec, self.state, self.spawned, self.cgroup = (
@@ -81,6 +86,11 @@ class Supervisor:
         self.stopping = False
         self.done = anyio.Event()
         self.handlers = 0
+        self.lock_fd = lock_fd
+        self.in_backoff = False
+        self.cancel_restart = anyio.Event()
+        self.handed_over = False  # a relaunch gave the job (and its lock) to a successor
+        self.cancelled: dict[str, Any] | None = None  # report of a stop during the backoff
         self.idle = anyio.Event()  # set when the run is done and no client awaits a reply
 
     # ------------------------------------------------------------ state
@@ -145,7 +155,8 @@ class Supervisor:
         while True:
             await anyio.sleep(self.spec.snapshot_interval_s)
             self.reap()
-            if self.stopping:
+            await self._check_stall()
+            if self.stopping or self.in_backoff:
                 continue
             members = await anyio.to_thread.run_sync(scan, self._target())
             snap = tuple(
@@ -172,19 +183,24 @@ class Supervisor:
     async def stop(
         self, grace_s: float, *, main_only: bool, reason: str, gpu_timeout_s: float | None = None
     ) -> dict[str, Any]:
-        """Run the stop sequence once; concurrent callers share its report."""
-        if self.stopping:
+        """Run the stop sequence once; concurrent callers share its report.
+
+        ``reason`` is "stop" (a user), "main exited" (cleanup after main), or "stalled"
+        (the watchdog); only the latter two may lead to a relaunch by the restart policy.
+        """
+        if self.in_backoff and reason == "stop":
+            self.cancel_restart.set()  # a stop during the backoff cancels the restart
+        if self.stopping or self.in_backoff:
             await self.stop_done.wait()
             return self.stop_report or {}
         self.stopping = True
         self._set(Phase.STOPPING, durable=False)  # visible at once; no fsync on the hot path
         self.log.info("stopping", reason=reason, grace_s=grace_s, main_only=main_only)
         policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
-        sig = signal.Signals[self.spec.stop_signal]
         run = functools.partial(
             stop_and_verify,
             self._target(),
-            sig,
+            signal.Signals[self.spec.stop_signal],
             policy,
             leases=self.state.gpus,
             gpu_policy=gpu_policy_of(self.spec, gpu_timeout_s),
@@ -197,17 +213,108 @@ class Supervisor:
                 await self.main_exited.wait()
         report["reason"] = reason
         code = exit_code_of(self.main_status) if self.main_status is not None else None
-        if reason == "main exited":
-            final = Phase.EXITED if code == 0 else Phase.FAILED
-        else:
+        if reason == "stop":
             final = Phase.STOPPED
+        else:
+            final = Phase.EXITED if code == 0 and reason == "main exited" else Phase.FAILED
         self._set(final, exit_code=code, ended_at=time.time(), last_stop=report, members=())
-        self._cleanup()  # before anyone hears "stopped": the run leaves nothing behind
+        self._cleanup(remove_socket=False)
+        why_not = restart_refusal(
+            self.spec, self.state.restarts, code, bool(report.get("ok")), reason
+        )
+        if why_not is None:
+            with anyio.CancelScope(shield=True):
+                await self._restart(code, reason)
+        elif why_not:
+            self.log.info("not_restarting", why=why_not)
+            self._set(self.state.phase, error=why_not)
+        return self._finish(self.cancelled or report)
+
+    def _finish(self, report: dict[str, Any]) -> dict[str, Any]:
+        if not self.handed_over:
+            with contextlib.suppress(FileNotFoundError):
+                (self.jdir / control.SOCK_NAME).unlink()
         self.stop_report = report
         self.stop_done.set()
         self.done.set()
         self._check_idle()
         return report
+
+    # ------------------------------------------------------------ restart policy
+
+    async def _restart(self, code: int | None, reason: str) -> None:
+        """Wait out the backoff (a stop cancels it), then hand over to a new supervisor."""
+        st = self.state
+        backoff = backoff_s(self.spec, st.restarts)
+        failure = {"run": st.run, "exit_code": code, "at": time.time(), "reason": reason}
+        self._set(Phase.STARTING, restart_at=time.time() + backoff, last_failure=failure)
+        self.log.info("restart_scheduled", backoff_s=backoff, restarts=st.restarts, **failure)
+        self.in_backoff, self.stopping = True, False
+        with anyio.move_on_after(backoff):
+            await self.cancel_restart.wait()
+        if self.cancel_restart.is_set():
+            self.stopping = True
+            self._set(Phase.STOPPING)  # STARTING -> STOPPING -> STOPPED: the legal path
+            self.cancelled = {
+                "ok": True,
+                "already_stopped": True,
+                "reason": "stop during restart backoff: restart cancelled",
+            }
+            self._set(Phase.STOPPED, restart_at=None, last_stop=self.cancelled)
+            self.log.info("restart_cancelled")
+            return
+        await self._relaunch(failure)
+
+    async def _relaunch(self, failure: dict[str, Any]) -> None:
+        st = self.state
+        leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
+        handover = Handover(
+            run=st.run + 1,
+            marker=uuid.uuid4().hex,
+            gpus=leases,
+            restarts=st.restarts + 1,
+            last_failure=failure,
+        )
+        self.listener.close()  # the new supervisor binds the socket path itself
+        home = self.jdir.parent.parent
+        try:
+            reply = await anyio.to_thread.run_sync(
+                functools.partial(
+                    launch_supervisor, home, self.jdir, self.spec, handover, 30.0, self.lock_fd
+                )
+            )
+        except TrainctlError as e:
+            self._set(Phase.FAILED, restart_at=None, error=f"relaunch failed: {e}")
+            self.log.warning("relaunch_failed", error=str(e))
+            return
+        self.handed_over = True
+        self.log.info(
+            "relaunched",
+            run=handover.run,
+            main_pid=reply.get("main_pid"),
+            restarts=handover.restarts,
+        )
+
+    # ------------------------------------------------------------ stall watchdog
+
+    async def _check_stall(self) -> None:
+        timeout = self.spec.stall_timeout_s
+        if not timeout or self.stopping or self.in_backoff:
+            return
+        st = self.state
+        progress = self.jdir / "logs" / f"run-{st.run}.progress.jsonl"
+        last = max([st.started_at, *(_mtime(p) for p in (log_path(self.jdir, st.run), progress))])
+        idle = time.time() - last
+        if idle < timeout:
+            if st.stalled_since is not None:
+                self._set(st.phase, stalled_since=None)
+                self.log.info("unstalled")
+            return
+        if st.stalled_since is None:
+            self._set(st.phase, stalled_since=last)
+            self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.on_stall)
+        if self.spec.on_stall == "restart":
+            await self.stop(self.spec.grace_s, main_only=False, reason="stalled")
 
     # ------------------------------------------------------------ control socket
 
@@ -275,15 +382,15 @@ class Supervisor:
                 await self.idle.wait()
             tg.cancel_scope.cancel()
 
-    def _cleanup(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.jdir / control.SOCK_NAME).unlink()
+    def _cleanup(self, *, remove_socket: bool = True) -> None:
+        if remove_socket:
+            with contextlib.suppress(FileNotFoundError):
+                (self.jdir / control.SOCK_NAME).unlink()
         if self.cgroup is not None:
             for _ in range(50):
                 if cg.remove(self.cgroup) or not self.cgroup.exists():
                     break
                 time.sleep(0.02)
-        self.log.info("supervisor_exit", phase=str(self.state.phase))
 
 
 def run_supervisor(
@@ -296,15 +403,23 @@ def run_supervisor(
     lock_fd: int,
 ) -> int:
     """Run the supervisor to completion; log (not show) any crash. Does not return."""
-    sup = Supervisor(jdir, spec, state, spawned, cgroup, listener)
+    sup = Supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)
     code = 0
     try:
         anyio.run(sup.run)
     except Exception:  # noqa: BLE001  (last resort: record why, the job itself is unharmed)
         sup.log.error("supervisor_crashed", traceback=traceback.format_exc())  # noqa: TRY400
         code = 70
+    sup.log.info("supervisor_exit", phase=str(sup.state.phase), handed_over=sup.handed_over)
     # Everything is on disk (state fsynced, events line-buffered). Exiting right here keeps
     # the lock until the process is really gone, and skips an interpreter teardown that
     # `trainctl stop` would otherwise sit through waiting for supervisor.lock.
     del lock_fd
     os._exit(code)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

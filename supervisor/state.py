@@ -58,6 +58,7 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset({Phase.RUNNING, Phase.FAILED, Phase.STOPPING}),
     Phase.RUNNING: frozenset({Phase.STOPPING, Phase.EXITED, Phase.FAILED}),
     Phase.STOPPING: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED}),
+    # FAILED -> STARTING: the restart policy's backoff; STARTING -> STOPPING: stop during it
     Phase.STOPPED: frozenset({Phase.STARTING}),
     Phase.EXITED: frozenset({Phase.STARTING, Phase.STOPPED}),
     Phase.FAILED: frozenset({Phase.STARTING, Phase.STOPPED}),
@@ -149,6 +150,11 @@ class JobState:
     snapshot_at: float | None = None
     last_stop: dict[str, Any] | None = None
     gpus: tuple[GpuLease, ...] = ()
+    restarts: int = 0  # automatic relaunches so far (restart policy)
+    last_failure: dict[str, Any] | None = None  # {run, exit_code, at, reason}
+    restart_at: float | None = None  # set while waiting out the restart backoff
+    stalled_since: float | None = None  # stall watchdog: no progress nor output since
+    code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
     schema: int = SCHEMA
 
     def moved(self, phase: Phase, **changes: Any) -> JobState:

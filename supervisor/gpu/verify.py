@@ -36,6 +36,16 @@ def gpu_policy_of(spec: Spec, timeout_s: float | None = None) -> GpuPolicy:
     )
 
 
+def fresh_baselines(leases: tuple[GpuLease, ...]) -> list[GpuLease]:
+    """Return the same GPUs with their memory use now as the baseline (for a relaunch)."""
+    now = snapshot(leases)
+    if not isinstance(now, dict):
+        return list(leases)
+    return [
+        GpuLease(g.index, g.uuid, g.name, now.get(g.index, g.baseline_used_bytes)) for g in leases
+    ]
+
+
 def snapshot(leases: tuple[GpuLease, ...]) -> dict[int, int] | str:
     """Return {index: memory used} for the leased GPUs now, or an error text."""
     if not leases:

@@ -1,0 +1,109 @@
+"""Launching a job's detached supervisor, with the readiness handshake.
+
+Used by `trainctl start` and by a supervisor that relaunches its job after a failure
+(restart policy): the old supervisor hands its ``supervisor.lock`` over by passing the fd
+(an flock belongs to the open file, so the lock never drops during the handover).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import control, state
+from .errors import SpawnError
+from .state import GpuLease, Spec
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What a new supervisor needs besides the spec: which run, and its history."""
+
+    run: int
+    marker: str
+    gpus: tuple[GpuLease, ...] = ()
+    restarts: int = 0
+    last_failure: dict[str, Any] | None = field(default=None)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form sent over the handshake socket."""
+        return dataclasses.asdict(self)
+
+
+def launch_supervisor(
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    handover: Handover,
+    timeout_s: float,
+    lock_fd: int | None = None,
+) -> dict[str, Any]:
+    """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
+    ours, theirs = socket.socketpair()
+    argv = [
+        sys.executable,
+        "-m",
+        "trainctl.supervisor",
+        "--home",
+        str(home),
+        "--name",
+        spec.name,
+        "--fd",
+        str(theirs.fileno()),
+    ]
+    pass_fds = [theirs.fileno()]
+    if lock_fd is not None:
+        argv += ["--lock-fd", str(lock_fd)]
+        pass_fds.append(lock_fd)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            # Fully detached: own session, no tty, stdio on /dev/null and every other fd
+            # closed, so `ssh host trainctl start ...` returns as soon as we do.
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+            cwd="/",
+        )
+        theirs.close()
+        ours.settimeout(timeout_s)
+        ours.sendall(control.encode({"spec": state.spec_to_doc(spec), **handover.to_doc()}))
+        reply = _read_reply(ours)
+    finally:
+        ours.close()
+        theirs.close()
+    if reply is None or not reply.get("ok"):
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
+            proc.wait()
+        if reply is None:
+            raise SpawnError(
+                f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
+            )
+        raise SpawnError(str(reply.get("error")))
+    # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
+    proc.returncode = 0
+    return reply
+
+
+def _read_reply(sock: socket.socket) -> dict[str, Any] | None:
+    buf = b""
+    try:
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+    except TimeoutError:
+        return None
+    return control.decode(buf)
