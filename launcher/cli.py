@@ -187,6 +187,56 @@ def _follow(c: Ctx, name: str, path: Path) -> int:
     return ExitCode.OK
 
 
+_ckpt_opts = [
+    click.option(
+        "--checkpoint",
+        "ask_checkpoint",
+        is_flag=True,
+        help="First send the checkpoint signal (spec checkpoint_signal, default USR2) "
+        "to the job processes that catch it, and wait for a new checkpoint.",
+    ),
+    click.option(
+        "--checkpoint-timeout",
+        metavar="DURATION",
+        default="10m",
+        show_default=True,
+        help="How long --checkpoint waits for the new checkpoint.",
+    ),
+    click.option(
+        "--require-checkpoint-within",
+        metavar="DURATION",
+        help="Refuse when the newest checkpoint is older than this (e.g. 30m).",
+    ),
+    click.option("--force", is_flag=True, help="Go ahead despite --require-checkpoint-within."),
+]
+
+
+def ckpt_options(f: Any) -> Any:
+    """Add the checkpoint options shared by stop and restart."""
+    for opt in reversed(_ckpt_opts):
+        f = opt(f)
+    return f
+
+
+def _prepare(
+    c: Ctx, name: str, ask: bool, timeout: str, within: str | None, force: bool, as_json: bool
+) -> dict[str, Any]:
+    from .specfile import parse_duration  # noqa: PLC0415
+    from .stop import prepare_stop  # noqa: PLC0415
+
+    return prepare_stop(
+        c.home,
+        name,
+        checkpoint=ask,
+        checkpoint_timeout_s=parse_duration(timeout, "--checkpoint-timeout"),
+        require_within_s=None
+        if within is None
+        else parse_duration(within, "--require-checkpoint-within"),
+        force=force,
+        say=(lambda _l: None) if as_json else click.echo,
+    )
+
+
 @cli.command()
 @click.argument("name")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
@@ -201,14 +251,25 @@ def _follow(c: Ctx, name: str, path: Path) -> int:
     metavar="SECONDS",
     help="How long to wait for the job's GPUs to be released [default from config: 30].",
 )
+@ckpt_options
 @json_opt
 @pass_ctx
 def stop(
-    c: Ctx, name: str, grace: str | None, main_only: bool, gpu_timeout: str | None, as_json: bool
+    c: Ctx,
+    name: str,
+    grace: str | None,
+    main_only: bool,
+    gpu_timeout: str | None,
+    ask_checkpoint: bool,
+    checkpoint_timeout: str,
+    require_checkpoint_within: str | None,
+    force: bool,
+    as_json: bool,
 ) -> int:
     """Stop every process of job NAME and nothing else; exit 0 only if none survives.
 
-    Also exits non-zero when the job's GPUs did not return to their start-time memory use
+    Prints the newest checkpoint first (when the spec names a `checkpoint` glob). Also
+    exits non-zero when the job's GPUs did not return to their start-time memory use
     within --gpu-timeout, naming who still holds them.
     """
     from . import render  # noqa: PLC0415
@@ -217,27 +278,48 @@ def stop(
 
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
+    pre = _prepare(
+        c, name, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force, as_json
+    )
     res = stop_job(c.home, name, grace_s=grace_s, main_only=main_only, gpu_timeout_s=gpu_s)
-    render.stop_doc(res) if as_json else render.stop(res)
+    render.stop_doc(res, pre) if as_json else render.stop(res)
     return stop_exit_code(res)
 
 
 @cli.command()
 @click.argument("name")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@ckpt_options
 @json_opt
 @pass_ctx
-def restart(c: Ctx, name: str, grace: str | None, as_json: bool) -> int:
-    """Stop job NAME (verified), then start its recorded command again with the code on disk."""
+def restart(
+    c: Ctx,
+    name: str,
+    grace: str | None,
+    ask_checkpoint: bool,
+    checkpoint_timeout: str,
+    require_checkpoint_within: str | None,
+    force: bool,
+    as_json: bool,
+) -> int:
+    """Stop job NAME (verified), then start its recorded spec again with the code on disk.
+
+    The same GPUs are bound again. Refuses to relaunch while anything of the old run
+    survives or its GPUs are still held.
+    """
     from . import render  # noqa: PLC0415
     from .inputs import parse_seconds  # noqa: PLC0415
     from .start import restart_job  # noqa: PLC0415
 
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    pre = _prepare(
+        c, name, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force, as_json
+    )
     stopped, started = restart_job(c.home, name, c.cfg, grace_s=grace_s)
     if as_json:
         render.emit_json(
             {
+                "checkpoint": pre,
                 "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report},
                 "start": {"run": started.run, "main_pid": started.main_pid, "log": started.log},
             }

@@ -72,8 +72,10 @@ def run(call: FastCall) -> int:
             render.status_doc(s) if "--json" in call.flags else render.status(s)
             return views.status_exit_code(s)
         from .inputs import parse_seconds  # noqa: PLC0415
-        from .stop import stop_exit_code, stop_job  # noqa: PLC0415
+        from .stop import prepare_stop, stop_exit_code, stop_job  # noqa: PLC0415
 
+        as_json = "--json" in call.flags
+        pre = prepare_stop(home, call.name, say=(lambda _l: None) if as_json else print)
         grace = call.values.get("--grace")
         res = stop_job(
             home,
@@ -81,7 +83,7 @@ def run(call: FastCall) -> int:
             grace_s=None if grace is None else parse_seconds(grace, "--grace"),
             main_only="--main-only" in call.flags,
         )
-        render.stop_doc(res) if "--json" in call.flags else render.stop(res)
+        render.stop_doc(res, pre) if as_json else render.stop(res)
         return stop_exit_code(res)
     except TrainctlError as e:
         sys.stderr.write(f"trainctl: error: {e}\n")

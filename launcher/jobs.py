@@ -33,6 +33,7 @@ def target_of(st: JobState) -> Target:
         pgid=st.pgid,
         sid=st.sid,
         cgroup=Path(st.cgroup) if st.cgroup else None,
+        known_nets=st.member_nets(),
     )
 
 

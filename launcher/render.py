@@ -40,7 +40,7 @@ def size(nbytes: int) -> str:
     return f"{value:.1f}G"
 
 
-def stop_doc(res: StopResult) -> None:
+def stop_doc(res: StopResult, checkpoint: dict[str, Any] | None = None) -> None:
     """Print a stop result as JSON."""
     emit_json(
         {
@@ -51,6 +51,7 @@ def stop_doc(res: StopResult) -> None:
             "exit_code": res.exit_code,
             "message": res.message,
             "report": res.report,
+            "checkpoint": checkpoint or None,
         }
     )
 
@@ -139,6 +140,16 @@ def status(s: Status) -> None:
         print(
             f"  restarts {s.restarts}; last failure: run {lf.get('run')} "
             f"({lf.get('reason')}, exit code {lf.get('exit_code')}){nxt}"
+        )
+    if s.checkpoint:
+        ck = s.checkpoint
+        print(f"  ckpt {ck['path']} ({duration(ck['age_s'])} old)")
+    if s.progress:
+        print(f"  prog {progress_line(s.progress)}")
+    if s.code_changed:
+        print(
+            f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
+            f"`trainctl restart {s.name}` to run it"
         )
     if s.stalled_for_s is not None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
@@ -258,3 +269,24 @@ def hosts(rows: list[dict[str, Any]]) -> None:
                 ok = "ok" if r.get("compatible") else "INCOMPATIBLE"
                 line += f"  trainctl {r.get('version')} ({ok})"
         print(line)
+
+
+def progress_line(p: dict[str, Any]) -> str:
+    """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`."""
+    from .progress import sparkline  # noqa: PLC0415
+
+    step = p.get("step")
+    total = p.get("total_steps")
+    parts = [
+        f"step {step:g}"
+        + (f"/{total} ({100 * step / total:.0f}%)" if total and step is not None else "")
+    ]
+    for k, v in list(p.get("metrics", {}).items())[:3]:
+        parts.append(f"{k} {v:.4g}")
+    if p.get("history") and len(p["history"]) > 1:
+        parts.append(sparkline(p["history"]))
+    if p.get("steps_per_s"):
+        parts.append(f"{p['steps_per_s']:.2f} steps/s")
+    if p.get("eta_s") is not None:
+        parts.append(f"ETA {duration(p['eta_s'])}")
+    return "  ".join(parts)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.supervisor import control, state
-from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
 from trainctl.supervisor.state import Phase, Spec
 
 if TYPE_CHECKING:
@@ -168,3 +170,51 @@ def _stop_direct(
     st = st.moved(final, ended_at=st.ended_at or time.time(), last_stop=report, members=())
     state.write_state(jdir, st)
     return StopResult(st.name, st.run, "direct", report, st.exit_code)
+
+
+def prepare_stop(
+    home: Path,
+    name: str,
+    *,
+    checkpoint: bool = False,
+    checkpoint_timeout_s: float = 600.0,
+    require_within_s: float | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """Before a stop: show the newest checkpoint, enforce its age, or ask for a new one.
+
+    Everything here happens before any stop signal; a refusal changes nothing.
+    """
+    from .checkpoint import describe, newest_checkpoint, request_checkpoint  # noqa: PLC0415
+
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    spec = state.read_spec(jdir)
+    if not spec.checkpoint:
+        if checkpoint or require_within_s is not None:
+            raise ConfigError(
+                f"job {name} has no `checkpoint` glob in its spec; "
+                "--checkpoint and --require-checkpoint-within need one"
+            )
+        return {}
+    ck = newest_checkpoint(spec)
+    say(describe(ck, spec))
+    if require_within_s is not None and (ck is None or ck.age_s > require_within_s):
+        age = "there is none" if ck is None else f"the newest is {ck.age_s / 60:.1f} min old"
+        if not force:
+            raise JobConflictError(
+                f"not stopping {name}: no checkpoint within "
+                f"{require_within_s / 60:.1f} min ({age}); --force to "
+                "stop anyway"
+            )
+        say(f"no checkpoint within the limit ({age}); going ahead (--force)")
+    info: dict[str, Any] = {
+        "newest": None if ck is None else {"path": ck.path, "age_s": round(ck.age_s, 1)}
+    }
+    if checkpoint and live_members(st):
+        say(f"asking for a checkpoint ({spec.checkpoint_signal}) ...")
+        new = request_checkpoint(st, spec, checkpoint_timeout_s)
+        say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
+        info["written"] = {"path": new.path, "size": new.size}
+    return info

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor import procfs, state
-from trainctl.supervisor.errors import ConfigError, StateError
+from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.proctree import scan, scan_cgroup
 from trainctl.supervisor.state import Phase
 
@@ -51,6 +51,9 @@ class Status:
     last_failure: dict[str, Any] | None = None
     restart_in_s: float | None = None
     stalled_for_s: float | None = None
+    checkpoint: dict[str, Any] | None = None  # newest: path, age_s, size
+    progress: dict[str, Any] | None = None
+    code_changed: list[str] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -87,11 +90,10 @@ def job_status(home: Path, name: str) -> Status:
     """Return the status of a job, with a live member count."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    argv: list[str] = []
     try:
-        argv = list(state.read_spec(jdir).argv)
-    except (StateError, FileNotFoundError):
-        argv = []
+        spec: state.Spec | None = state.read_spec(jdir)
+    except (StateError, JobNotFoundError):
+        spec = None
     phase = state.effective_phase(jdir, st)
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
     target = target_of(st)
@@ -107,6 +109,7 @@ def job_status(home: Path, name: str) -> Status:
     now = time.time()
     end = st.ended_at or now
     log = state.log_path(jdir, st.run)
+    training = _training_view(jdir, st, spec, live=phase not in state.TERMINAL)
     return Status(
         name=st.name,
         state=str(phase),
@@ -125,7 +128,7 @@ def job_status(home: Path, name: str) -> Status:
         uptime_s=round(end - st.started_at, 3),
         log=str(log),
         last_log_line=last_line(log),
-        argv=argv,
+        argv=list(spec.argv) if spec else [],
         last_stop=st.last_stop,
         error=st.error,
         gpus=[g.index for g in st.gpus],
@@ -133,7 +136,31 @@ def job_status(home: Path, name: str) -> Status:
         last_failure=st.last_failure,
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
+        **training,
     )
+
+
+def _training_view(
+    jdir: Path, st: state.JobState, spec: state.Spec | None, *, live: bool
+) -> dict[str, Any]:
+    """Checkpoint, progress and code drift for `status` (cheap: tails and one git diff)."""
+    if spec is None:
+        return {}
+    from .checkpoint import newest_checkpoint  # noqa: PLC0415
+    from .progress import read_progress  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    ck = newest_checkpoint(spec)
+    if ck is not None:
+        out["checkpoint"] = {"path": ck.path, "age_s": round(ck.age_s, 1), "size": ck.size}
+    prog = read_progress(jdir, st, spec)
+    if prog is not None:
+        out["progress"] = prog.to_doc()
+    if live:
+        from trainctl.supervisor.drift import drift  # noqa: PLC0415
+
+        out["code_changed"] = drift(st.code, spec)
+    return out
 
 
 def all_statuses(home: Path) -> list[Status | tuple[str, str]]:

@@ -10,8 +10,8 @@ mkdir -p "$work"
 name=demo
 if trainctl status "$name" >/dev/null 2>&1; then trainctl stop "$name" >/dev/null; fi
 
-echo "== trainctl start (returns as soon as the job has exec'd)"
-trainctl start --name "$name" --cwd "$work" --grace 30 -- \
+echo "== trainctl start -c conf/jobs/demo.toml (returns as soon as the job has exec'd)"
+trainctl start -c "$ROOT/conf/jobs/demo.toml" --name "$name" --cwd "$work" -- \
   python "$ROOT/scripts/demo_trainer.py" --out "$work/checkpoints" --ckpt-seconds 1
 for _ in $(seq 1 100); do   # wait for the first few training lines (max ~10 s)
   [ "$(trainctl logs "$name" | grep -c '^step')" -ge 3 ] && break
@@ -23,8 +23,8 @@ echo; echo "== trainctl ps $name"
 trainctl ps "$name"
 echo; echo "== trainctl logs $name -n 3"
 trainctl logs "$name" -n 3
-echo; echo "== trainctl stop $name   (SIGTERM, wait for the checkpoint, verify)"
-trainctl stop "$name"
+echo; echo "== trainctl stop $name --checkpoint   (SIGUSR2 -> new checkpoint, then SIGTERM, verify)"
+trainctl stop "$name" --checkpoint
 echo; echo "== last lines of the log, and the checkpoint"
 trainctl logs "$name" -n 2
 cat "$work/checkpoints/checkpoint.json"; echo

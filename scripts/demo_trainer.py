@@ -28,6 +28,12 @@ import sys
 import time
 from multiprocessing.synchronize import Event
 
+try:
+    from trainctl.launcher import trainer
+except ImportError:  # run without trainctl installed: same flags, no progress file
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launcher"))
+    import trainer  # type: ignore[no-redef]
+
 stop_requested = False
 
 
@@ -108,8 +114,10 @@ def main() -> int:
         help="how long writing the checkpoint takes (simulated)",
     )
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)
+    # SIGTERM/SIGINT -> stop flag, SIGUSR2 -> checkpoint flag (`trainctl stop --checkpoint`).
+    # Only this process catches SIGUSR2: trainctl never sends it to the ranks, whose default
+    # action for it would kill them.
+    trainer.install_handlers()
     spawn = mp.get_context("spawn")
     stop = spawn.Event()
     steps = spawn.Value("i", 0)
@@ -125,9 +133,8 @@ def main() -> int:
         f"resuming at step {start_step}",
         flush=True,
     )
-    progress = os.environ.get("TRAINCTL_PROGRESS")
     last_t, last_step, step, loss = time.monotonic(), 0, start_step, 4.0
-    while not stop_requested and (not args.steps or step - start_step < args.steps):
+    while not trainer.should_stop() and (not args.steps or step - start_step < args.steps):
         time.sleep(0.5)
         done = steps.value
         step = start_step + done
@@ -136,12 +143,10 @@ def main() -> int:
         rate = (done - last_step) * 64 * args.ranks / (now - last_t)
         last_t, last_step = now, done
         print(f"step {step:6d} | loss {loss:.4f} | {rate:8.0f} samples/s", flush=True)
-        if progress:
-            with open(progress, "a") as f:
-                f.write(
-                    json.dumps({"step": step, "loss": round(loss, 4), "samples_per_s": round(rate)})
-                    + "\n"
-                )
+        trainer.report(step=step, loss=round(loss, 4), samples_per_s=round(rate))
+        if trainer.checkpoint_requested():
+            path = save_checkpoint(args.out, step, loss)
+            print(f"checkpoint on request: {path} (step {step})", flush=True)
     stop.set()
     for p in ranks:
         p.join(10)

@@ -53,6 +53,36 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def _git_head_fast(cwd: str) -> str | None:
+    """Read HEAD without running git (loose or packed ref); None if not found this way."""
+    d = os.path.abspath(cwd)
+    while True:
+        git = os.path.join(d, ".git")
+        if os.path.isdir(git):
+            break
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+    try:
+        with open(os.path.join(git, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        try:
+            with open(os.path.join(git, ref)) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            with open(os.path.join(git, "packed-refs")) as f:
+                for line in f:
+                    if line.rstrip().endswith(" " + ref):
+                        return line.split()[0]
+    except OSError:
+        return None
+    return None
+
+
 def code_version(spec: Spec) -> dict[str, Any]:
     """Return the code version of the job's cwd and entry script, as it is now."""
     out: dict[str, Any] = {}
@@ -60,28 +90,37 @@ def code_version(spec: Spec) -> dict[str, Any]:
     if head is not None:
         diff = _git(spec.cwd, "diff", "HEAD") or ""
         out.update(git_head=head.strip(), dirty=bool(diff), diff_sha=_sha(diff.encode()))
-    script = entry_script(spec)
-    if script is not None:
-        try:
-            with open(script, "rb") as f:
-                out.update(entry=script, entry_sha=_sha(f.read()))
-        except OSError:
-            pass
+    out.update(code_version_entry(spec))
     return out
 
 
+def code_version_entry(spec: Spec) -> dict[str, Any]:
+    """Return the entry script and its hash, when argv names a file."""
+    script = entry_script(spec)
+    if script is None:
+        return {}
+    try:
+        with open(script, "rb") as f:
+            return {"entry": script, "entry_sha": _sha(f.read())}
+    except OSError:
+        return {}
+
+
 def drift(recorded: dict[str, Any] | None, spec: Spec) -> list[str]:
-    """Return what changed since start (empty: nothing, or nothing was recorded)."""
+    """Return what changed since start (empty: nothing, or nothing was recorded).
+
+    HEAD is read from .git directly; `git diff` runs only when HEAD is unchanged.
+    """
     if not recorded:
         return []
-    now = code_version(spec)
     changes = []
-    if "git_head" in recorded and now.get("git_head") != recorded["git_head"]:
-        changes.append(
-            f"git HEAD {recorded['git_head'][:8]} -> {str(now.get('git_head', '?'))[:8]}"
-        )
-    elif "diff_sha" in recorded and now.get("diff_sha") != recorded["diff_sha"]:
-        changes.append("uncommitted changes differ")
-    if "entry_sha" in recorded and now.get("entry_sha") != recorded["entry_sha"]:
+    if "git_head" in recorded:
+        head = _git_head_fast(spec.cwd) or (_git(spec.cwd, "rev-parse", "HEAD") or "").strip()
+        if head != recorded["git_head"]:
+            changes.append(f"git HEAD {recorded['git_head'][:8]} -> {head[:8] or '?'}")
+        elif _sha((_git(spec.cwd, "diff", "HEAD") or "").encode()) != recorded["diff_sha"]:
+            changes.append("uncommitted changes differ")
+    entry = code_version_entry(spec)
+    if "entry_sha" in recorded and entry.get("entry_sha") != recorded["entry_sha"]:
         changes.append(f"{os.path.basename(recorded['entry'])} edited")
     return changes

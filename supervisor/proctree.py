@@ -39,6 +39,9 @@ class Target:
     pgid: int | None = None
     sid: int | None = None
     cgroup: Path | None = None
+    # nets each member was found by in the last snapshot: a stop that takes its members
+    # from cgroup.procs reports them fully even for processes gone before its full scan
+    known_nets: dict[ProcRef, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -108,6 +108,7 @@ class Supervisor:
             pgid=st.pgid,
             sid=st.sid,
             cgroup=self.cgroup,
+            known_nets=st.member_nets(),
         )
 
     # ------------------------------------------------------------ reaping

@@ -157,6 +157,10 @@ class JobState:
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
     schema: int = SCHEMA
 
+    def member_nets(self) -> dict[ProcRef, tuple[str, ...]]:
+        """Return the nets of each member in the last snapshot."""
+        return {ProcRef(m.pid, m.start_ticks): m.nets for m in self.members}
+
     def moved(self, phase: Phase, **changes: Any) -> JobState:
         """Return a copy in ``phase``; refuse moves the TRANSITIONS table forbids."""
         if phase != self.phase and phase not in TRANSITIONS[self.phase]:

@@ -95,6 +95,7 @@ class _Tracker:
                 self.known[m.ref].nets |= m.nets
                 continue
             self.known[m.ref] = m
+            m.nets.update(self.target.known_nets.get(m.ref, ()))
             if m.alive:
                 new.append(m)
                 self.unwatched.append(m.ref)

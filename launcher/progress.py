@@ -1,0 +1,129 @@
+"""Training progress for `status`: latest metrics, step rate, ETA and a sparkline.
+
+Sources: the JSON lines a job appends to $TRAINCTL_PROGRESS, and/or ``progress_regex``
+(named groups) applied to log lines. Only the tail of each file is read, so a days-long
+log costs no more than a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor.state import JobState, Spec, log_path
+
+TAIL_BYTES = 256 * 1024
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(slots=True)
+class Progress:
+    """What `status` says about training progress."""
+
+    step: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps_per_s: float | None = None
+    total_steps: int | None = None
+    eta_s: float | None = None
+    main_metric: str | None = None
+    history: list[float] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form (numbers stay numbers)."""
+        return asdict(self)
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    return lines[1:] if size > TAIL_BYTES else lines  # the first one may be cut
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def _points(jdir: Path, st: JobState, spec: Spec) -> list[dict[str, float]]:
+    points: list[dict[str, float]] = []
+    for line in _tail_lines(jdir / "logs" / f"run-{st.run}.progress.jsonl"):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            nums = {k: v for k, v in ((k, _num(v)) for k, v in doc.items()) if v is not None}
+            if "step" in nums:
+                points.append(nums)
+    if spec.progress_regex:
+        rx = re.compile(spec.progress_regex)
+        for line in _tail_lines(log_path(jdir, st.run)):
+            m = rx.search(line.rsplit("\r", 1)[-1])
+            if m:
+                nums = {
+                    k: v
+                    for k, v in ((k, _num(v)) for k, v in m.groupdict().items())
+                    if v is not None
+                }
+                if "step" in nums:
+                    points.append(nums)
+    return points
+
+
+def read_progress(jdir: Path, st: JobState, spec: Spec) -> Progress | None:
+    """Return the run's progress, or None when it reports none."""
+    points = _points(jdir, st, spec)
+    if not points:
+        return None
+    last = points[-1]
+    prog = Progress(
+        step=last["step"],
+        total_steps=spec.total_steps,
+        metrics={k: v for k, v in last.items() if k not in ("step", "t")},
+    )
+    prog.main_metric = "loss" if "loss" in prog.metrics else next(iter(prog.metrics), None)
+    if prog.main_metric:
+        prog.history = [p[prog.main_metric] for p in points if prog.main_metric in p][-24:]
+    prog.steps_per_s = _rate(points, st, jdir, spec)
+    if prog.total_steps and prog.steps_per_s and prog.step is not None:
+        prog.eta_s = max(0.0, (prog.total_steps - prog.step) / prog.steps_per_s)
+    return prog
+
+
+def _rate(points: list[dict[str, float]], st: JobState, jdir: Path, spec: Spec) -> float | None:
+    timed = [p for p in points if "t" in p][-50:]
+    if len(timed) >= 2 and timed[-1]["t"] > timed[0]["t"]:
+        return (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["t"] - timed[0]["t"])
+    # regex progress has no timestamps: steps since start over time since start
+    try:
+        last_t = log_path(jdir, st.run).stat().st_mtime
+    except OSError:
+        return None
+    elapsed = last_t - st.started_at
+    steps = points[-1]["step"] - min(p["step"] for p in points)
+    return steps / elapsed if elapsed > 0 and steps > 0 else None
+
+
+def sparkline(values: list[float]) -> str:
+    """Render values as ▁▂▃▄▅▆▇█."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))] for v in values)

@@ -1,0 +1,268 @@
+"""Checkpoint-aware stop: SigCgt filtering, waiting for the new file, age requirements."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import TREES, Harness, wait_for
+
+
+def start_trainer(h: Harness, name: str, *args: str, checkpoint: str = "ck/*.json") -> Path:
+    sigs = h.tmp / f"{name}.signals"
+    h.start_tree(
+        name,
+        "ckpt_trainer.py",
+        str(h.tmp / "ck"),
+        *args,
+        grace=5,
+        extra=("--env", f"TREE_SIGNALS={sigs}", "--set", f"checkpoint={checkpoint!r}"),
+    )
+    return sigs
+
+
+def test_stop_checkpoint_then_stop(harness: Harness) -> None:
+    h = harness
+    sigs = start_trainer(h, "t")
+    before = set((h.tmp / "ck").glob("*.json"))
+    res = h.tc("stop", "t", "--checkpoint", "--checkpoint-timeout", "20")
+    assert res.rc == 0, res.out + res.err
+    lines = res.out.splitlines()
+    assert lines[0].startswith("no checkpoint yet")
+    assert "asking for a checkpoint (SIGUSR2)" in res.out
+    assert "checkpoint written: ck/ckpt-main-" in res.out
+    new = set((h.tmp / "ck").glob("*.json")) - before
+    assert len(new) == 1
+    log = sigs.read_text().split()
+    assert log.count("SIGUSR2") == 1  # only the main catches it; its workers never got it
+    assert log.count("SIGTERM") == 1
+    assert not h.job_pids("t")
+
+
+def test_agent_that_does_not_catch_is_spared(harness: Harness) -> None:
+    """torchrun-like: the agent's default action for SIGUSR2 would kill it."""
+    h = harness
+    sigs = start_trainer(h, "ag", "--agent")
+    res = h.tc("stop", "ag", "--checkpoint", "--json")
+    assert res.rc == 0, res.err
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert Path(doc["checkpoint"]["written"]["path"]).name.startswith("ckpt-rank")
+    assert sigs.read_text().split().count("SIGUSR2") == 2  # both ranks, not the agent
+    # the agent died of the stop's SIGTERM (143), not of a SIGUSR2 (140) it must never get
+    assert doc["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_no_catcher_is_refused_before_any_signal(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "plain", "--set", "checkpoint='ck/*'", "--", "sleep", "600", check=True)
+    main = h.state("plain")["main"]
+    res = h.tc("stop", "plain", "--checkpoint")
+    assert res.rc == 1
+    assert "no process of job plain catches SIGUSR2" in res.err
+    assert "nothing was signalled" in res.err
+    assert h.tc("status", "plain").rc == 0  # still running
+    assert Path(f"/proc/{main['pid']}").exists()
+    h.tc("stop", "plain", check=True)
+
+
+def test_checkpoint_flags_need_a_glob(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "nog", "--", "sleep", "600", check=True)
+    res = h.tc("stop", "nog", "--checkpoint")
+    assert res.rc == 2
+    assert "no `checkpoint` glob" in res.err
+    h.tc("stop", "nog", check=True)
+
+
+def test_require_checkpoint_within(harness: Harness) -> None:
+    h = harness
+    ck = h.tmp / "ck"
+    ck.mkdir()
+    old = ck / "old.json"
+    old.write_text("{}")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    h.tc(
+        "start",
+        "--name",
+        "rq",
+        "--set",
+        "checkpoint='ck/*.json'",
+        "--cwd",
+        str(h.tmp),
+        "--",
+        "sleep",
+        "600",
+        check=True,
+    )
+    refused = h.tc("stop", "rq", "--require-checkpoint-within", "30m")
+    assert refused.rc == 1
+    assert "no checkpoint within 30.0 min (the newest is 60.0 min old)" in refused.err
+    assert h.tc("status", "rq").rc == 0  # nothing was stopped
+    st = h.tc("status", "rq", "--json").json()
+    assert isinstance(st, dict)
+    assert st["checkpoint"]["path"] == str(old)
+    assert 3500 < st["checkpoint"]["age_s"] < 3700
+    assert "ckpt " in h.tc("status", "rq").out
+    refused_restart = h.tc("restart", "rq", "--require-checkpoint-within", "30m")
+    assert refused_restart.rc == 1
+    forced = h.tc("stop", "rq", "--require-checkpoint-within", "30m", "--force")
+    assert forced.rc == 0
+    assert "newest checkpoint: ck/old.json (60 min old)" in forced.out
+
+
+def test_progress_rate_eta_and_sparkline(harness: Harness) -> None:
+    h = harness
+    script = h.tmp / "prog.py"
+    script.write_text(
+        f"import sys, time\nsys.path.insert(0, {str(TREES.parent.parent)!r})\n"
+        + "from trainctl.launcher import trainer\n"
+        "for step in range(1, 10000):\n"
+        "    trainer.report(step=step, loss=round(5.0 / step, 4), tokens_per_s=1000)\n"
+        "    print(f'it {step} lr 0.1', flush=True)\n"
+        "    time.sleep(0.02)\n"
+    )
+    h.tc(
+        "start",
+        "--name",
+        "pg",
+        "--set",
+        "total_steps=5000",
+        "--",
+        sys.executable,
+        str(script),
+        check=True,
+    )
+    wait_for(
+        lambda: (
+            (h.tc("status", "pg", "--json").json() or {}).get("progress")  # type: ignore[union-attr]
+            is not None
+            and h.tc("status", "pg", "--json").json()["progress"]["step"] > 40
+        )
+    )  # type: ignore[index]
+    doc = h.tc("status", "pg", "--json").json()
+    assert isinstance(doc, dict)
+    p = doc["progress"]
+    assert p["metrics"]["loss"] > 0
+    assert p["metrics"]["tokens_per_s"] == 1000
+    assert 5 < p["steps_per_s"] < 200
+    assert p["eta_s"] > 0
+    assert p["total_steps"] == 5000
+    human = h.tc("status", "pg").out
+    assert "steps/s" in human
+    assert "ETA" in human
+    assert any(c in human for c in "▁▂▃▄▅▆▇█")
+    h.tc("stop", "pg", check=True)
+
+
+def test_progress_from_regex(harness: Harness) -> None:
+    h = harness
+    h.tc(
+        "start",
+        "--name",
+        "rx",
+        "--set",
+        r"progress_regex='it (?P<step>\d+) lr (?P<lr>[\d.]+)'",
+        "--set",
+        "total_steps=100",
+        "--",
+        "sh",
+        "-c",
+        'for i in 1 2 3 4 5; do echo "it $i lr 0.5"; sleep 0.1; done; sleep 600',
+        check=True,
+    )
+    wait_for(
+        lambda: (
+            ((h.tc("status", "rx", "--json").json() or {}).get("progress") or {})  # type: ignore[union-attr]
+            .get("step")
+            == 5
+        )
+    )
+    doc = h.tc("status", "rx", "--json").json()
+    assert isinstance(doc, dict)
+    assert doc["progress"]["metrics"] == {"lr": 0.5}
+    h.tc("stop", "rx", check=True)
+
+
+def test_code_drift_is_flagged(harness: Harness) -> None:
+    h = harness
+    repo = h.tmp / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("import time\ntime.sleep(600)\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    import subprocess  # noqa: PLC0415
+
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "v1"], check=True)
+    h.tc("start", "--name", "dr", "--cwd", str(repo), "--", sys.executable, "train.py", check=True)
+    wait_for(lambda: h.state("dr").get("code") is not None, what="code version recorded")
+    assert h.state("dr")["code"]["dirty"] is False
+    assert h.tc("status", "dr", "--json").json()["code_changed"] == []  # type: ignore[index]
+    (repo / "train.py").write_text("import time\ntime.sleep(601)\n")  # an edit, uncommitted
+    changed = h.tc("status", "dr", "--json").json()["code_changed"]  # type: ignore[index]
+    assert "uncommitted changes differ" in changed
+    assert "train.py edited" in changed
+    subprocess.run([*git, "commit", "-qam", "v2"], check=True)
+    changed = h.tc("status", "dr", "--json").json()["code_changed"]  # type: ignore[index]
+    assert any(c.startswith("git HEAD") for c in changed)
+    assert "CODE CHANGED on disk since start" in h.tc("status", "dr").out
+    h.tc("restart", "dr", check=True)
+    wait_for(lambda: h.state("dr").get("code") is not None and h.state("dr")["run"] == 2)
+    assert h.tc("status", "dr", "--json").json()["code_changed"] == []  # type: ignore[index]
+    h.tc("stop", "dr", check=True)
+
+
+def test_stall_is_detected(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.2\n")
+    h.tc(
+        "start",
+        "--name",
+        "st",
+        "--set",
+        "stall_timeout=1",
+        "--",
+        "sh",
+        "-c",
+        "echo hi; sleep 600",
+        check=True,
+    )
+    wait_for(lambda: h.state("st").get("stalled_since") is not None, 20, "stall")
+    s = h.tc("status", "st")
+    assert "STALLED" in s.out
+    assert '"stalled"' in (h.home / "jobs/st/events.jsonl").read_text()
+    h.tc("stop", "st", check=True)
+
+
+def test_stall_restart(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.2\n")
+    h.tc(
+        "start",
+        "--name",
+        "sr",
+        "--set",
+        "stall_timeout=1",
+        "--set",
+        "on_stall='restart'",
+        "--set",
+        "restart_backoff=0.1",
+        "--set",
+        "max_restarts=1",
+        "--grace",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        "echo run $TRAINCTL_RUN; sleep 600",
+        check=True,
+    )
+    wait_for(lambda: h.state("sr")["run"] == 2, 30, "relaunch after the stall")
+    assert h.state("sr")["last_failure"]["reason"] == "stalled"
+    assert h.tc("logs", "sr").out == "run 2\n"
+    h.tc("stop", "sr", check=True)
