@@ -14,9 +14,11 @@ programs that drive trainctl from Python::
 
 from __future__ import annotations
 
+from trainctl.supervisor.proctree import target_of
+
 from .config import resolve_home
 from .inputs import parse_env, parse_seconds, parse_signal
-from .jobs import existing_job, live_members, remove_job, target_of, wait_job
+from .jobs import existing_job, live_members, remove_job, wait_job
 from .start import StartResult, build_spec, restart_job, start_job
 from .stop import StopResult, stop_exit_code, stop_job
 from .views import Status, all_statuses, job_ps, job_status, log_lines

@@ -11,7 +11,7 @@ from trainctl.supervisor.errors import (
     JobNotFoundError,
     StateError,
 )
-from trainctl.supervisor.proctree import Member, Target, alive, scan
+from trainctl.supervisor.proctree import Member, alive, scan, target_of
 from trainctl.supervisor.state import JobState, Phase
 
 
@@ -22,19 +22,6 @@ def existing_job(home: Path, name: str) -> Path:
         raise JobNotFoundError(f"no job named {name!r} (in {home})")
     state.check_owner(jdir)
     return jdir
-
-
-def target_of(st: JobState) -> Target:
-    """Build the scan target of a recorded run."""
-    return Target(
-        marker=st.marker,
-        main=st.main,
-        supervisor=st.supervisor,
-        pgid=st.pgid,
-        sid=st.sid,
-        cgroup=Path(st.cgroup) if st.cgroup else None,
-        known_nets=st.member_nets(),
-    )
 
 
 def live_members(st: JobState) -> dict[int, Member]:

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
+from trainctl.supervisor.proctree import target_of
 from trainctl.supervisor.state import Phase, Spec
 
 if TYPE_CHECKING:
     from trainctl.supervisor.gpu.verify import GpuPolicy
 
 from .exitcodes import ExitCode
-from .jobs import existing_job, live_members, target_of
+from .jobs import existing_job, live_members
 
 
 @dataclass(slots=True)

@@ -13,11 +13,11 @@ from typing import Any
 
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
-from trainctl.supervisor.proctree import scan, scan_cgroup
+from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.state import Phase
 
 from .exitcodes import ExitCode
-from .jobs import existing_job, target_of
+from .jobs import existing_job
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 

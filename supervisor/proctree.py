@@ -26,7 +26,7 @@ from pathlib import Path
 from . import cgroup as cg
 from . import procfs
 from .procfs import Stat
-from .state import ProcRef
+from .state import JobState, ProcRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,19 @@ class Member:
     def alive(self) -> bool:
         """A zombie has finished running: it only waits to be reaped."""
         return self.stat.state not in ("Z", "X")
+
+
+def target_of(st: JobState) -> Target:
+    """Build the scan target of a recorded run (supervisor and CLI alike)."""
+    return Target(
+        marker=st.marker,
+        main=st.main,
+        supervisor=st.supervisor,
+        pgid=st.pgid,
+        sid=st.sid,
+        cgroup=Path(st.cgroup) if st.cgroup else None,
+        known_nets=st.member_nets(),
+    )
 
 
 def _verified(ref: ProcRef | None, stats: dict[int, Stat]) -> bool:

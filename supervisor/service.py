@@ -29,7 +29,7 @@ from .errors import TrainctlError
 from .gpu.verify import fresh_baselines, gpu_policy_of
 from .launch import Handover, launch_supervisor
 from .policy import backoff_s, restart_refusal
-from .proctree import Target, scan
+from .proctree import Target, scan, target_of
 from .spawn import Spawned
 from .state import JobState, MemberSnap, Phase, Spec, log_path, write_state
 from .terminate import StopPolicy, stop_and_verify
@@ -100,16 +100,7 @@ class Supervisor:
         write_state(self.jdir, self.state, durable=durable)
 
     def _target(self) -> Target:
-        st = self.state
-        return Target(
-            marker=st.marker,
-            main=st.main,
-            supervisor=st.supervisor,
-            pgid=st.pgid,
-            sid=st.sid,
-            cgroup=self.cgroup,
-            known_nets=st.member_nets(),
-        )
+        return target_of(self.state)
 
     # ------------------------------------------------------------ reaping
 
