@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TRAINCTL, Harness, _stat, alive
+from tests.conftest import TRAINCTL, Harness, _stat, alive, wait_for
 
 
 def one_line_error(res: object, rc: int, needle: str) -> None:
@@ -92,6 +92,8 @@ def test_bad_config_file(harness: Harness) -> None:
 def test_name_clash_refused(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "one", "--", "sleep", "600", check=True)
+    # the supervisor records the code version just after `start` returns: let it land
+    wait_for(lambda: h.state("one").get("code") is not None, what="code version")
     before = h.state("one")
     one_line_error(h.tc("start", "--name", "one", "--", "sleep", "1"), 1, "is running")
     assert h.state("one") == before
