@@ -51,18 +51,6 @@ def newest_checkpoint(spec: Spec) -> Checkpoint | None:
     return best
 
 
-def catches(pid: int, sig: int) -> bool:
-    """Tell whether ``pid`` has a handler installed for ``sig`` (SigCgt in /proc status)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError):
-        return False
-    return False
-
-
 def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint:
     """Signal the catching processes and wait for a new, complete checkpoint."""
     if not spec.checkpoint:
@@ -72,7 +60,7 @@ def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint
         )
     sig = signal.Signals[spec.checkpoint_signal]
     members = live_members(st)
-    targets = [m for m in members.values() if catches(m.stat.pid, sig)]
+    targets = [m for m in members.values() if procfs.catches(m.stat.pid, sig)]
     if not targets:
         raise JobConflictError(
             f"no process of job {st.name} catches {sig.name} ({len(members)} checked); "
@@ -82,6 +70,11 @@ def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint
     sent = sum(procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig) for m in targets)
     if not sent:
         raise ProcessTreeError(f"the {sig.name} catchers of job {st.name} are gone")
+    return wait_new_checkpoint(spec, asked_at, timeout_s)
+
+
+def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkpoint:
+    """Wait for a checkpoint newer than ``asked_at`` whose size held for one poll."""
     deadline = time.monotonic() + timeout_s
     last_size = -1
     while time.monotonic() < deadline:
@@ -95,7 +88,7 @@ def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint
         time.sleep(0.5)
     raise ProcessTreeError(
         f"no new checkpoint matching {spec.checkpoint!r} within {timeout_s:g} s after "
-        f"{sig.name}; the job was left running"
+        f"{spec.checkpoint_signal}; the job was left running"
     )
 
 

@@ -110,6 +110,22 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 @click.option(
     "--force", is_flag=True, help="Allow GPUs with memory in use outside any trainctl job."
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "slurm"]),
+    help="local (default): run here under a supervisor; slurm: submit with sbatch.",
+)
+@click.option("--nodes", type=int, metavar="N", help="Slurm: nodes (one node agent each).")
+@click.option("--gpus-per-node", type=int, metavar="G", help="Slurm: --gpus-per-node.")
+@click.option("--partition", metavar="P", help="Slurm: partition.")
+@click.option("--time", "time_limit", metavar="T", help="Slurm: time limit (e.g. 2-00:00:00).")
+@click.option(
+    "--sbatch-arg",
+    "sbatch_args",
+    multiple=True,
+    metavar="ARG",
+    help="Slurm: extra sbatch argument, e.g. --sbatch-arg=--exclusive (repeatable).",
+)
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -126,6 +142,12 @@ def start(
     gpus: str | None,
     share: bool,
     force: bool,
+    backend: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    partition: str | None,
+    time_limit: str | None,
+    sbatch_args: tuple[str, ...],
     follow: bool,
     as_json: bool,
     argv: tuple[str, ...],
@@ -153,11 +175,24 @@ def start(
         "gpus": gpus,
         "share": share or None,
         "force": force or None,
+        "backend": backend,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "partition": partition,
+        "time": time_limit,
+        "sbatch_args": list(sbatch_args) or None,
     }
+    if nodes is not None and nodes < 1:
+        raise ConfigError("--nodes must be >= 1")
     values.update({k: v for k, v in flags.items() if v is not None})
     values["env"] = {**values.get("env", {}), **parse_env(env)}
     if (values.get("share") or values.get("force")) and not values.get("gpus"):
         raise ConfigError("--share and --force only make sense with --gpus")
+    slurm_keys = {"nodes", "gpus_per_node", "partition", "time", "sbatch_args"} & set(values)
+    if slurm_keys and values.get("backend") != "slurm":
+        raise ConfigError(f"{', '.join(sorted(slurm_keys))}: only with --backend slurm")
+    if values.get("backend") == "slurm" and values.get("gpus"):
+        raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
     spec = resolve_spec(values, c.cfg, os.path.abspath(spec_file) if spec_file else None)
     request = (
         GpuRequest(values["gpus"], share=bool(values.get("share")), force=bool(values.get("force")))
@@ -535,7 +570,7 @@ def hosts(check: bool, as_json: bool) -> int:
     return ExitCode.REMOTE if failed else ExitCode.OK
 
 
-def _internal_error() -> int:
+def internal_error() -> int:
     import os  # noqa: PLC0415  (error path only)
     import tempfile  # noqa: PLC0415
     import traceback  # noqa: PLC0415
@@ -568,7 +603,7 @@ def main(argv: list[str] | None = None) -> Any:
             click.echo(f"trainctl: error: {e.filename}: {e.strerror}", err=True)
             rv = ExitCode.FAILED
         else:
-            rv = _internal_error()
+            rv = internal_error()
     except Exception:  # noqa: BLE001  (last resort: never show a traceback to a user)
-        rv = _internal_error()
+        rv = internal_error()
     sys.exit(int(rv) if isinstance(rv, int) else 0)

@@ -91,6 +91,10 @@ def run(call: FastCall) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("trainctl: interrupted\n")
         return 130
+    except Exception:  # noqa: BLE001  (last resort: never show a traceback to a user)
+        from .cli import internal_error  # noqa: PLC0415
+
+        return internal_error()
 
 
 def _remote(argv: list[str]) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -24,6 +25,15 @@ def existing_job(home: Path, name: str) -> Path:
     return jdir
 
 
+def current_phase(jdir: Path, st: JobState) -> Phase:
+    """The phase now: from Slurm for a Slurm job, else the state (LOST if unsupervised)."""
+    if st.backend == "slurm":
+        from .slurm import query  # noqa: PLC0415
+
+        return Phase(query(st)["phase"])
+    return state.effective_phase(jdir, st)
+
+
 def live_members(st: JobState) -> dict[int, Member]:
     """Return the members of the recorded run that are still running."""
     return alive(scan(target_of(st)))
@@ -35,8 +45,13 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         st = state.read_state(jdir)
-        phase = state.effective_phase(jdir, st)
+        phase = current_phase(jdir, st)
         if phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
+            if st.backend == "slurm":
+                from .slurm import query  # noqa: PLC0415
+
+                # a view of Slurm's verdict, not a recorded move: no transition check
+                return dataclasses.replace(st, phase=phase, exit_code=query(st)["exit_code"])
             return st
         if phase == Phase.LOST:
             raise StateError(f"job {name}: the supervisor is gone, so the exit code is unknown")
@@ -58,7 +73,7 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
                 raise
             st = None
         if st is not None:
-            phase = state.effective_phase(jdir, st)
+            phase = current_phase(jdir, st)
             if phase not in state.TERMINAL or live_members(st):
                 raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
         import shutil  # noqa: PLC0415  (rm only)

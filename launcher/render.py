@@ -80,6 +80,9 @@ def stop(res: StopResult) -> None:
             print(f"  {gpu_line(g)}")
         return
     r = res.report
+    if res.via == "slurm":
+        _slurm_stop(res)
+        return
     if r.get("already_stopped"):
         why = r.get("reason", "")
         print(
@@ -127,34 +130,13 @@ def status(s: Status) -> None:
     """Render one job's status."""
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
     print(f"{s.name}: {s.state}{code}, run {s.run}")
-    sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
-    print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
+    if s.slurm is None:
+        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+        print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
     when = "uptime" if s.ended_at is None else "ran"
     escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
     print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
-    if s.gpus:
-        print(f"  gpus {','.join(map(str, s.gpus))}")
-    if s.restarts or s.restart_in_s is not None:
-        lf = s.last_failure or {}
-        nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
-        print(
-            f"  restarts {s.restarts}; last failure: run {lf.get('run')} "
-            f"({lf.get('reason')}, exit code {lf.get('exit_code')}){nxt}"
-        )
-    if s.checkpoint:
-        ck = s.checkpoint
-        print(f"  ckpt {ck['path']} ({duration(ck['age_s'])} old)")
-    if s.progress:
-        print(f"  prog {progress_line(s.progress)}")
-    if s.code_changed:
-        print(
-            f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
-            f"`trainctl restart {s.name}` to run it"
-        )
-    if s.stalled_for_s is not None:
-        print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
-    if s.error:
-        print(f"  note {s.error}")
+    _status_details(s)
     if s.argv:
         print(f"  cmd  {' '.join(s.argv)[:150]}")
     print(f"  log  {s.log}")
@@ -290,3 +272,61 @@ def progress_line(p: dict[str, Any]) -> str:
     if p.get("eta_s") is not None:
         parts.append(f"ETA {duration(p['eta_s'])}")
     return "  ".join(parts)
+
+
+def _slurm_stop(res: StopResult) -> None:
+    r = res.report
+    sl = r.get("slurm", {})
+    how = (
+        "did not leave the queue within the grace: cancelled (scancel)"
+        if r.get("cancelled_after_grace")
+        else "left the queue within the grace"
+    )
+    print(
+        f"stopped {res.name} run {res.run} via slurm (job {sl.get('state')}, "
+        f"exit code {res.exit_code})"
+    )
+    print(f"  {r['signal']:<10} to every step; the job {how} ({r['grace_s']:g} s grace)")
+    print(
+        f"  this node  {r.get('local_leftovers', 0)} leftover process(es) of the job "
+        "stopped by marker (what Slurm's proctrack missed)"
+    )
+    for s in r.get("survivors", []):
+        print(
+            f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: {s['cmd']}"
+        )
+    verdict = "nothing of the job is alive" if res.ok else "the job did NOT end cleanly"
+    print(f"  total      {r['total_s']:.2f} s — {verdict}")
+
+
+def _status_details(s: Status) -> None:
+    """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
+    if s.slurm:
+        reason = f" ({s.slurm['reason']})" if s.slurm.get("reason") not in (None, "None") else ""
+        print(
+            f"  slurm job {s.slurm['job_id']}: {s.slurm['state']}{reason} on "
+            f"{s.slurm.get('nodes') or '-'}"
+        )
+    if s.gpus:
+        print(f"  gpus {','.join(map(str, s.gpus))}")
+    if s.restarts or s.restart_in_s is not None:
+        lf = s.last_failure or {}
+        nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
+        print(
+            f"  restarts {s.restarts}; last failure: run {lf.get('run')} "
+            f"({lf.get('reason')}, exit code {lf.get('exit_code')}){nxt}"
+        )
+    if s.checkpoint:
+        ck = s.checkpoint
+        print(f"  ckpt {ck['path']} ({duration(ck['age_s'])} old)")
+    if s.progress:
+        print(f"  prog {progress_line(s.progress)}")
+    if s.code_changed:
+        print(
+            f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
+            f"`trainctl restart {s.name}` to run it"
+        )
+    if s.stalled_for_s is not None:
+        print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
+    if s.error:
+        print(f"  note {s.error}")

@@ -107,6 +107,12 @@ def _codes(v: object, what: str) -> list[int]:
     return list(v)
 
 
+def _strlist(v: object, what: str) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
+        raise ConfigError(f"{what}: expected a list of strings")
+    return list(v)
+
+
 def _regex(v: object, what: str) -> str:
     text = _str(v, what)
     try:
@@ -149,6 +155,12 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "restart_backoff": parse_duration,
     "restart_backoff_max": parse_duration,
     "restart_exit_codes": _codes,
+    "backend": _choice("local", "slurm"),
+    "nodes": _int,
+    "gpus_per_node": _int,
+    "partition": _str,
+    "time": _str,
+    "sbatch_args": _strlist,
 }
 
 

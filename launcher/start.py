@@ -51,6 +51,7 @@ class StartResult:
     log: str
     elapsed_s: float
     gpus: str | None = None  # the bound GPU indices, e.g. "0,3"
+    slurm_job_id: str | None = None
 
 
 def build_spec(
@@ -110,6 +111,13 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
         if "restart_exit_codes" in values
         else None,
         spec_file=spec_file,
+        backend=values.get("backend", "local"),
+        slurm={
+            k: values[k]
+            for k in ("nodes", "gpus_per_node", "partition", "time", "sbatch_args")
+            if k in values
+        }
+        or None,
     )
     _check_command(argv, workdir, full_env)
     return spec
@@ -150,6 +158,19 @@ def start_locked(
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         _refuse_if_live(jdir, prev)
+    if spec.backend == "slurm":
+        from . import slurm  # noqa: PLC0415
+
+        st = slurm.submit(home, jdir, spec, prev)
+        return StartResult(
+            name=spec.name,
+            run=st.run,
+            main_pid=0,
+            mode="slurm",
+            log=str(state.log_path(jdir, st.run)),
+            elapsed_s=time.monotonic() - t0,
+            slurm_job_id=(st.slurm or {}).get("job_id"),
+        )
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
     if gpus is None:
@@ -184,6 +205,15 @@ def start_locked(
 
 
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:
+    if prev.backend == "slurm":
+        from . import slurm  # noqa: PLC0415
+
+        info = slurm.query(prev)
+        if info["phase"] not in state.TERMINAL:
+            raise JobConflictError(
+                f"job {prev.name} is {info['state']} in Slurm (job id "
+                f"{(prev.slurm or {}).get('job_id')}); stop it first or choose another name"
+            )
     left = live_members(prev)
     if state.supervisor_alive(jdir) or (left and prev.phase not in state.TERMINAL):
         main = f", main pid {prev.main.pid}" if prev.main else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -58,6 +59,8 @@ def stop_job(
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
     spec = state.read_spec(jdir)
     grace = spec.grace_s if grace_s is None else grace_s
+    if st.backend == "slurm":
+        return _stop_slurm(jdir, st, spec, grace)
     gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
     budget = grace + spec.kill_wait_s + gpu_wait + 60
     if state.supervisor_alive(jdir):
@@ -86,6 +89,25 @@ def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopRes
     )
     report = {"ok": ok, "already_stopped": True, "gpus": gpus}
     return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
+
+
+def _stop_slurm(jdir: Path, st: state.JobState, spec: Spec, grace_s: float) -> StopResult:
+    from . import slurm  # noqa: PLC0415
+
+    report = slurm.stop(jdir, st, spec, grace_s)
+    if report.get("already_stopped"):
+        msg = f"job {st.name} is not running (Slurm: {report['slurm']['state']}); nothing to stop"
+        return StopResult(st.name, st.run, "noop", report, report["slurm"]["exit_code"], msg)
+    final = report["slurm"]
+    new = dataclasses.replace(
+        st,
+        phase=Phase.STOPPED,
+        exit_code=final["exit_code"],
+        ended_at=time.time(),
+        last_stop=report,
+    )
+    state.write_state(jdir, new)
+    return StopResult(st.name, st.run, "slurm", report, final["exit_code"])
 
 
 def _ask_supervisor(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
@@ -213,9 +235,23 @@ def prepare_stop(
     info: dict[str, Any] = {
         "newest": None if ck is None else {"path": ck.path, "age_s": round(ck.age_s, 1)}
     }
-    if checkpoint and live_members(st):
+    if checkpoint and st.backend == "slurm":
+        say(f"asking every node for a checkpoint ({spec.checkpoint_signal}) ...")
+        new = _slurm_checkpoint(jdir, spec, checkpoint_timeout_s)
+        say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
+        info["written"] = {"path": new.path, "size": new.size}
+    elif checkpoint and live_members(st):
         say(f"asking for a checkpoint ({spec.checkpoint_signal}) ...")
         new = request_checkpoint(st, spec, checkpoint_timeout_s)
         say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
         info["written"] = {"path": new.path, "size": new.size}
     return info
+
+
+def _slurm_checkpoint(jdir: Path, spec: Spec, timeout_s: float) -> Any:
+    """Ask the node agents (through the job directory) and wait for a new checkpoint."""
+    from . import slurm  # noqa: PLC0415
+    from .checkpoint import wait_new_checkpoint  # noqa: PLC0415
+
+    asked_at = slurm.request_checkpoint(jdir)
+    return wait_new_checkpoint(spec, asked_at, timeout_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import os
 import select
 import time
@@ -17,7 +18,7 @@ from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.state import Phase
 
 from .exitcodes import ExitCode
-from .jobs import existing_job
+from .jobs import current_phase, existing_job
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
@@ -54,6 +55,7 @@ class Status:
     checkpoint: dict[str, Any] | None = None  # newest: path, age_s, size
     progress: dict[str, Any] | None = None
     code_changed: list[str] = field(default_factory=list)
+    slurm: dict[str, Any] | None = None  # Slurm backend: state, reason, nodes, job id
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -94,7 +96,15 @@ def job_status(home: Path, name: str) -> Status:
         spec: state.Spec | None = state.read_spec(jdir)
     except (StateError, JobNotFoundError):
         spec = None
-    phase = state.effective_phase(jdir, st)
+    slurm_info = None
+    if st.backend == "slurm":
+        from .slurm import query  # noqa: PLC0415
+
+        slurm_info = query(st)
+        st = dataclasses.replace(st, exit_code=slurm_info["exit_code"])
+    phase = Phase(slurm_info["phase"]) if slurm_info else state.effective_phase(jdir, st)
+    if slurm_info and phase in state.TERMINAL and st.phase == Phase.STOPPED:
+        phase = Phase.STOPPED  # Slurm calls a job ended by `trainctl stop` FAILED/CANCELLED
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
     target = target_of(st)
     # cgroup.procs is cheap and complete unless root moved a process out; use it for the
@@ -120,8 +130,8 @@ def job_status(home: Path, name: str) -> Status:
         supervisor_alive=sup_alive,
         exit_code=st.exit_code,
         members=len(live),
-        escaped=sum(1 for m in live if m.escaped),
-        mode=st.mode,
+        escaped=0 if slurm_info else sum(1 for m in live if m.escaped),
+        mode="slurm" if slurm_info else st.mode,
         cgroup=st.cgroup,
         started_at=st.started_at,
         ended_at=st.ended_at,
@@ -136,6 +146,12 @@ def job_status(home: Path, name: str) -> Status:
         last_failure=st.last_failure,
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
+        slurm=None
+        if slurm_info is None
+        else {
+            **{k: v for k, v in slurm_info.items() if k != "phase"},
+            "job_id": (st.slurm or {}).get("job_id"),
+        },
         **training,
     )
 
@@ -322,7 +338,7 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
 
 
 def _finished(jdir: Path, st: state.JobState) -> bool:
-    phase = state.effective_phase(jdir, st)
+    phase = current_phase(jdir, st)
     if phase == Phase.LOST:
         return not any(m.alive for m in scan(target_of(st)).values())
     return phase in state.TERMINAL

@@ -93,6 +93,18 @@ def read_wchan(pid: int) -> str:
         return ""
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Tell whether ``pid`` has a handler installed for ``sig`` (SigCgt in /proc status)."""
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def owner_uid(pid: int) -> int | None:
     """Return the real uid owning ``pid``, or None if it is gone."""
     try:

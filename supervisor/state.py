@@ -125,6 +125,8 @@ class Spec:
     restart_backoff_max_s: float = 300.0
     restart_exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
     spec_file: str | None = None
+    backend: str = "local"  # "local" | "slurm"
+    slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
     schema: int = SCHEMA
 
 
@@ -155,6 +157,8 @@ class JobState:
     restart_at: float | None = None  # set while waiting out the restart backoff
     stalled_since: float | None = None  # stall watchdog: no progress nor output since
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
+    backend: str = "local"
+    slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
     schema: int = SCHEMA
 
     def member_nets(self) -> dict[ProcRef, tuple[str, ...]]:

@@ -1,0 +1,250 @@
+"""The Slurm backend: the same verbs, driving sbatch / squeue / scontrol / scancel.
+
+trainctl does not grow its own multi-host orchestrator. A Slurm job is a batch script
+(kept in the job directory) whose single step runs trainctl's node agent on every node
+(``srun python -m trainctl.supervisor.node``), so the marker, subreaper and log
+guarantees hold inside the allocation too.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.proctree import Target, alive, scan
+from trainctl.supervisor.state import JobState, Phase, Spec
+from trainctl.supervisor.terminate import StopPolicy, stop_tree
+
+SLURM_PHASES = {
+    "PENDING": Phase.STARTING,
+    "CONFIGURING": Phase.STARTING,
+    "REQUEUED": Phase.STARTING,
+    "RUNNING": Phase.RUNNING,
+    "SUSPENDED": Phase.RUNNING,
+    "COMPLETING": Phase.STOPPING,
+    "STOPPED": Phase.RUNNING,
+    "COMPLETED": Phase.EXITED,
+    "CANCELLED": Phase.STOPPED,
+}
+
+
+class SlurmError(TrainctlError):
+    """A Slurm command failed; the message carries Slurm's own reason."""
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmError(
+            f"{name} not found: install the Slurm client (slurm-client) or drop --backend slurm"
+        )
+    return path
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 90) -> str:
+    try:
+        p = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{Path(argv[0]).name} timed out: is slurmctld reachable?") from None
+    if p.returncode != 0:
+        raise SlurmError(_reason(p.stderr) or f"{Path(argv[0]).name} failed ({p.returncode})")
+    return p.stdout
+
+
+def _reason(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Unable to contact slurm controller" in ln:
+            return "Slurm controller unreachable (Unable to contact slurm controller)"
+        if "failed:" in ln or "error:" in ln:
+            return "Slurm: " + ln.split("error:", 1)[-1].strip()
+    return lines[-1] if lines else ""
+
+
+def batch_script(home: Path, jdir: Path, spec: Spec, run: int, marker: str) -> str:
+    """Return the sbatch script of one run."""
+    opts = spec.slurm or {}
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=trainctl-{spec.name}",
+        f"#SBATCH --output={state.log_path(jdir, run)}",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --nodes={opts.get('nodes', 1)}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --chdir={spec.cwd}",
+    ]
+    if opts.get("partition"):
+        lines.append(f"#SBATCH --partition={opts['partition']}")
+    if opts.get("time"):
+        lines.append(f"#SBATCH --time={opts['time']}")
+    if opts.get("gpus_per_node"):
+        lines.append(f"#SBATCH --gpus-per-node={opts['gpus_per_node']}")
+    lines += [f"#SBATCH {arg}" for arg in opts.get("sbatch_args", ())]
+    agent = [
+        sys.executable,
+        "-m",
+        "trainctl.supervisor.node",
+        "--home",
+        str(home),
+        "--name",
+        spec.name,
+        "--run",
+        str(run),
+        "--marker",
+        marker,
+    ]
+    lines += [
+        "# one trainctl node agent per node; it runs and supervises the job's argv",
+        f"exec srun --kill-on-bad-exit=1 {shlex.join(agent)}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobState:
+    """Write the batch script, submit it, record the Slurm job id; return the new state."""
+    sbatch = _tool("sbatch")
+    run = prev.run + 1 if prev else 1
+    marker = uuid.uuid4().hex
+    state.write_json_atomic(jdir / "spec.json", state.spec_to_doc(spec))
+    script = jdir / "slurm" / f"run-{run}.sbatch"
+    script.parent.mkdir(mode=0o700, exist_ok=True)
+    (jdir / "logs").mkdir(mode=0o700, exist_ok=True)
+    script.write_text(batch_script(home, jdir, spec, run, marker))
+    out = _run([sbatch, "--parsable", str(script)], env=spec.env)
+    job_id = out.strip().split(";")[0]
+    st = JobState(
+        name=spec.name,
+        run=run,
+        phase=Phase.STARTING,
+        marker=marker,
+        started_at=time.time(),
+        backend="slurm",
+        slurm={"job_id": job_id, "script": str(script), "submitted_at": time.time()},
+    )
+    state.write_state(jdir, st)
+    state.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)
+    return st
+
+
+def query(st: JobState) -> dict[str, Any]:
+    """Return {state, reason, nodes, exit_code, phase} for the job's Slurm id."""
+    job_id = (st.slurm or {}).get("job_id")
+    if not job_id:
+        raise ConfigError(f"job {st.name} has no Slurm job id")
+    try:
+        out = _run([_tool("scontrol"), "show", "job", "-o", str(job_id)], timeout_s=30)
+    except SlurmError:
+        out = ""
+    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    if not fields:
+        fields = _sacct(str(job_id))
+    slurm_state = fields.get("JobState", "UNKNOWN").split()[0]
+    code = fields.get("ExitCode", "")
+    rc: int | None = None
+    if ":" in code:
+        status, sig = (int(x) for x in code.split(":")[:2])
+        rc = 128 + sig if sig else status
+    phase = SLURM_PHASES.get(slurm_state, Phase.FAILED if slurm_state != "UNKNOWN" else Phase.LOST)
+    if phase == Phase.EXITED and rc:
+        phase = Phase.FAILED
+    if phase not in state.TERMINAL:
+        rc = None  # Slurm says 0:0 while running
+    return {
+        "state": slurm_state,
+        "reason": fields.get("Reason"),
+        "nodes": fields.get("NodeList"),
+        "exit_code": rc,
+        "phase": phase,
+    }
+
+
+def _sacct(job_id: str) -> dict[str, str]:
+    try:
+        out = _run(
+            [_tool("sacct"), "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"], timeout_s=30
+        )
+    except SlurmError:
+        return {}
+    line = out.strip().splitlines()[:1]
+    if not line:
+        return {}
+    st, _, code = line[0].partition("|")
+    return {"JobState": st, "ExitCode": code}
+
+
+def local_target(st: JobState) -> Target:
+    """The marker net alone: what of the job runs on this node."""
+    return Target(marker=st.marker)
+
+
+def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]:
+    """scancel --signal=TERM --full, wait the grace, scancel, verify (queue + this node)."""
+    t0 = time.monotonic()
+    scancel = _tool("scancel")
+    job_id = str((st.slurm or {})["job_id"])
+    info = query(st)
+    if info["phase"] in state.TERMINAL and not alive(scan(local_target(st))):
+        return {"ok": True, "already_stopped": True, "slurm": info}
+    sig = spec.stop_signal.removeprefix("SIG")
+    # To the job's steps only: the node agents and every process of the job. Not --full:
+    # the batch shell is `exec srun`, and srun answers a SIGTERM by terminating the whole
+    # step at once, which would take the grace away from the job.
+    _run([scancel, f"--signal={sig}", job_id])
+    state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop_signal, via="scancel")
+    cancelled = not _wait_left_queue(st, grace_s)
+    if cancelled:
+        _run([scancel, job_id])
+        state.append_event(jdir, "escalated", job=st.name, via="scancel")
+        _wait_left_queue(st, 60)
+    # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
+    local = stop_tree(local_target(st), signal_of(spec), StopPolicy(grace_s=0.5, kill_wait_s=5))
+    final = query(st)
+    report = {
+        "ok": final["phase"] in state.TERMINAL and local.ok,
+        "slurm": final,
+        "cancelled_after_grace": cancelled,
+        "local_leftovers": local.found,
+        "survivors": local.survivors,
+        "total_s": round(time.monotonic() - t0, 3),
+        "signal": spec.stop_signal,
+        "grace_s": grace_s,
+        "mode": "slurm",
+    }
+    state.append_event(jdir, "stop_report", job=st.name, **report)
+    return report
+
+
+def signal_of(spec: Spec) -> int:
+    """The stop signal as a number."""
+    import signal  # noqa: PLC0415
+
+    return int(signal.Signals[spec.stop_signal])
+
+
+def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if query(st)["phase"] in state.TERMINAL:
+            return True
+        time.sleep(0.3)
+    return query(st)["phase"] in state.TERMINAL
+
+
+def request_checkpoint(jdir: Path) -> float:
+    """Ask every node agent to forward the checkpoint signal to its catching processes."""
+    path = jdir / "slurm" / "checkpoint-request"
+    path.write_text(str(time.time()))
+    os.utime(path)
+    return time.time()

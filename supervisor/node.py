@@ -1,0 +1,152 @@
+"""The per-node agent of a Slurm job: ``srun python -m trainctl.supervisor.node ...``.
+
+Inside an allocation the job still runs under trainctl's guarantees: the agent is the
+job's child subreaper, every process carries the marker, stdout/stderr go to the job's
+log, and a stop (Slurm's SIGTERM to the step) runs the same stop sequence as locally, so
+a setsid'd escaper that Slurm's proctrack plugin would miss is stopped too. A checkpoint
+request (a file the CLI writes in the job directory) is forwarded only to the processes
+that catch the checkpoint signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from . import procfs, state
+from .boot import set_subreaper
+from .proctree import Target, alive, scan
+from .spawn import job_env, spawn_main
+from .state import ProcRef, job_dir, log_path, read_spec
+from .terminate import StopPolicy, stop_tree
+
+_stop = {"asked": False}
+
+
+def _on_stop(_sig: int, _frame: object) -> None:
+    _stop["asked"] = True
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def main(argv: list[str]) -> int:
+    """Run the job on this node until it ends or is stopped; exit with its exit code."""
+    p = argparse.ArgumentParser(prog="trainctl-node")
+    p.add_argument("--home", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--run", type=int, required=True)
+    p.add_argument("--marker", required=True)
+    args = p.parse_args(argv)
+    jdir = job_dir(Path(args.home), args.name)
+    spec = read_spec(jdir)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_stop)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
+    set_subreaper()
+    progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
+    env = job_env(spec, args.marker, args.run, progress)
+    spawned = spawn_main(spec, env, log_path(jdir, args.run), None)
+    me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
+    if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry
+        raise SystemExit(f"trainctl-node: {spec.argv[0]} vanished right after exec")
+    target = Target(
+        marker=args.marker,
+        main=ProcRef(spawned.pid, st.start_ticks),
+        supervisor=ProcRef(me.pid, me.start_ticks),
+        pgid=spawned.pid,
+        sid=spawned.pid,
+    )
+    _record(jdir, args.run, target)
+    status = _supervise(jdir, spec.checkpoint_signal, target, spawned.pid)
+    # main ended (or we were told to stop): nothing of the job may outlive this step
+    policy = StopPolicy(grace_s=spec.grace_s, kill_wait_s=spec.kill_wait_s)
+    report = stop_tree(target, signal.Signals[spec.stop_signal], policy)
+    _reap_all()
+    if status is None:
+        status = _wait_main(spawned.pid)
+    state.append_event(
+        jdir,
+        "node_done",
+        node=socket.gethostname(),
+        run=args.run,
+        found=report.found,
+        killed=report.killed,
+        ok=report.ok,
+        survivors=report.survivors,
+    )
+    return _exit_code(status) if status is not None else 143
+
+
+def _record(jdir: Path, run: int, target: Target) -> None:
+    path = jdir / "slurm" / f"run-{run}.{socket.gethostname()}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "agent": target.supervisor and target.supervisor.pid,
+                "main": target.main and target.main.pid,
+            }
+        )
+    )
+
+
+def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> int | None:
+    """Reap and forward checkpoint requests until main exits or a stop is asked."""
+    request = jdir / "slurm" / "checkpoint-request"
+    seen = _mtime(request)
+    while not _stop["asked"]:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if pid == main_pid:
+            return status
+        if pid:
+            continue
+        if _mtime(request) > seen:
+            seen = _mtime(request)
+            _forward_checkpoint(target, signal.Signals[ckpt_signal])
+        time.sleep(0.1)
+    return None
+
+
+def _forward_checkpoint(target: Target, sig: signal.Signals) -> None:
+    for m in alive(scan(target)).values():
+        if procfs.catches(m.stat.pid, sig):
+            procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig)
+
+
+def _wait_main(pid: int) -> int | None:
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,293 @@
+"""The Slurm backend against a real single-node Slurm cluster started here.
+
+The fixture writes a minimal slurm.conf into a temp dir (SlurmUser root, proctrack/
+linuxproc, task/none, select/cons_tres, this host as the one node, KillWait 3 s), starts
+munged, slurmctld and slurmd with it, waits for the node to be idle, and tears everything
+down afterwards. It skips, with the reason, only if slurmctld cannot run here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TREES, Harness, wait_for
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    missing = [d for d in (*DAEMONS, "sbatch", "scancel", "scontrol") if not _which(d)]
+    if missing:
+        pytest.skip(
+            f"Slurm not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+        )
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster runs as root (SlurmUser=root)")
+    tmp = tmp_path_factory.mktemp("slurm")
+    for d in ("munge", "state", "spool", "log"):
+        (tmp / d).mkdir()
+    key = tmp / "munge" / "key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    sock = tmp / "munge" / "sock"
+    host = socket.gethostname().split(".")[0]
+    conf = tmp / "slurm.conf"
+    conf.write_text(f"""ClusterName=trainctltest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+StateSaveLocation={tmp}/state
+SlurmdSpoolDir={tmp}/spool
+SlurmctldPidFile={tmp}/ctld.pid
+SlurmdPidFile={tmp}/d.pid
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmctldLogFile={tmp}/log/ctld.log
+SlurmdLogFile={tmp}/log/d.log
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+KillWait=3
+MinJobAge=600
+InactiveLimit=0
+NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+    yield from _run_cluster(tmp, conf, key, sock)
+
+
+def _run_cluster(tmp: Path, conf: Path, key: Path, sock: Path) -> Iterator[Path]:
+    procs: list[subprocess.Popen[bytes]] = []
+    munged = subprocess.run(
+        [
+            str(_which("munged")),
+            "--force",
+            f"--key-file={key}",
+            f"--socket={sock}",
+            f"--pid-file={tmp}/munge/pid",
+            f"--log-file={tmp}/munge/log",
+            f"--seed-file={tmp}/munge/seed",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if munged.returncode != 0:
+        pytest.skip(f"munged cannot run here: {munged.stderr.strip()[:200]}")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for daemon in ("slurmctld", "slurmd"):
+        with open(tmp / "log" / f"{daemon}.out", "wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [str(_which(daemon)), "-D", "-f", str(conf)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            p = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, check=False
+            )
+            if p.stdout.strip() == "idle":
+                break
+            if any(x.poll() is not None for x in procs) or time.monotonic() > deadline:
+                logs = (tmp / "log" / "slurmctld.out").read_text()[-300:]
+                pytest.skip(f"slurmctld cannot run here: {logs.strip()}")
+            time.sleep(0.3)
+        yield conf
+    finally:
+        for x in procs:
+            x.terminate()
+        for x in procs:
+            try:
+                x.wait(15)
+            except subprocess.TimeoutExpired:
+                x.kill()
+                x.wait()
+        pid = tmp / "munge" / "pid"
+        if pid.exists():  # munged daemonised itself; we started it: pid file + our socket
+            subprocess.run(["kill", pid.read_text().strip()], check=False)
+
+
+@pytest.fixture
+def sl(harness: Harness, slurm: Path) -> Harness:
+    harness.env["SLURM_CONF"] = str(slurm)
+    return harness
+
+
+def slurm_state(h: Harness, name: str) -> str:
+    doc = h.tc("status", name, "--json").json()
+    assert isinstance(doc, dict)
+    return str(doc["slurm"]["state"])
+
+
+def test_submit_pending_running_logs_and_graceful_stop(sl: Harness) -> None:
+    h = sl
+    res = h.tc(
+        "start",
+        "--name",
+        "ck",
+        "--backend",
+        "slurm",
+        "--grace",
+        "10",
+        "--sbatch-arg=--begin=now+3",
+        "--json",
+        "--",
+        sys.executable,
+        str(TREES / "checkpointer.py"),
+        str(h.tmp),
+        "1",
+    )
+    assert res.rc == 0, res.err
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["slurm_job_id"]
+    st = h.state("ck")
+    assert st["backend"] == "slurm"
+    assert Path(st["slurm"]["script"]).read_text().startswith("#!/bin/bash")
+    assert slurm_state(h, "ck") == "PENDING"
+    assert h.tc("status", "ck", "--json").json()["state"] == "starting"  # type: ignore[index]
+    wait_for(lambda: slurm_state(h, "ck") == "RUNNING", 60, "RUNNING")
+    wait_for(lambda: len(h.job_pids("ck")) >= 3, 30, "the job's processes")
+    stop = h.tc("stop", "ck", "--json")
+    assert stop.rc == 0, stop.out + stop.err
+    report = stop.json()["report"]  # type: ignore[index]
+    assert report["cancelled_after_grace"] is False
+    assert (h.tmp / "ckpt.done").exists()  # the trainer checkpointed on SIGTERM
+    assert "checkpoint written at step" in h.tc("logs", "ck").out
+    assert not h.job_pids("ck")
+    assert h.tc("status", "ck", "--json").json()["state"] == "stopped"  # type: ignore[index]
+
+
+def test_setsid_escaper_has_zero_survivors(sl: Harness) -> None:
+    h = sl
+    h.tc(
+        "start",
+        "--name",
+        "esc",
+        "--backend",
+        "slurm",
+        "--grace",
+        "1",
+        "--",
+        sys.executable,
+        str(TREES / "setsid_daemon.py"),
+        check=True,
+    )
+    wait_for(lambda: len(h.job_pids("esc")) >= 2, 60, "the job and its daemon")
+    stop = h.tc("stop", "esc")
+    assert stop.rc == 0, stop.out + stop.err
+    assert not h.job_pids("esc")  # Slurm alone (proctrack/linuxproc) leaves this one
+
+
+def test_checkpoint_signal_and_restart(sl: Harness) -> None:
+    h = sl
+    h.tc(
+        "start",
+        "--name",
+        "rc",
+        "--backend",
+        "slurm",
+        "--grace",
+        "5",
+        "--cwd",
+        str(h.tmp),
+        "--set",
+        "checkpoint='ck/*.json'",
+        "--env",
+        f"TREE_READY={h.tmp}/rc.ready",
+        "--",
+        sys.executable,
+        str(TREES / "ckpt_trainer.py"),
+        str(h.tmp / "ck"),
+        check=True,
+    )
+    wait_for((h.tmp / "rc.ready").exists, 60, "trainer up")
+    job1 = h.state("rc")["slurm"]["job_id"]
+    res = h.tc("restart", "rc", "--checkpoint", "--checkpoint-timeout", "30")
+    assert res.rc == 0, res.out + res.err
+    assert "checkpoint written: ck/ckpt-main-" in res.out
+    st = h.state("rc")
+    assert st["run"] == 2
+    assert st["slurm"]["job_id"] != job1
+    wait_for(lambda: slurm_state(h, "rc") == "RUNNING", 60)
+    assert h.tc("stop", "rc").rc == 0
+    assert not h.job_pids("rc")
+
+
+def test_slurm_errors_are_one_line(sl: Harness, tmp_path: Path) -> None:
+    h = sl
+    bad = h.tc("start", "--name", "p", "--backend", "slurm", "--partition", "nosuch", "--", "true")
+    assert bad.rc == 1
+    assert bad.err.strip().splitlines() == [bad.err.strip()]
+    assert "invalid partition" in bad.err.lower()
+    conf = Path(h.env["SLURM_CONF"]).read_text()
+    unreachable = tmp_path / "down.conf"
+    port = _free_port()
+    unreachable.write_text(
+        "\n".join(
+            f"SlurmctldPort={port}" if ln.startswith("SlurmctldPort=") else ln
+            for ln in conf.splitlines()
+        )
+    )
+    down = h.tc(
+        "start",
+        "--name",
+        "d",
+        "--backend",
+        "slurm",
+        "--",
+        "true",
+        env={**h.env, "SLURM_CONF": str(unreachable)},
+        timeout=120,
+    )
+    assert down.rc == 1
+    assert "controller unreachable" in down.err
+    nopath = h.tc(
+        "start",
+        "--name",
+        "n",
+        "--backend",
+        "slurm",
+        "--",
+        "true",
+        env={**h.env, "PATH": "/nonexistent"},
+    )
+    assert nopath.rc != 0
+    assert "sbatch not found" in nopath.err or "command not found" in nopath.err
+    assert not (h.home / "jobs" / "p").exists()
+    only = h.tc("start", "--name", "x", "--nodes", "2", "--", "true")
+    assert only.rc == 2
+    assert "only with --backend slurm" in only.err
