@@ -127,6 +127,19 @@ def _run_cluster(tmp: Path, conf: Path, key: Path, sock: Path) -> Iterator[Path]
             time.sleep(0.3)
         yield conf
     finally:
+        # Jobs a failed test left behind are this test cluster's own: cancel them all and
+        # let their slurmstepd processes finish before the daemons go.
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=env, capture_output=True, check=False
+        )
+        end = time.monotonic() + 20
+        while (
+            time.monotonic() < end
+            and subprocess.run(
+                ["squeue", "-h"], env=env, capture_output=True, text=True, check=False
+            ).stdout.strip()
+        ):
+            time.sleep(0.3)
         for x in procs:
             x.terminate()
         for x in procs:
