@@ -22,8 +22,8 @@ from pathlib import Path
 from . import procfs, state
 from .boot import set_subreaper
 from .proctree import Target, alive, scan
-from .spawn import job_env, spawn_main
-from .state import ProcRef, job_dir, log_path, read_spec
+from .spawn import exit_code_of, job_env, spawn_main
+from .state import ProcRef, job_dir, log_path, mtime, read_spec
 from .terminate import StopPolicy, stop_tree
 
 _stop = {"asked": False}
@@ -31,11 +31,6 @@ _stop = {"asked": False}
 
 def _on_stop(_sig: int, _frame: object) -> None:
     _stop["asked"] = True
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str]) -> int:
@@ -83,7 +78,7 @@ def main(argv: list[str]) -> int:
         ok=report.ok,
         survivors=report.survivors,
     )
-    return _exit_code(status) if status is not None else 143
+    return exit_code_of(status) if status is not None else 143
 
 
 def _record(jdir: Path, run: int, target: Target) -> None:
@@ -102,7 +97,7 @@ def _record(jdir: Path, run: int, target: Target) -> None:
 def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> int | None:
     """Reap and forward checkpoint requests until main exits or a stop is asked."""
     request = jdir / "slurm" / "checkpoint-request"
-    seen = _mtime(request)
+    seen = mtime(request)
     while not _stop["asked"]:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -112,8 +107,8 @@ def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> i
             return status
         if pid:
             continue
-        if _mtime(request) > seen:
-            seen = _mtime(request)
+        if mtime(request) > seen:
+            seen = mtime(request)
             _forward_checkpoint(target, signal.Signals[ckpt_signal])
         time.sleep(0.1)
     return None
@@ -139,13 +134,6 @@ def _reap_all() -> None:
                 return
         except ChildProcessError:
             return
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 if __name__ == "__main__":

@@ -30,15 +30,9 @@ from .gpu.verify import fresh_baselines, gpu_policy_of
 from .launch import Handover, launch_supervisor
 from .policy import backoff_s, restart_refusal
 from .proctree import Target, scan, target_of
-from .spawn import Spawned
-from .state import JobState, MemberSnap, Phase, Spec, log_path, write_state
+from .spawn import Spawned, exit_code_of
+from .state import JobState, MemberSnap, Phase, Spec, log_path, mtime, write_state
 from .terminate import StopPolicy, stop_and_verify
-
-
-def exit_code_of(status: int) -> int:
-    """Return the shell-style exit code: N, or 128+N when killed by signal N."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
@@ -295,7 +289,7 @@ class Supervisor:
             return
         st = self.state
         progress = self.jdir / "logs" / f"run-{st.run}.progress.jsonl"
-        last = max([st.started_at, *(_mtime(p) for p in (log_path(self.jdir, st.run), progress))])
+        last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
         idle = time.time() - last
         if idle < timeout:
             if st.stalled_since is not None:
@@ -408,10 +402,3 @@ def run_supervisor(
     # `trainctl stop` would otherwise sit through waiting for supervisor.lock.
     del lock_fd
     os._exit(code)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

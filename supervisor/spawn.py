@@ -88,3 +88,9 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
         os.close(log_fd)
     # Nobody has waited for the child yet, so its pid cannot have been recycled.
     return Spawned(proc=proc, pid=proc.pid, pidfd=os.pidfd_open(proc.pid))
+
+
+def exit_code_of(status: int) -> int:
+    """Return the shell-style exit code: N, or 128+N when killed by signal N."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code

@@ -351,6 +351,14 @@ def write_state(jdir: Path, st: JobState, *, durable: bool = True) -> None:
     write_json_atomic(jdir / "state.json", state_to_doc(st), durable=durable)
 
 
+def mtime(path: Path) -> float:
+    """Return the modification time of ``path``, or 0.0 if it does not exist."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def append_event(jdir: Path, event: str, **fields: Any) -> None:
     """Append one JSON line to events.jsonl (O_APPEND: concurrent writers never interleave)."""
     line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
