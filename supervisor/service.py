@@ -203,18 +203,28 @@ class Supervisor:
             final = Phase.STOPPED
         else:
             final = Phase.EXITED if code == 0 and reason == "main exited" else Phase.FAILED
-        self._set(final, exit_code=code, ended_at=time.time(), last_stop=report, members=())
-        self._cleanup(remove_socket=False)
         why_not = restart_refusal(
             self.spec, self.state.restarts, code, bool(report.get("ok")), reason
         )
+        ended: dict[str, Any] = {
+            "exit_code": code,
+            "ended_at": time.time(),
+            "last_stop": report,
+            "members": (),
+        }
         if why_not is None:
+            # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
+            # terminal phase for a run that is about to be relaunched.
+            self._cleanup(remove_socket=False)
             with anyio.CancelScope(shield=True):
-                await self._restart(code, reason)
-        elif why_not:
+                await self._restart(code, reason, ended)
+            return self._finish(self.cancelled or report)
+        if why_not:
             self.log.info("not_restarting", why=why_not)
-            self._set(self.state.phase, error=why_not)
-        return self._finish(self.cancelled or report)
+            ended["error"] = why_not
+        self._set(final, **ended)
+        self._cleanup(remove_socket=False)
+        return self._finish(report)
 
     def _finish(self, report: dict[str, Any]) -> dict[str, Any]:
         if not self.handed_over:
@@ -228,12 +238,12 @@ class Supervisor:
 
     # ------------------------------------------------------------ restart policy
 
-    async def _restart(self, code: int | None, reason: str) -> None:
+    async def _restart(self, code: int | None, reason: str, ended: dict[str, Any]) -> None:
         """Wait out the backoff (a stop cancels it), then hand over to a new supervisor."""
         st = self.state
         backoff = backoff_s(self.spec, st.restarts)
         failure = {"run": st.run, "exit_code": code, "at": time.time(), "reason": reason}
-        self._set(Phase.STARTING, restart_at=time.time() + backoff, last_failure=failure)
+        self._set(Phase.STARTING, restart_at=time.time() + backoff, last_failure=failure, **ended)
         self.log.info("restart_scheduled", backoff_s=backoff, restarts=st.restarts, **failure)
         self.in_backoff, self.stopping = True, False
         with anyio.move_on_after(backoff):

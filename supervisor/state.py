@@ -57,8 +57,9 @@ TERMINAL = frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED})
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset({Phase.RUNNING, Phase.FAILED, Phase.STOPPING}),
     Phase.RUNNING: frozenset({Phase.STOPPING, Phase.EXITED, Phase.FAILED}),
-    Phase.STOPPING: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED}),
-    # FAILED -> STARTING: the restart policy's backoff; STARTING -> STOPPING: stop during it
+    # STOPPING -> STARTING: the restart policy relaunches after cleaning up a failed run
+    # (the run never shows a terminal phase then); STARTING -> STOPPING: stop during backoff
+    Phase.STOPPING: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED, Phase.STARTING}),
     Phase.STOPPED: frozenset({Phase.STARTING}),
     Phase.EXITED: frozenset({Phase.STARTING, Phase.STOPPED}),
     Phase.FAILED: frozenset({Phase.STARTING, Phase.STOPPED}),
