@@ -92,17 +92,6 @@ def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkp
     )
 
 
-def require_recent(spec: Spec, within_s: float) -> Checkpoint | None:
-    """Refuse (JobConflictError) when the newest checkpoint is older than ``within_s``."""
-    ck = newest_checkpoint(spec)
-    if ck is None or ck.age_s > within_s:
-        age = "there is none" if ck is None else f"the newest is {ck.age_s / 60:.1f} min old"
-        raise JobConflictError(
-            f"no checkpoint within {within_s / 60:.1f} min ({age}); use --force to go ahead"
-        )
-    return ck
-
-
 def describe(ck: Checkpoint | None, spec: Spec) -> str:
     """One human line about the newest checkpoint."""
     if not spec.checkpoint:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -209,7 +210,9 @@ def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]
         state.append_event(jdir, "escalated", job=st.name, via="scancel")
         _wait_left_queue(st, 60)
     # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
-    local = stop_tree(local_target(st), signal_of(spec), StopPolicy(grace_s=0.5, kill_wait_s=5))
+    local = stop_tree(
+        local_target(st), signal.Signals[spec.stop_signal], StopPolicy(grace_s=0.5, kill_wait_s=5)
+    )
     final = query(st)
     report = {
         "ok": final["phase"] in state.TERMINAL and local.ok,
@@ -224,13 +227,6 @@ def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]
     }
     state.append_event(jdir, "stop_report", job=st.name, **report)
     return report
-
-
-def signal_of(spec: Spec) -> int:
-    """The stop signal as a number."""
-    import signal  # noqa: PLC0415
-
-    return int(signal.Signals[spec.stop_signal])
 
 
 def _wait_left_queue(st: JobState, timeout_s: float) -> bool:

@@ -102,11 +102,6 @@ def thaw(path: Path) -> None:
         (path / "cgroup.freeze").write_text("0")
 
 
-def is_populated(path: Path) -> bool:
-    """Tell whether any live task remains in the cgroup."""
-    return "populated 1" in _events(path)
-
-
 def remove(path: Path) -> bool:
     """Remove the (empty) cgroup; return False if it is still busy or already gone."""
     try:

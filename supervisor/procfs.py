@@ -105,14 +105,6 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def owner_uid(pid: int) -> int | None:
-    """Return the real uid owning ``pid``, or None if it is gone."""
-    try:
-        return os.stat(f"{PROC}/{pid}").st_uid
-    except FileNotFoundError:
-        return None
-
-
 @cache
 def clock_ticks() -> int:
     """Return USER_HZ, the unit of the stat time fields."""

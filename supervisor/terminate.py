@@ -39,8 +39,7 @@ class StopPolicy:
     grace_s: float = 60.0
     kill_wait_s: float = 10.0
     freeze_timeout_s: float = 2.0
-    poll_s: float = 0.01  # first poll; doubles up to max_poll_s
-    max_poll_s: float = 0.05
+    max_poll_s: float = 0.05  # poll interval for members without a pidfd (fd limit hit)
     rescan_s: float = 0.1  # how often the full /proc scan repeats while waiting
     stop_rounds: int = 200  # SIGSTOP-and-rescan rounds before giving up on quiescence
 
