@@ -100,6 +100,11 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     "--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... [default TERM]."
 )
 @click.option(
+    "--stop-order",
+    metavar="ORDER",
+    help="Default order of `stop`: tree, all or main (see `stop --order`) [default: tree].",
+)
+@click.option(
     "--gpus",
     metavar="SPEC",
     help="Bind GPUs: 0,3 (indices as nvidia-smi shows them), N >= 1 (pick N free GPUs), all, "
@@ -139,6 +144,7 @@ def start(
     env: tuple[str, ...],
     grace: str | None,
     stop_signal: str | None,
+    stop_order: str | None,
     gpus: str | None,
     share: bool,
     force: bool,
@@ -159,6 +165,8 @@ def start(
       trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
       trainctl start -c conf/jobs/demo.toml --set max_restarts=5
     """
+    from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
+
     from . import render  # noqa: PLC0415
     from .inputs import parse_env, parse_seconds, parse_signal  # noqa: PLC0415
     from .specfile import load_spec_file, parse_sets  # noqa: PLC0415
@@ -172,6 +180,7 @@ def start(
         "cwd": os.path.abspath(os.path.expanduser(cwd)) if cwd else None,
         "grace": None if grace is None else parse_seconds(grace, "--grace"),
         "stop_signal": parse_signal(stop_signal) if stop_signal else None,
+        "stop_order": None if stop_order is None else str(parse_order(stop_order, "--stop-order")),
         "gpus": gpus,
         "share": share or None,
         "force": force or None,
@@ -276,11 +285,14 @@ def _prepare(
 @click.argument("name")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
 @click.option(
-    "--main-only",
-    is_flag=True,
-    help="Send the stop signal to the main process "
-    "only (it forwards to its workers); the rest still gets SIGKILL after the grace.",
+    "--order",
+    metavar="ORDER",
+    help="Who gets the stop signal when: tree (top of the process tree first, a child once "
+    "its parent exited; launchers such as torchrun are skipped for their workers), all "
+    "(everyone at once), main (main, then the rest once it exited) [default: the job's "
+    "stop_order, else tree].",
 )
+@click.option("--main-only", is_flag=True, help="The same as --order main.")
 @click.option(
     "--gpu-timeout",
     metavar="SECONDS",
@@ -293,6 +305,7 @@ def stop(
     c: Ctx,
     name: str,
     grace: str | None,
+    order: str | None,
     main_only: bool,
     gpu_timeout: str | None,
     ask_checkpoint: bool,
@@ -309,14 +322,15 @@ def stop(
     """
     from . import render  # noqa: PLC0415
     from .inputs import parse_seconds  # noqa: PLC0415
-    from .stop import stop_exit_code, stop_job  # noqa: PLC0415
+    from .stop import stop_exit_code, stop_job, stop_order_of  # noqa: PLC0415
 
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
+    how = stop_order_of(order, main_only=main_only)
     pre = _prepare(
         c, name, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force, as_json
     )
-    res = stop_job(c.home, name, grace_s=grace_s, main_only=main_only, gpu_timeout_s=gpu_s)
+    res = stop_job(c.home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s)
     render.stop_doc(res, pre) if as_json else render.stop(res)
     return stop_exit_code(res)
 

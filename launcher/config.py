@@ -23,6 +23,7 @@ class Config:
     cgroup: bool
     grace_s: float
     stop_signal: str
+    stop_order: str
     kill_wait_s: float
     snapshot_interval_s: float
     tail_lines: int
@@ -38,6 +39,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("start", "cgroup"): ("cgroup", bool),
     ("stop", "grace_s"): ("grace_s", float),
     ("stop", "signal"): ("stop_signal", str),
+    ("stop", "order"): ("stop_order", str),
     ("stop", "kill_wait_s"): ("kill_wait_s", float),
     ("supervisor", "snapshot_interval_s"): ("snapshot_interval_s", float),
     ("logs", "tail_lines"): ("tail_lines", int),
@@ -73,6 +75,10 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
             if isinstance(value, int | float) and value < 0:
                 raise ConfigError(f"{where}: {table}.{key} must not be negative")
             values[field] = value
+    if "stop_order" in values:
+        from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
+
+        values["stop_order"] = str(parse_order(values["stop_order"], f"{where}: stop.order"))
 
 
 def user_config_path() -> Path:

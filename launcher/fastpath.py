@@ -5,7 +5,7 @@
 ~20 ms to import on these machines. The simple shapes
 
     [--home DIR] status NAME [--json]
-    [--home DIR] stop NAME [--json] [--main-only] [--grace SECONDS]
+    [--home DIR] stop NAME [--json] [--main-only] [--grace SECONDS] [--order ORDER]
 
 are therefore parsed here by hand. Every other command line, including any help, typo or
 unusual spelling, goes through click unchanged. Both paths call the same functions, render
@@ -23,7 +23,7 @@ from trainctl.supervisor.errors import TrainctlError
 from .exitcodes import exit_code_for
 
 _FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
-_VALUED = {"status": set(), "stop": {"--grace"}}
+_VALUED = {"status": set(), "stop": {"--grace", "--order"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +72,14 @@ def run(call: FastCall) -> int:
             render.status_doc(s) if "--json" in call.flags else render.status(s)
             return views.status_exit_code(s)
         from .inputs import parse_seconds  # noqa: PLC0415
-        from .stop import prepare_stop, stop_exit_code, stop_job  # noqa: PLC0415
+        from .stop import prepare_stop, stop_exit_code, stop_job, stop_order_of  # noqa: PLC0415
 
         as_json = "--json" in call.flags
+        grace = call.values.get("--grace")  # flags are checked before anything is done
+        grace_s = None if grace is None else parse_seconds(grace, "--grace")
+        order = stop_order_of(call.values.get("--order"), main_only="--main-only" in call.flags)
         pre = prepare_stop(home, call.name, say=(lambda _l: None) if as_json else print)
-        grace = call.values.get("--grace")
-        res = stop_job(
-            home,
-            call.name,
-            grace_s=None if grace is None else parse_seconds(grace, "--grace"),
-            main_only="--main-only" in call.flags,
-        )
+        res = stop_job(home, call.name, grace_s=grace_s, order=order)
         render.stop_doc(res, pre) if as_json else render.stop(res)
         return stop_exit_code(res)
     except TrainctlError as e:

@@ -101,10 +101,7 @@ def stop(res: StopResult) -> None:
             f"  late       {r['late_joiners']} found after the signal (new forks, or outside "
             "the cgroup) and signalled too"
         )
-    ex = r.get("exit_s") or {}
-    timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
-    print(f"  {r['signal']:<10} {r['exited_on_signal']} exited{timing}")
-    print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
+    _stop_details(r)
     if r.get("zombies"):
         print(f"  zombies    {len(r['zombies'])} exited, waiting for their parent to reap them")
     for s in r.get("survivors", []):
@@ -115,6 +112,40 @@ def stop(res: StopResult) -> None:
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
     print(f"  total      {r['total_s']:.2f} s — {_verdict(r)}{code}")
+
+
+NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
+
+
+def _stop_details(r: dict[str, Any]) -> None:
+    """Who got the signal and when, who exited on it, who was launcher, who was killed."""
+    order = r.get("order") or ("main" if r.get("main_only") else "all")
+    for launcher in r.get("launchers", []):
+        print(f"  launcher   pid {launcher['pid']} {launcher['cmd'][:60]} ({launcher['why']})")
+        print("             skipped: its workers got the signal, it got it once they were gone")
+    ex = r.get("exit_s") or {}
+    timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
+    sent = r.get("signalled", r.get("exited_on_signal", 0))
+    print(
+        f"  {r['signal']:<10} {sent} signalled (order {order}), "
+        f"{r['exited_on_signal']} exited on it{timing}"
+    )
+    named = r.get("sent", [])
+    for p in named[:NAMED_LINES]:
+        gone = "still running" if p["exit_s"] is None else f"exited after {p['exit_s']:.2f} s"
+        print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {p['cmd'][:70]}")
+    if len(named) > NAMED_LINES or sent > len(named):
+        print(f"    ... and {sent - min(len(named), NAMED_LINES)} more (--json names up to 64)")
+    if r.get("exited_unsignalled"):
+        print(
+            f"  unsignalled {r['exited_unsignalled']} exited without the signal "
+            "(their parent shut them down)"
+        )
+    print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
+    for p in r.get("killed_procs", [])[:NAMED_LINES]:
+        print(f"    pid {p['pid']:<7} {p['cmd'][:80]}")
+    if r["killed"] > NAMED_LINES:
+        print(f"    ... and {r['killed'] - NAMED_LINES} more (--json names up to 64)")
 
 
 def _verdict(r: dict[str, Any]) -> str:
@@ -144,9 +175,10 @@ def status(s: Status) -> None:
         print(f"  last {s.last_log_line}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ok = "clean" if s.last_stop.get("ok", True) else "SURVIVORS"
+        killed = s.last_stop.get("killed", 0)
         print(
-            f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s "
-            f"({s.last_stop.get('reason', 'stop')})"
+            f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s, "
+            f"{killed} SIGKILLed ({s.last_stop.get('reason', 'stop')})"
         )
 
 
@@ -180,6 +212,8 @@ def ps(rows: list[PsRow]) -> None:
     print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  CMD")
     for r in rows:
         flag = "  [escaped]" if r.escaped else ""
+        if r.stop_role.startswith("launcher"):
+            flag += f"  [{r.stop_role}]"
         gpu = f" {gib(r.gpu_bytes) if r.gpu_holder else '-':>9}" if with_gpu else ""
         print(
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "

@@ -131,6 +131,12 @@ def _signal(v: object, what: str) -> str:
         raise ConfigError(f"{what}: {e}") from None
 
 
+def _order(v: object, what: str) -> str:
+    from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
+
+    return str(parse_order(v, what))
+
+
 # key -> validator. Durations become seconds.
 KEYS: dict[str, Callable[[object, str], Any]] = {
     "name": _str,
@@ -139,6 +145,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "env": _env,
     "grace": parse_duration,
     "stop_signal": _signal,
+    "stop_order": _order,
     "kill_wait": parse_duration,
     "gpus": _gpus,
     "share": _bool,

@@ -92,6 +92,7 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
         env=full_env,
         grace_s=values.get("grace", cfg.grace_s),
         stop_signal=values.get("stop_signal") or parse_signal(cfg.stop_signal),
+        stop_order=values.get("stop_order", cfg.stop_order),
         kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
         snapshot_interval_s=cfg.snapshot_interval_s,
         cgroup=cfg.cgroup,

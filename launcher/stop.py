@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
 from trainctl.supervisor.proctree import target_of
-from trainctl.supervisor.state import Phase, Spec
+from trainctl.supervisor.state import Phase, Spec, StopOrder
 
 if TYPE_CHECKING:
     from trainctl.supervisor.gpu.verify import GpuPolicy
@@ -40,6 +40,16 @@ class StopResult:
         return bool(self.report.get("ok", True))
 
 
+def stop_order_of(raw: str | None, *, main_only: bool = False) -> StopOrder | None:
+    """Resolve ``--order`` / ``--main-only`` (None: the job's own stop order)."""
+    from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
+
+    order = None if raw is None else parse_order(raw, "--order")
+    if main_only and order not in (None, StopOrder.MAIN):
+        raise ConfigError(f"--main-only means --order main; it contradicts --order {order}")
+    return StopOrder.MAIN if main_only else order
+
+
 def stop_exit_code(res: StopResult) -> int:
     """0 when nothing of the job is alive, 1 when something survived."""
     return ExitCode.OK if res.ok else ExitCode.FAILED
@@ -50,7 +60,7 @@ def stop_job(
     name: str,
     *,
     grace_s: float | None = None,
-    main_only: bool = False,
+    order: StopOrder | None = None,
     gpu_timeout_s: float | None = None,
     lock_held: bool = False,
 ) -> StopResult:
@@ -63,17 +73,24 @@ def stop_job(
         return _stop_slurm(jdir, st, spec, grace)
     gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
     budget = grace + spec.kill_wait_s + gpu_wait + 60
+    order = order or StopOrder(spec.stop_order)
     if state.supervisor_alive(jdir):
-        msg = {"op": "stop", "grace_s": grace, "main_only": main_only, "gpu_timeout_s": gpu_wait}
+        msg = {
+            "op": "stop",
+            "grace_s": grace,
+            "order": str(order),
+            "main_only": order is StopOrder.MAIN,  # what a supervisor of an older release reads
+            "gpu_timeout_s": gpu_wait,
+        }
         reply = _ask_supervisor(jdir, msg, budget)
         if reply is not None:
             _wait_supervisor_exit(jdir, 5.0)
             st = state.read_state(jdir)
             return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
     if lock_held:
-        return _stop_direct(jdir, spec, grace, main_only, gpu_wait)
+        return _stop_direct(jdir, spec, grace, order, gpu_wait)
     with state.job_lock(jdir, budget, "another stop"):
-        return _stop_direct(jdir, spec, grace, main_only, gpu_wait)
+        return _stop_direct(jdir, spec, grace, order, gpu_wait)
 
 
 def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopResult:
@@ -144,7 +161,7 @@ def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
 
 
 def _stop_direct(
-    jdir: Path, spec: Spec, grace_s: float, main_only: bool, gpu_timeout_s: float
+    jdir: Path, spec: Spec, grace_s: float, order: StopOrder, gpu_timeout_s: float
 ) -> StopResult:
     """Stop from state.json + the marker scan, the supervisor being gone."""
     from trainctl.supervisor.gpu.verify import gpu_policy_of  # noqa: PLC0415
@@ -177,7 +194,7 @@ def _stop_direct(
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING)
         state.write_state(jdir, st)
-    emit("stopping", reason="stop", grace_s=grace_s, supervisor="gone")
+    emit("stopping", reason="stop", grace_s=grace_s, order=str(order), supervisor="gone")
     policy = StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s)
     report = stop_and_verify(
         target_of(st),
@@ -185,7 +202,7 @@ def _stop_direct(
         policy,
         leases=st.gpus,
         gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
-        main_only=main_only,
+        order=order,
         emit=emit,
     )
     report["reason"] = "stop"

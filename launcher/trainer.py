@@ -15,6 +15,12 @@
 Handlers only set flags: the loop acts at a step boundary, never inside a collective.
 A process that installs the checkpoint handler is one that `stop --checkpoint` signals;
 the others (a torchrun agent, say) are left alone, since the signal would kill them.
+
+trainctl's default stop order already keeps a rank's DataLoader workers out of the stop
+signal until the rank has exited. Under Slurm, `--order all`, or any launcher that
+signals every process at once, pass ``worker_init_fn=trainer.loader_worker_init`` to the
+DataLoader: its workers then ignore SIGTERM and SIGINT, so the rank can finish its step
+and checkpoint; they still exit when the rank shuts them down or dies.
 """
 
 from __future__ import annotations
@@ -45,6 +51,16 @@ def install_handlers(
         signal.signal(sig, _on_stop)
     if checkpoint_signal is not None:
         signal.signal(checkpoint_signal, _on_checkpoint)
+
+
+def loader_worker_init(_worker_id: int = 0) -> None:
+    """Make a DataLoader worker ignore SIGTERM and SIGINT (``worker_init_fn=``).
+
+    Safe because a worker never outlives its rank: PyTorch's workers check that their
+    parent is alive and exit when it is gone, and the rank shuts them down on exit.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def should_stop() -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor import procfs, state
-from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
+from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.state import Phase
 
@@ -209,6 +209,7 @@ class PsRow:
     depth: int
     gpu_holder: bool = False  # has a GPU open
     gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
+    stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/forest.py)
 
 
 def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
@@ -220,6 +221,7 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     members = {pid: m for pid, m in scan(target_of(st)).items() if m.alive}
+    roles = _stop_roles(jdir, st, list(members.values()))
     procs: dict[int, psutil.Process] = {}
     for pid in members:
         try:
@@ -254,9 +256,24 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
                 depth=depth,
                 gpu_holder=pid in gpu_mem,
                 gpu_bytes=gpu_mem.get(pid),
+                stop_role=roles.get(m.ref, ""),
             )
         )
     return rows
+
+
+def _stop_roles(jdir: Path, st: state.JobState, live: list[Any]) -> dict[Any, str]:
+    """What `stop` would do to each member now, under the job's own order and signal."""
+    import signal  # noqa: PLC0415
+
+    from trainctl.supervisor.forest import stop_roles  # noqa: PLC0415
+
+    try:
+        spec = state.read_spec(jdir)
+    except TrainctlError:
+        return {}  # ps still shows the tree; only the stop column stays empty
+    order = state.StopOrder(spec.stop_order)
+    return stop_roles(live, order, signal.Signals[spec.stop_signal], st.main)
 
 
 def _tree_order(members: dict[int, Any]) -> list[tuple[int, int]]:

@@ -10,7 +10,10 @@
 4. the supervisor's CPU and RSS while it supervises that tree for --duration seconds.
    Target <= 1% of one core and <= 60 MB.
 
-Run: scripts/bench.sh [--duration 30] [--rounds 5]
+5. the `tree` stop order (the default) against `all` on that same tree, interleaved:
+   until-gone time inside the supervisor (report total_s). Target: tree/all <= 1.1.
+
+Run: scripts/bench.sh [--duration 30] [--rounds 5] [--only order]
 """
 
 from __future__ import annotations
@@ -98,11 +101,13 @@ def trainctl_tree(tmp: Path, env: dict[str, str], width: int, depth: int) -> Non
     wait_file(ready)
 
 
-def trainctl_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[float, float]:
+def trainctl_stop(
+    tmp: Path, env: dict[str, str], width: int, depth: int, order: str = "tree"
+) -> tuple[float, float]:
     """Return (CLI wall time, the stop sequence's own total_s) of one `trainctl stop`."""
     trainctl_tree(tmp, env, width, depth)
     t0 = time.perf_counter()
-    r = tc("stop", "bench", "--json", env=env)
+    r = tc("stop", "bench", "--json", "--order", order, env=env)
     elapsed = time.perf_counter() - t0
     doc = json.loads(r.stdout)
     if r.returncode or not doc["ok"] or doc["report"]["found"] != width + depth + 1:
@@ -187,12 +192,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="stop-latency rounds per side")
     ap.add_argument("--width", type=int, default=200)
     ap.add_argument("--depth", type=int, default=40)
+    ap.add_argument("--only", choices=["order"], help="run only this part (5: stop orders)")
     args = ap.parse_args()
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER for the baseline
     tmp = Path(tempfile.mkdtemp(prefix="trainctl-bench-"))
     env = {**os.environ, "TRAINCTL_HOME": str(tmp / "home")}
     n = args.width + args.depth
     print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
+    if args.only == "order":
+        bench_orders(tmp, env, args)
+        return
     base, ours, inner = [], [], []
     for _ in range(args.rounds):  # interleaved so drift hits both sides alike
         base.append(baseline_stop(tmp, args.width, args.depth))
@@ -238,7 +247,27 @@ def main() -> None:
         f"3. trainctl start until it returns: {statistics.median(starts) * 1000:.0f} ms "
         f"median of 5 (target <= 500 ms)"
     )
+    bench_orders(tmp, env, args)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_orders(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """5. The default `tree` order must not slow the stop of a tree that exits on SIGTERM."""
+    times: dict[str, list[float]] = {"tree": [], "all": []}
+    walls: dict[str, list[float]] = {"tree": [], "all": []}
+    for _ in range(args.rounds):  # interleaved so drift hits both sides alike
+        for order in ("all", "tree"):
+            wall, seq = trainctl_stop(tmp, env, args.width, args.depth, order)
+            times[order].append(seq)
+            walls[order].append(wall)
+    t, a = (statistics.median(times[o]) * 1000 for o in ("tree", "all"))
+    tw, aw = (statistics.median(walls[o]) * 1000 for o in ("tree", "all"))
+    print(
+        f"5. stop order on the {args.width + args.depth + 1}-process tree (median of "
+        f"{args.rounds}): until gone, tree {t:.0f} ms vs all {a:.0f} ms -> ratio "
+        f"{t / a:.2f}x (target <= 1.1x); CLI wall tree {tw:.0f} ms vs all {aw:.0f} ms -> "
+        f"{tw / aw:.2f}x"
+    )
 
 
 if __name__ == "__main__":

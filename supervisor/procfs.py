@@ -84,6 +84,16 @@ def read_cmdline(pid: int) -> str:
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
 
 
+def read_argv(pid: int) -> list[str]:
+    """Return the argument vector of ``pid`` ([] for zombies/kernel threads)."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
 def read_wchan(pid: int) -> str:
     """Return the kernel function ``pid`` sleeps in ('' if unknown)."""
     try:

@@ -31,7 +31,7 @@ from .launch import Handover, launch_supervisor
 from .policy import backoff_s, restart_refusal
 from .proctree import Target, scan, target_of
 from .spawn import Spawned, exit_code_of
-from .state import JobState, MemberSnap, Phase, Spec, log_path, mtime, write_state
+from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
 from .terminate import StopPolicy, stop_and_verify
 
 
@@ -133,7 +133,7 @@ class Supervisor:
         if not self.stopping:
             # Main is gone on its own: whatever it left behind (orphaned workers holding
             # GPUs) is cleaned up now, with the same grace a stop would give.
-            await self.stop(self.spec.grace_s, main_only=False, reason="main exited")
+            await self.stop(self.spec.grace_s, reason="main exited")
 
     # ------------------------------------------------------------ snapshots
 
@@ -167,7 +167,12 @@ class Supervisor:
     # ------------------------------------------------------------ stop
 
     async def stop(
-        self, grace_s: float, *, main_only: bool, reason: str, gpu_timeout_s: float | None = None
+        self,
+        grace_s: float,
+        *,
+        reason: str,
+        order: StopOrder | None = None,
+        gpu_timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Run the stop sequence once; concurrent callers share its report.
 
@@ -181,7 +186,8 @@ class Supervisor:
             return self.stop_report or {}
         self.stopping = True
         self._set(Phase.STOPPING, durable=False)  # visible at once; no fsync on the hot path
-        self.log.info("stopping", reason=reason, grace_s=grace_s, main_only=main_only)
+        order = order or StopOrder(self.spec.stop_order)
+        self.log.info("stopping", reason=reason, grace_s=grace_s, order=str(order))
         policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
         run = functools.partial(
             stop_and_verify,
@@ -190,7 +196,7 @@ class Supervisor:
             policy,
             leases=self.state.gpus,
             gpu_policy=gpu_policy_of(self.spec, gpu_timeout_s),
-            main_only=main_only,
+            order=order,
             emit=self.log.info,
         )
         with anyio.CancelScope(shield=True):
@@ -310,7 +316,7 @@ class Supervisor:
             self._set(st.phase, stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.on_stall)
         if self.spec.on_stall == "restart":
-            await self.stop(self.spec.grace_s, main_only=False, reason="stalled")
+            await self.stop(self.spec.grace_s, reason="stalled")
 
     # ------------------------------------------------------------ control socket
 
@@ -357,7 +363,7 @@ class Supervisor:
             gt = req.get("gpu_timeout_s")
             report = await self.stop(
                 grace,
-                main_only=bool(req.get("main_only")),
+                order=_order_of(req),
                 reason="stop",
                 gpu_timeout_s=None if gt is None else float(gt),
             )
@@ -387,6 +393,14 @@ class Supervisor:
                 if cg.remove(self.cgroup) or not self.cgroup.exists():
                     break
                 time.sleep(0.02)
+
+
+def _order_of(req: dict[str, Any]) -> StopOrder | None:
+    """The stop order a request asks for (None: the job's own); `main_only` is the old form."""
+    raw = req.get("order")
+    if raw in tuple(StopOrder):
+        return StopOrder(raw)
+    return StopOrder.MAIN if req.get("main_only") else None
 
 
 def run_supervisor(

@@ -39,6 +39,14 @@ TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROG
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+class StopOrder(StrEnum):
+    """The order in which a stop signals the job's members (see supervisor/forest.py)."""
+
+    TREE = "tree"  # top of the process forest first; children once their parent exited
+    ALL = "all"  # every member at once
+    MAIN = "main"  # main alone; the rest once main has exited
+
+
 class Phase(StrEnum):
     """Lifecycle phase of a job's current run."""
 
@@ -108,6 +116,7 @@ class Spec:
     grace_s: float
     stop_signal: str  # a name such as "SIGTERM"
     kill_wait_s: float = 10.0
+    stop_order: str = StopOrder.TREE  # a StopOrder value
     snapshot_interval_s: float = 3.0
     cgroup: bool = True  # try cgroup v2 placement
     gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding
@@ -308,6 +317,8 @@ def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
         raise StateError(f"{where} is incomplete or malformed: {e}") from None
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise StateError(f"{where} has an empty or malformed argv")
+    if spec.stop_order not in tuple(StopOrder):
+        raise StateError(f"{where} has an unknown stop_order {spec.stop_order!r}")
     return spec
 
 

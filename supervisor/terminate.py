@@ -4,12 +4,15 @@ Synchronous and loop-free so that it runs both inside the supervisor (through
 ``anyio.to_thread``) and straight from the CLI when the supervisor is gone.
 
 1. scan every net for members; nothing alive -> done
-2. stop signal to the process group (while main holds it) and by pidfd to every member
-   outside it, then SIGCONT; wait ``grace_s`` re-scanning, signalling newcomers too
+2. stop signal (then SIGCONT) to the members the stop order makes due: by default the top
+   of the process forest first, a process's children once it has exited (see
+   :mod:`.forest`); wait ``grace_s`` on pidfds, re-scanning, signalling each member the
+   moment it becomes due (a parent exited, a newcomer appeared)
 3. survivors: freeze (cgroup.freeze, or SIGSTOP-and-rescan until no new process appears),
    SIGKILL everything (cgroup.kill + pidfd), wait ``kill_wait_s`` re-scanning
-4. report: who was found through which net, who left on the signal and how fast, who was
-   killed, who survived (pid, state, wchan) and which zombies wait for a reaper
+4. report: who was found through which net, who got the signal and when, who exited on
+   it and how fast, who needed SIGKILL (pid and command), who survived (pid, state,
+   wchan) and which zombies wait for a reaper
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from typing import Any
 
 from . import cgroup as cg
 from . import procfs
+from .forest import Planner
 from .gpu.verify import GpuPolicy, snapshot, verify_release
 from .proctree import Member, Target, scan, scan_cgroup
-from .state import GpuLease, ProcRef
+from .state import GpuLease, ProcRef, StopOrder
 
 Emit = Callable[..., None]
 
@@ -42,6 +46,11 @@ class StopPolicy:
     max_poll_s: float = 0.05  # poll interval for members without a pidfd (fd limit hit)
     rescan_s: float = 0.1  # how often the full /proc scan repeats while waiting
     stop_rounds: int = 200  # SIGSTOP-and-rescan rounds before giving up on quiescence
+    launcher_linger_s: float = 2.0  # a launcher whose workers are gone may exit by itself
+
+
+# How many processes a report names one by one (the counts always cover everyone).
+REPORT_NAMED = 64
 
 
 @dataclass(slots=True)
@@ -50,15 +59,21 @@ class StopReport:
 
     signal: str
     grace_s: float
-    main_only: bool
+    order: str
     mode: str
     found: int = 0
     by_net: dict[str, int] = field(default_factory=dict)
     escaped: int = 0
     late_joiners: int = 0
-    exited_on_signal: int = 0
-    exit_s: dict[str, float] = field(default_factory=dict)  # first / median / last
+    signalled: int = 0  # members that got the stop signal
+    exited_on_signal: int = 0  # ... and exited on it within the grace
+    exited_unsignalled: int = 0  # exited within the grace without it (a parent shut them down)
+    exit_s: dict[str, float] = field(default_factory=dict)  # signal -> exit: first/median/last
     killed: int = 0
+    launchers: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd, why
+    # per process, up to REPORT_NAMED each: pid, cmd, at_s (since the stop began), exit_s
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    killed_procs: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd
     survivors: list[dict[str, Any]] = field(default_factory=list)
     zombies: list[dict[str, Any]] = field(default_factory=list)
     total_s: float = 0.0
@@ -81,6 +96,8 @@ class _Tracker:
         self.target, self.policy = target, policy
         self.known: dict[ProcRef, Member] = {}
         self.gone_at: dict[ProcRef, float] = {}
+        self.found_dead: set[ProcRef] = set()  # already zombies when first seen
+        self.cmds: dict[ProcRef, str] = {}
         self.fds: dict[int, ProcRef] = {}
         self.unwatched: list[ProcRef] = []
         self.nofd: set[ProcRef] = set()  # no pidfd could be opened (EMFILE): poll these
@@ -91,7 +108,9 @@ class _Tracker:
         new = []
         for m in members:
             if m.ref in self.known:
-                self.known[m.ref].nets |= m.nets
+                seen = self.known[m.ref]
+                seen.nets |= m.nets
+                seen.stat = m.stat  # fresh ppid: an orphan's parent link has changed
                 continue
             self.known[m.ref] = m
             m.nets.update(self.target.known_nets.get(m.ref, ()))
@@ -99,6 +118,7 @@ class _Tracker:
                 new.append(m)
                 self.unwatched.append(m.ref)
             else:
+                self.found_dead.add(m.ref)
                 self.gone_at.setdefault(m.ref, now)
         return new
 
@@ -113,7 +133,13 @@ class _Tracker:
         for ref in self.unwatched:
             if ref not in self.gone_at and not self._watch(ref):
                 self.gone_at[ref] = now
+            elif len(self.cmds) < 2 * REPORT_NAMED:  # for the report: read while it lives
+                self.cmds[ref] = procfs.read_cmdline(ref.pid)[:200]
         self.unwatched.clear()
+
+    def cmd(self, ref: ProcRef) -> str:
+        """Return the command line of a member as read while it lived, else its comm."""
+        return self.cmds.get(ref) or f"[{self.known[ref].stat.comm}]"
 
     def _watch(self, ref: ProcRef) -> bool:
         """Open a pidfd for ``ref``; False if it is already gone."""
@@ -156,15 +182,30 @@ class _Tracker:
             self.poller.unregister(fd)
             os.close(fd)
 
-    def wait_gone(self, timeout_s: float, on_new: Callable[[list[Member]], None]) -> list[ProcRef]:
-        """Wait until no known member is alive and a fresh scan finds none; return the rest."""
+    def live(self) -> list[Member]:
+        """Return the known members not seen gone yet."""
+        return [self.known[r] for r in self.pending()]
+
+    def wait_gone(
+        self, timeout_s: float, on_change: Callable[[list[Member]], None]
+    ) -> list[ProcRef]:
+        """Wait until no known member is alive and a fresh scan finds none; return the rest.
+
+        ``on_change(new)`` runs after every re-scan (``new``: the members it found) and
+        whenever members exited (``[]``): an exit, or time passing, may make members due.
+        """
         deadline = time.monotonic() + timeout_s
+        gone = len(self.gone_at)
         while True:
             left = self.pending()
+            if len(self.gone_at) != gone:
+                gone = len(self.gone_at)
+                on_change([])
+                left = self.pending()
             if not left or time.monotonic() - self.last_scan >= self.policy.rescan_s:
                 new = self.rescan()
+                on_change(new)
                 if new:
-                    on_new(new)
                     left = self.pending()
                 elif not left:
                     return []
@@ -214,7 +255,7 @@ def stop_tree(
     sig: int,
     policy: StopPolicy,
     *,
-    main_only: bool = False,
+    order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
 ) -> StopReport:
     """Stop every process of the job and nothing else; return the proof."""
@@ -223,10 +264,11 @@ def stop_tree(
     report = StopReport(
         signal=signal.Signals(sig).name,
         grace_s=policy.grace_s,
-        main_only=main_only,
+        order=str(order),
         mode="cgroup" if target.cgroup else "signals",
     )
     tr = _Tracker(target, policy)
+    plan = Planner(order, sig, target.main, launcher_linger_s=policy.launcher_linger_s)
     try:
         # Collect first. With a cgroup, its member list is enough to start signalling; the
         # full /proc scan (which also finds anything that left the cgroup) then runs once
@@ -237,56 +279,84 @@ def stop_tree(
             first = tr.rescan()
         if not first:
             report.already_stopped = True
-            return _finish(report, tr, t0, emit)
-        _send_stop(first, target, sig, main_only, emit)
-        signalled_at = tr.last_scan = time.monotonic()
+            return _finish(report, tr, plan, t0, emit)
+        _send_due(plan, first, target, emit)
+        tr.last_scan = time.monotonic()
 
-        def late(new: list[Member]) -> None:
+        def on_change(new: list[Member]) -> None:
             report.late_joiners += len(new)
-            if not main_only:
-                _signal_members(new, target, sig, group=False)
-                _signal_members(new, target, signal.SIGCONT, group=False)
+            if new or len(plan.sent) < len(tr.known):  # exits change nothing once all are sent
+                _send_due(plan, tr.live(), target, emit)
 
-        left = tr.wait_gone(policy.grace_s, late)
-        # members already dead (zombies) before the signal do not count as exiting on it
-        exits = sorted(t - signalled_at for t in tr.gone_at.values() if t >= signalled_at)
-        report.exited_on_signal = len(exits)
-        if exits:
-            report.exit_s = {
-                "first": round(exits[0], 4),
-                "median": round(statistics.median(exits), 4),
-                "last": round(exits[-1], 4),
-            }
+        left = tr.wait_gone(policy.grace_s, on_change)
+        _count_exits(report, tr, plan)
         if left:
-            report.killed = _escalate(tr, target, policy, emit)
-        return _finish(report, tr, t0, emit)
+            report.killed, report.killed_procs = _escalate(tr, target, policy, emit)
+        return _finish(report, tr, plan, t0, emit)
     finally:
         tr.close()
 
 
-def _send_stop(
-    members: list[Member], target: Target, sig: int, main_only: bool, emit: Emit
-) -> None:
-    if main_only:
-        to = [m for m in members if "main" in m.nets]
-        _signal_members(to, target, sig, group=False)
-        _signal_members(to, target, signal.SIGCONT, group=False)
-    else:
-        _signal_members(members, target, sig, group=True)
-        _signal_members(members, target, signal.SIGCONT, group=True)
-    emit("signal_sent", signal=signal.Signals(sig).name, members=len(members), main_only=main_only)
+def _send_due(plan: Planner, live: list[Member], target: Target, emit: Emit) -> None:
+    """Send the stop signal, then SIGCONT, to every member the order makes due now."""
+    due = plan.due([m for m in live if m.alive])
+    if not due:
+        return
+    # First round with everyone due (order `all`, or a tree where nobody shields a child):
+    # one killpg reaches the whole group, so the stop is as fast as a bare `kill -- -PGID`.
+    group = not plan.sent and len(due) == sum(1 for m in live if m.alive)
+    _signal_members(due, target, plan.sig, group=group)
+    _signal_members(due, target, signal.SIGCONT, group=group)
+    now = time.monotonic()
+    for m in due:
+        plan.sent[m.ref] = now
+    emit(
+        "signal_sent",
+        signal=signal.Signals(plan.sig).name,
+        order=str(plan.order),
+        members=len(due),
+        pids=[m.stat.pid for m in due[:REPORT_NAMED]],
+    )
 
 
-def _escalate(tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit) -> int:
-    """Freeze what is left so nothing can fork, SIGKILL all of it, wait for it to go."""
+def _count_exits(report: StopReport, tr: _Tracker, plan: Planner) -> None:
+    """Sort the members that left within the grace: on the signal, or without it."""
+    exits = []
+    for ref, gone in tr.gone_at.items():
+        sent = plan.sent.get(ref)
+        if sent is not None and gone >= sent:
+            exits.append(gone - sent)
+        elif sent is None and ref not in tr.found_dead:
+            report.exited_unsignalled += 1  # e.g. loaders shut down by their rank
+    exits.sort()
+    report.signalled = len(plan.sent)
+    report.exited_on_signal = len(exits)
+    if exits:
+        report.exit_s = {
+            "first": round(exits[0], 4),
+            "median": round(statistics.median(exits), 4),
+            "last": round(exits[-1], 4),
+        }
+
+
+def _escalate(
+    tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit
+) -> tuple[int, list[dict[str, Any]]]:
+    """Freeze what is left so nothing can fork, SIGKILL all of it, wait for it to go.
+
+    Returns how many were killed and, for up to REPORT_NAMED of them, pid and command
+    (read while they are frozen, so the command is still there to read).
+    """
     frozen = target.cgroup is not None and cg.freeze(target.cgroup, policy.freeze_timeout_s)
     stopped = _stop_until_quiet(tr, policy, skip_cgroup=frozen)
     victims = [r for r in tr.known if r not in tr.gone_at]
+    named = [_named(ref) for ref in victims[:REPORT_NAMED]]
     emit(
         "escalated",
         frozen_by="cgroup" if frozen else "sigstop",
         remaining=len(victims),
         stop_rounds=stopped,
+        victims=named,
     )
     killed = 0
     if target.cgroup is not None:
@@ -301,7 +371,11 @@ def _escalate(tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit) -> i
     tr.wait_gone(policy.kill_wait_s, late)
     if target.cgroup is not None:
         cg.thaw(target.cgroup)
-    return max(killed, len(victims))
+    return max(killed, len(victims)), named
+
+
+def _named(ref: ProcRef) -> dict[str, Any]:
+    return {"pid": ref.pid, "cmd": procfs.read_cmdline(ref.pid)[:200]}
 
 
 def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) -> int:
@@ -322,13 +396,26 @@ def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) ->
     return policy.stop_rounds
 
 
-def _finish(report: StopReport, tr: _Tracker, t0: float, emit: Emit) -> StopReport:
+def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Emit) -> StopReport:
     left = tr.pending()
     report.found = len(tr.known)
     for m in tr.known.values():
         for net in m.nets:
             report.by_net[net] = report.by_net.get(net, 0) + 1
     report.escaped = sum(1 for m in tr.known.values() if m.escaped)
+    report.launchers = [
+        {"pid": ref.pid, "cmd": tr.cmd(ref), "why": why} for ref, why in plan.launchers.items()
+    ]
+    for ref, at in list(plan.sent.items())[:REPORT_NAMED]:
+        gone = tr.gone_at.get(ref)
+        report.sent.append(
+            {
+                "pid": ref.pid,
+                "cmd": tr.cmd(ref),
+                "at_s": round(at - t0, 4),
+                "exit_s": None if gone is None else round(max(0.0, gone - at), 4),
+            }
+        )
     for ref in left:
         st = procfs.read_stat(ref.pid)
         report.survivors.append(
@@ -358,13 +445,13 @@ def stop_and_verify(
     *,
     leases: tuple[GpuLease, ...] = (),
     gpu_policy: GpuPolicy | None = None,
-    main_only: bool = False,
+    order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
 ) -> dict[str, Any]:
     """Stop the tree, then prove its GPUs were released; return the combined report."""
     emit = emit or (lambda *_a, **_k: None)
     pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, sig, policy, main_only=main_only, emit=emit).to_doc()
+    report = stop_tree(target, sig, policy, order=order, emit=emit).to_doc()
     if leases:
         gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
         report["gpus"] = gpus

@@ -112,19 +112,6 @@ def test_stop_after_supervisor_was_sigkilled(mode_harness: Harness, tree: str) -
     assert "nothing to stop" in again.out
 
 
-def test_main_only_signals_main_then_kills_rest(harness: Harness) -> None:
-    h = harness
-    sigs = h.tmp / "signals.txt"
-    h.start_tree(
-        "mo", "checkpointer.py", str(h.tmp), "0.2", extra=("--env", f"TREE_SIGNALS={sigs}"), grace=1
-    )
-    doc = stop_and_check(h, "mo", "--main-only")
-    assert doc["report"]["main_only"] is True
-    # the two forked children never got SIGTERM (default action would kill them): killed
-    assert doc["report"]["killed"] == 2
-    assert (h.tmp / "ckpt.done").exists()
-
-
 def test_main_exit_cleans_up_leftovers(harness: Harness) -> None:
     h = harness
     # main exits at once, leaving a setsid'd daemon that ignores TERM behind
