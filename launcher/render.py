@@ -122,7 +122,7 @@ def _stop_details(r: dict[str, Any]) -> None:
     order = r.get("order") or ("main" if r.get("main_only") else "all")
     for launcher in r.get("launchers", []):
         print(f"  launcher   pid {launcher['pid']} {launcher['cmd'][:60]} ({launcher['why']})")
-        print("             skipped: its workers got the signal, it got it once they were gone")
+        print("             skipped for its workers; it gets the signal only if it outlives them")
     ex = r.get("exit_s") or {}
     timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
     sent = r.get("signalled", r.get("exited_on_signal", 0))

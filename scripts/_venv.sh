@@ -26,6 +26,18 @@ else
   # strict editable installs link files: re-link in case modules were added
   _pip --no-deps -e "$ROOT" --config-settings editable_mode=strict
 fi
+# PyTorch for the real-framework tests, but only its CPU build from this machine's disk
+# (--no-index): from PyPI, torch==2.13.0 is a CUDA build of several GB.
+torch_stamp="$VENV/.installed-torch"
+if [ "$extras" = test ] && [ ! -f "$torch_stamp" ]; then
+  if "$VENV/bin/python" -m pip install -q --no-index --no-deps "torch==2.13.0" >/dev/null 2>&1
+  then
+    _pip -e "$ROOT[torch]" --config-settings editable_mode=strict  # its deps; torch is there
+    touch "$torch_stamp"
+  else
+    echo "note: no CPU wheel of torch==2.13.0 on this machine: the PyTorch tests will skip" >&2
+  fi
+fi
 # Byte-compile the linked tree: with PYTHONDONTWRITEBYTECODE set (as on these machines)
 # every `trainctl` call would otherwise recompile its modules from source (~20 ms).
 "$VENV/bin/python" -m compileall -q "$ROOT"/build/__editable__.trainctl-*/trainctl >/dev/null

@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
 
+pytestmark = pytest.mark.slow  # starts a real sshd / Slurm cluster
+
 SSHD = Path("/usr/sbin/sshd")
 REMOTE_TRAINCTL = Path(sys.executable).parent / "trainctl"
 

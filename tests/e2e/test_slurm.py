@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import TREES, Harness, wait_for
 
+pytestmark = pytest.mark.slow  # starts a real sshd / Slurm cluster
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 

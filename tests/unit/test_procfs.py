@@ -50,6 +50,12 @@ def test_marker_matches_whole_entries_only() -> None:
     env = {"PATH": os.environ["PATH"], "TRAINCTL_JOB": "abc123"}
     p = subprocess.Popen(["sleep", "30"], env=env)
     try:
+        # Popen returns once exec has begun (close-on-exec fired), but the kernel sets up
+        # the new environment block a moment later: until then /proc/PID/environ is empty.
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{p.pid}/environ").read_bytes():
+            assert time.monotonic() < deadline, "exec never finished"
+            time.sleep(0.001)
         assert procfs.has_marker(p.pid, b"TRAINCTL_JOB=abc123")
         assert not procfs.has_marker(p.pid, b"TRAINCTL_JOB=abc")
         assert not procfs.has_marker(p.pid, b"JOB=abc123")
