@@ -12,14 +12,21 @@ has exited:
   member that becomes a root because its parent exited;
 - a process that does not catch the signal (``SigCgt``) protects nothing: it dies at once
   (or ignores the signal and never exits on it), so its children get the signal at once;
+- nor does a signalled process that then just blocks in ``wait()`` (``wchan`` ``do_wait``,
+  ``WAIT_RELEASE_S`` after the signal) while all its children are ones it had before the
+  signal: a parent written for Ctrl-C, which expects the signal to reach its children
+  through the process group, would otherwise wait out the grace beside them. A parent
+  waiting on a child it started after the signal (a checkpoint upload) keeps shielding;
 - a *launcher* (torchrun, ``accelerate launch``, deepspeed, or any parent that catches the
   signal and whose children lead their own sessions) forwards the signal to its workers'
   process groups, which would hit their loaders too. It is skipped: its children are
   treated as roots, and it gets the signal itself only once it has no live child (its
   own shutdown, and its 30 s SIGKILL timer, then never start while a worker checkpoints).
-  A launcher whose workers have all exited usually exits by itself (torchrun does once
-  every worker succeeded), so it gets ``launcher_linger_s`` to do so first: a signal that
-  lands during its interpreter's shutdown would turn its exit code 0 into 143.
+  It gets the signal once nothing below it would still act on one: every descendant left
+  ignores the signal (the shells of a tmux server, which only the server's SIGHUP winds
+  down), or none is left. In that last case it first gets ``launcher_linger_s`` to exit
+  by itself, as torchrun does once every worker succeeded: a signal that lands during its
+  interpreter's shutdown would turn its exit code 0 into 143.
 
 ``all`` signals every member at once (Slurm's behaviour; what trainctl did before), and
 ``main`` signals main alone, then every other member once main has exited.
@@ -59,6 +66,9 @@ _LAUNCHER_MODULES = frozenset(
     }
 )
 _PY_OPTS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
+# A signalled parent still blocked in wait() this long after the signal is waiting for its
+# children to exit, not checkpointing with their help: they get the signal too.
+WAIT_RELEASE_S = 0.5
 
 
 def launcher_by_cmdline(argv: list[str]) -> str | None:
@@ -101,6 +111,8 @@ class Planner:
     _not_launcher: set[ProcRef] = field(default_factory=set)
     _protects: dict[ProcRef, bool] = field(default_factory=dict)
     _idle_since: dict[ProcRef, float] = field(default_factory=dict)  # launcher, no workers
+    _released: set[ProcRef] = field(default_factory=set)  # signalled, then blocked in wait()
+    _kids_when_sent: dict[ProcRef, set[ProcRef]] = field(default_factory=dict)
 
     def due(self, live: list[Member]) -> list[Member]:
         """Return the live members that should get the stop signal now and have not."""
@@ -129,15 +141,40 @@ class Planner:
             m = stack.pop()
             children = kids.get(m.stat.pid, [])
             if children and self._is_launcher(m, children):
-                stack.extend(children)  # the launcher waits; its workers are the roots
-                continue
-            if not children and m.ref in self.launchers and not self._lingered(m.ref):
+                if not self._inert_below(m, kids):
+                    stack.extend(children)  # the launcher waits; its workers are the roots
+                    continue
+            elif not children and m.ref in self.launchers and not self._lingered(m.ref):
                 continue  # its workers are gone: let it exit by itself first
             if m.ref not in self.sent:
                 out.append(m)
-            if children and not self._protecting(m):
+                self._kids_when_sent[m.ref] = {c.ref for c in children}
+            if children and not (self._protecting(m) and not self._waits_on_old_kids(m, children)):
                 stack.extend(children)
         return out
+
+    def _inert_below(self, m: Member, kids: dict[int, list[Member]]) -> bool:
+        """Tell whether every live descendant of ``m`` ignores the signal."""
+        stack = list(kids.get(m.stat.pid, ()))
+        while stack:
+            d = stack.pop()
+            if not procfs.ignores(d.stat.pid, self.sig):
+                return False
+            stack.extend(kids.get(d.stat.pid, ()))
+        return True
+
+    def _waits_on_old_kids(self, m: Member, children: list[Member]) -> bool:
+        """Tell whether ``m`` was signalled, then blocked in wait() on children it had then."""
+        if m.ref in self._released:
+            return True
+        sent = self.sent.get(m.ref)
+        if sent is None or time.monotonic() - sent < WAIT_RELEASE_S:
+            return False
+        before = self._kids_when_sent.get(m.ref, set())
+        if all(c.ref in before for c in children) and procfs.read_wchan(m.stat.pid) == "do_wait":
+            self._released.add(m.ref)  # for good: its children are being signalled now
+            return True
+        return False
 
     def _lingered(self, ref: ProcRef) -> bool:
         since = self._idle_since.setdefault(ref, time.monotonic())

@@ -105,10 +105,19 @@ def read_wchan(pid: int) -> str:
 
 def catches(pid: int, sig: int) -> bool:
     """Tell whether ``pid`` has a handler installed for ``sig`` (SigCgt in /proc status)."""
+    return _sig_bit(pid, "SigCgt:", sig)
+
+
+def ignores(pid: int, sig: int) -> bool:
+    """Tell whether ``pid`` ignores ``sig`` (SigIgn in /proc status): it will not act on it."""
+    return _sig_bit(pid, "SigIgn:", sig)
+
+
+def _sig_bit(pid: int, key: str, sig: int) -> bool:
     try:
         with open(f"{PROC}/{pid}/status") as f:
             for line in f:
-                if line.startswith("SigCgt:"):
+                if line.startswith(key):
                     return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
     except (OSError, ValueError):
         return False

@@ -140,3 +140,18 @@ def test_bad_order_at_start_is_refused(harness: Harness, argv: tuple[str, ...]) 
     assert res.rc == 2
     assert "unknown stop order 'up'" in res.err
     assert not (harness.home / "jobs" / "x").exists()
+
+
+def test_a_parent_that_only_waits_for_its_children_does_not_shield_them(
+    mode_harness: Harness,
+) -> None:
+    h = mode_harness
+    sigs = h.tmp / "signals.txt"
+    h.start_tree("w", "waiting_parent.py", grace=30, extra=("--env", f"TREE_SIGNALS={sigs}"))
+    doc = stop_and_check(h, "w")
+    report = doc["report"]
+    assert report["killed"] == 0  # the children got SIGTERM, not the grace and a SIGKILL
+    assert report["signalled"] == 3
+    assert report["total_s"] < 10
+    assert doc["exit_code"] == 0
+    assert sigs.read_text().count("SIGTERM") == 1
