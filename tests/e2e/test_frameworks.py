@@ -31,7 +31,7 @@ def _tmux_job(h: Harness, out: Path) -> None:
     wait_for((h.tmp / "pane.ready").exists, 30, "the tmux pane to start")
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
 def test_tmux_pane_checkpoints_before_the_server_winds_down(harness: Harness) -> None:
     h = harness
     out = h.tmp / "out"
