@@ -251,7 +251,12 @@ _ckpt_opts = [
         metavar="DURATION",
         help="Refuse when the newest checkpoint is older than this (e.g. 30m).",
     ),
-    click.option("--force", is_flag=True, help="Go ahead despite --require-checkpoint-within."),
+    click.option(
+        "--force",
+        is_flag=True,
+        help="Go ahead despite --require-checkpoint-within; for stop, also end a supervisor "
+        "that is alive but does not answer, then stop the job directly.",
+    ),
 ]
 
 
@@ -330,7 +335,7 @@ def stop(
     pre = _prepare(
         c, name, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force, as_json
     )
-    res = stop_job(c.home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s)
+    res = stop_job(c.home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s, force=force)
     render.stop_doc(res, pre) if as_json else render.stop(res)
     return stop_exit_code(res)
 

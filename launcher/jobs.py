@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -32,6 +33,30 @@ def current_phase(jdir: Path, st: JobState) -> Phase:
 
         return Phase(query(st)["phase"])
     return state.effective_phase(jdir, st)
+
+
+def _refuse_if_anything_runs(jdir: Path, name: str) -> None:
+    """Never delete a job directory while its supervisor or any process of it lives.
+
+    Works without a readable state file (rm --force of a corrupt one): the supervisor holds
+    supervisor.lock, and every process of every run of this job inherited
+    TRAINCTL_PROGRESS=<this directory>/logs/..., which no other job's process has.
+    """
+    from trainctl.supervisor import procfs  # noqa: PLC0415
+
+    if state.is_locked(jdir, "supervisor.lock"):
+        raise JobConflictError(f"job {name} still has a live supervisor; stop it first")
+    roots = {str(jdir), os.path.realpath(jdir)}
+    prefixes = tuple(f"TRAINCTL_PROGRESS={r}/logs/".encode() for r in roots)
+    me = os.getpid()
+    pids = [p for p in procfs.list_pids() if p != me and procfs.has_env_prefix(p, prefixes)]
+    live = [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != "Z"]
+    if live:
+        raise JobConflictError(
+            f"{len(live)} process(es) of job {name} are still running (pids "
+            f"{', '.join(map(str, sorted(live)[:8]))}); not removing it. Stop them first "
+            "(`trainctl stop` needs a readable state file: repair or restore it)"
+        )
 
 
 def live_members(st: JobState) -> dict[int, Member]:
@@ -76,6 +101,7 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
             phase = current_phase(jdir, st)
             if phase not in state.TERMINAL or live_members(st):
                 raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
+        _refuse_if_anything_runs(jdir, name)
         import shutil  # noqa: PLC0415  (rm only)
 
         shutil.rmtree(jdir)

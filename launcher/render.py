@@ -112,6 +112,8 @@ def stop(res: StopResult) -> None:
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
     print(f"  total      {r['total_s']:.2f} s — {_verdict(r)}{code}")
+    if res.message:
+        sys.stderr.write(f"trainctl: {res.message}\n")
 
 
 NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
@@ -160,7 +162,8 @@ def _verdict(r: dict[str, Any]) -> str:
 def status(s: Status) -> None:
     """Render one job's status."""
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
-    print(f"{s.name}: {s.state}{code}, run {s.run}")
+    boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
+    print(f"{s.name}: {s.state}{code}, run {s.run}{boot}")
     if s.slurm is None:
         sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
         print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -12,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
+from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.launch import Handover, launch_supervisor
-from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Spec
+from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Phase, Spec
 
 from .config import Config
 from .gpus import gpu_env, resolve_gpus
@@ -174,6 +175,23 @@ def start_locked(
         )
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
+    try:
+        return _launch(home, jdir, spec, cfg, gpus, run, marker, t0)
+    except SpawnError as e:
+        _undo_failed_start(jdir, spec, marker, str(e))
+        raise
+
+
+def _launch(
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    cfg: Config,
+    gpus: GpuRequest | None,
+    run: int,
+    marker: str,
+    t0: float,
+) -> StartResult:
     if gpus is None:
         reply = launch_supervisor(home, jdir, spec, Handover(run, marker), cfg.ready_timeout_s)
     else:
@@ -205,6 +223,35 @@ def start_locked(
     )
 
 
+def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
+    """After a failed start, make sure nothing of the run it recorded is left running.
+
+    The supervisor records the run before main exists, so when it died (or hung past the
+    readiness timeout) after spawning main, its state names the run's marker and cgroup:
+    stop whatever carries them, then record the run as failed. The caller holds the lock.
+    """
+    try:
+        st = state.read_state(jdir)
+    except TrainctlError:
+        return
+    if st.marker != marker:
+        return  # the supervisor died before recording anything: nothing can be running
+    for _ in range(3):  # main may be between fork and exec for a moment: look again
+        res = stop_job(
+            jdir.parent.parent, spec.name, grace_s=min(spec.grace_s, 5.0), lock_held=True
+        )
+        if res.via == "noop":
+            break
+        time.sleep(0.05)
+    st = state.read_state(jdir)
+    # recorded as the failed start it was (the stop above may have called it "stopped")
+    failed = dataclasses.replace(
+        st, phase=Phase.FAILED, ended_at=st.ended_at or time.time(), error=f"start failed: {why}"
+    )
+    with contextlib.suppress(OSError):
+        state.write_state(jdir, failed)
+
+
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:
     if prev.backend == "slurm":
         from . import slurm  # noqa: PLC0415
@@ -216,7 +263,7 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
                 f"{(prev.slurm or {}).get('job_id')}); stop it first or choose another name"
             )
     left = live_members(prev)
-    if state.supervisor_alive(jdir) or (left and prev.phase not in state.TERMINAL):
+    if state.supervisor_alive(jdir, prev) or (left and prev.phase not in state.TERMINAL):
         main = f", main pid {prev.main.pid}" if prev.main else ""
         raise JobConflictError(
             f"job {prev.name} is running (run {prev.run}{main}); "

@@ -55,6 +55,17 @@ def stop_exit_code(res: StopResult) -> int:
     return ExitCode.OK if res.ok else ExitCode.FAILED
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One stop request, resolved against the job's spec."""
+
+    grace_s: float
+    order: StopOrder
+    gpu_timeout_s: float
+    budget_s: float  # how long the whole stop may take before the CLI gives up waiting
+    force: bool  # end a live but unreachable supervisor, then stop directly
+
+
 def stop_job(
     home: Path,
     name: str,
@@ -63,8 +74,13 @@ def stop_job(
     order: StopOrder | None = None,
     gpu_timeout_s: float | None = None,
     lock_held: bool = False,
+    force: bool = False,
 ) -> StopResult:
-    """Stop every process of the job's current run (and nothing else); verify its GPUs."""
+    """Stop every process of the job's current run (and nothing else); verify its GPUs.
+
+    A stop wins over a start or restart racing it: once the stop is done it waits for any
+    such command to let go of the job, and stops the run that command started too.
+    """
     jdir = existing_job(home, name)
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
     spec = state.read_spec(jdir)
@@ -72,25 +88,61 @@ def stop_job(
     if st.backend == "slurm":
         return _stop_slurm(jdir, st, spec, grace)
     gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
-    budget = grace + spec.kill_wait_s + gpu_wait + 60
-    order = order or StopOrder(spec.stop_order)
-    if state.supervisor_alive(jdir):
-        msg = {
-            "op": "stop",
-            "grace_s": grace,
-            "order": str(order),
-            "main_only": order is StopOrder.MAIN,  # what a supervisor of an older release reads
-            "gpu_timeout_s": gpu_wait,
-        }
-        reply = _ask_supervisor(jdir, msg, budget)
-        if reply is not None:
-            _wait_supervisor_exit(jdir, 5.0)
-            st = state.read_state(jdir)
-            return StopResult(name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
+    call = _Call(
+        grace_s=grace,
+        order=order or StopOrder(spec.stop_order),
+        gpu_timeout_s=gpu_wait,
+        budget_s=grace + spec.kill_wait_s + gpu_wait + 60,
+        force=force,
+    )
+    if lock_held:  # restart: it holds the job lock across its stop and its start
+        return _stop_once(jdir, spec, call, lock_held=True)
+    res = _stop_once(jdir, spec, call, lock_held=False)
+    for _ in range(3):
+        with state.job_lock(jdir, call.budget_s, "a start or restart"):
+            newer = state.read_state(jdir)
+            if newer.run == res.run or not state.supervisor_alive(jdir, newer):
+                return res
+        # A start, restart or restart policy launched run N+1 while we stopped run N.
+        res = _stop_once(jdir, state.read_spec(jdir), call, lock_held=False)
+    return res
+
+
+def _stop_once(jdir: Path, spec: Spec, call: _Call, *, lock_held: bool) -> StopResult:
+    """Stop the current run once: through its supervisor if it lives, else directly."""
+    if _supervised(jdir):
+        res = _stop_via_supervisor(jdir, call)
+        if res is not None:
+            return res
     if lock_held:
-        return _stop_direct(jdir, spec, grace, order, gpu_wait)
-    with state.job_lock(jdir, budget, "another stop"):
-        return _stop_direct(jdir, spec, grace, order, gpu_wait)
+        return _stop_direct(jdir, spec, call)
+    with state.job_lock(jdir, call.budget_s, "another stop"):
+        # A start may have held the lock while we waited: its supervisor answers now.
+        if _supervised(jdir):
+            res = _stop_via_supervisor(jdir, call)
+            if res is not None:
+                return res
+        return _stop_direct(jdir, spec, call)
+
+
+def _stop_via_supervisor(jdir: Path, call: _Call) -> StopResult | None:
+    """Ask the live supervisor to stop; None if it is gone (or was ended: --force)."""
+    msg = {
+        "op": "stop",
+        "grace_s": call.grace_s,
+        "order": str(call.order),
+        "main_only": call.order is StopOrder.MAIN,  # what a supervisor of an older release reads
+        "gpu_timeout_s": call.gpu_timeout_s,
+    }
+    reply = _ask_supervisor(jdir, msg, call.budget_s, force=call.force)
+    if reply is None:
+        return None
+    _wait_supervisor_exit(jdir, 5.0)
+    st = state.read_state(jdir)
+    res = StopResult(jdir.name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
+    if reply["report"].get("persist_error"):
+        res.message = f"warning: {reply['report']['persist_error']}"
+    return res
 
 
 def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopResult:
@@ -127,43 +179,79 @@ def _stop_slurm(jdir: Path, st: state.JobState, spec: Spec, grace_s: float) -> S
     return StopResult(st.name, st.run, "slurm", report, final["exit_code"])
 
 
-def _ask_supervisor(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+def _ask_supervisor(
+    jdir: Path, msg: dict[str, Any], timeout_s: float, *, force: bool = False
+) -> dict[str, Any] | None:
     """Send a request to the live supervisor; None if it went away (then stop directly).
 
     Retries for a few seconds: a supervisor that is handing over to its successor (restart
-    policy) or finishing a stop has no socket for a moment while it still holds the lock.
+    policy) or finishing a stop has no socket for a moment while it still holds the lock,
+    and one that just handed over answers ``retry`` (its successor owns the job now).
     """
     deadline = time.monotonic() + 5.0
     while True:
         try:
             reply = control.request(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
-            if not state.supervisor_alive(jdir):
+            if not _supervised(jdir):
                 return None
-            if time.monotonic() >= deadline:
-                # Never run a second stop next to a live (but mute) supervisor.
-                raise TrainctlError(
-                    f"the supervisor of job {jdir.name} is alive but not answering ({e}); "
-                    "retry, or check events.jsonl"
-                ) from None
-            time.sleep(0.05)
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            if force:
+                _end_supervisor(jdir)
+                return None
+            # Never run a second stop next to a live (but mute) supervisor unasked.
+            raise JobConflictError(
+                f"the supervisor of job {jdir.name} is alive but not answering ({e}); "
+                f"`trainctl stop {jdir.name} --force` ends it and stops the job directly"
+            ) from None
+        if reply.get("retry"):
+            deadline = time.monotonic() + 5.0
+            time.sleep(0.02)
             continue
         if not reply.get("ok"):
             raise TrainctlError(f"supervisor refused: {reply.get('error')}")
         return reply
 
 
+def _end_supervisor(jdir: Path) -> None:
+    """SIGKILL the job's mute supervisor, verified by pid + start time (the job lives on)."""
+    from trainctl.supervisor import procfs  # noqa: PLC0415
+
+    st = state.read_state(jdir)
+    sup = st.supervisor
+    if sup is None or not procfs.send_signal(sup.pid, sup.start_ticks, signal.SIGKILL):
+        raise JobConflictError(
+            f"job {jdir.name}: the process holding supervisor.lock is not the recorded "
+            "supervisor; not signalling it"
+        )
+    state.append_event(jdir, "supervisor_ended", job=st.name, pid=sup.pid, why="stop --force")
+    deadline = time.monotonic() + 5.0
+    while state.supervisor_alive(jdir, st) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
     """Let the supervisor finish its cleanup, so that a returned stop leaves nothing behind."""
     deadline = time.monotonic() + timeout_s
-    while state.supervisor_alive(jdir) and time.monotonic() < deadline:
+    st = state.read_state(jdir)
+    while state.supervisor_alive(jdir, st) and time.monotonic() < deadline:
         time.sleep(0.001)
 
 
-def _stop_direct(
-    jdir: Path, spec: Spec, grace_s: float, order: StopOrder, gpu_timeout_s: float
-) -> StopResult:
-    """Stop from state.json + the marker scan, the supervisor being gone."""
+def _supervised(jdir: Path) -> bool:
+    """Tell whether the job's current run has a live supervisor (lock, or pid + start)."""
+    return state.supervisor_alive(jdir, state.read_state(jdir))
+
+
+def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:
+    """Stop from state.json and every net, the supervisor being gone.
+
+    Signal first, write after: nothing here needs a writable home. A full or read-only
+    disk costs the record of the stop (said in one line), never the stop itself.
+    """
+    from trainctl.supervisor import cgroup as cg  # noqa: PLC0415
     from trainctl.supervisor.gpu.verify import gpu_policy_of  # noqa: PLC0415
     from trainctl.supervisor.terminate import StopPolicy, stop_and_verify  # noqa: PLC0415
 
@@ -171,45 +259,61 @@ def _stop_direct(
     held = [g for g in (st.last_stop or {}).get("gpus", []) if not g.get("ok")]
     if not live_members(st) and held and st.phase in state.TERMINAL:
         # Nothing left to signal, but the last stop could not prove the GPUs free: check again.
-        return _reverify_gpus(jdir, st, gpu_policy_of(spec, gpu_timeout_s))
+        return _reverify_gpus(jdir, st, gpu_policy_of(spec, call.gpu_timeout_s))
     if not live_members(st):
-        msg = (
-            f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); "
-            "nothing to stop"
-        )
-        if st.phase not in state.TERMINAL:
-            st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
-            state.write_state(jdir, st)
-        elif st.last_stop is not None and not st.last_stop.get("ok", True):
-            # The survivors an earlier stop reported are gone now: say so from here on.
-            st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
-            state.write_state(jdir, st)
-        return StopResult(
-            st.name, st.run, "noop", {"ok": True, "already_stopped": True}, st.exit_code, msg
-        )
+        return _nothing_to_stop(jdir, st)
+    failures: list[str] = []
 
     def emit(event: str, **fields: Any) -> None:
-        state.append_event(jdir, event, job=st.name, via="cli", **fields)
+        try:
+            state.append_event(jdir, event, job=st.name, via="cli", **fields)
+        except OSError as e:
+            failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
 
-    if st.phase not in state.TERMINAL:
-        st = st.moved(Phase.STOPPING)
-        state.write_state(jdir, st)
-    emit("stopping", reason="stop", grace_s=grace_s, order=str(order), supervisor="gone")
-    policy = StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s)
     report = stop_and_verify(
         target_of(st),
         signal.Signals[spec.stop_signal],
-        policy,
+        StopPolicy(grace_s=call.grace_s, kill_wait_s=spec.kill_wait_s),
         leases=st.gpus,
-        gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
-        order=order,
+        gpu_policy=gpu_policy_of(spec, call.gpu_timeout_s),
+        order=call.order,
         emit=emit,
     )
     report["reason"] = "stop"
-    final = Phase.STOPPED if st.phase == Phase.STOPPING else st.phase
-    st = st.moved(final, ended_at=st.ended_at or time.time(), last_stop=report, members=())
-    state.write_state(jdir, st)
-    return StopResult(st.name, st.run, "direct", report, st.exit_code)
+    if st.cgroup and cg.is_ours(Path(st.cgroup)):
+        cg.remove(Path(st.cgroup))  # no empty cgroup left behind by a supervisor-less stop
+    if st.phase not in state.TERMINAL:
+        st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
+    st = st.moved(st.phase, ended_at=st.ended_at or time.time(), last_stop=report, members=())
+    error = _write_best_effort(jdir, st) or (failures[0] if failures else None)
+    res = StopResult(st.name, st.run, "direct", report, st.exit_code)
+    if error:
+        report["persist_error"] = error
+        res.message = f"warning: the stop is not recorded: {error}"
+    return res
+
+
+def _write_best_effort(jdir: Path, st: state.JobState) -> str | None:
+    """Write state.json; return why it failed (full or read-only disk) instead of raising."""
+    try:
+        state.write_state(jdir, st)
+    except OSError as e:
+        return f"cannot write {jdir / 'state.json'}: {e.strerror}"
+    return None
+
+
+def _nothing_to_stop(jdir: Path, st: state.JobState) -> StopResult:
+    msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); nothing to stop"
+    if st.phase not in state.TERMINAL:
+        st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
+        _write_best_effort(jdir, st)
+    elif st.last_stop is not None and not st.last_stop.get("ok", True):
+        # The survivors an earlier stop reported are gone now: say so from here on.
+        st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
+        _write_best_effort(jdir, st)
+    return StopResult(
+        st.name, st.run, "noop", {"ok": True, "already_stopped": True}, st.exit_code, msg
+    )
 
 
 def prepare_stop(

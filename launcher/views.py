@@ -47,6 +47,7 @@ class Status:
     argv: list[str] = field(default_factory=list)
     last_stop: dict[str, Any] | None = None
     error: str | None = None
+    previous_boot: bool = False  # recorded before the machine last booted
     gpus: list[int] = field(default_factory=list)
     restarts: int = 0
     last_failure: dict[str, Any] | None = None
@@ -141,6 +142,7 @@ def job_status(home: Path, name: str) -> Status:
         argv=list(spec.argv) if spec else [],
         last_stop=st.last_stop,
         error=st.error,
+        previous_boot=st.from_other_boot(),
         gpus=[g.index for g in st.gpus],
         restarts=st.restarts,
         last_failure=st.last_failure,

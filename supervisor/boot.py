@@ -8,11 +8,14 @@ are imported after the CLI has been answered.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -31,10 +34,12 @@ from .state import (
     ProcRef,
     Spec,
     append_event,
+    current_boot_id,
     job_dir,
     log_path,
     spec_from_doc,
     spec_to_doc,
+    write_bytes_atomic,
     write_json_atomic,
     write_state,
 )
@@ -73,57 +78,137 @@ def _read_request(sock: socket.socket) -> dict[str, Any]:
 
 
 def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Path | None]:
-    """Start the job's main process and record it; raise SpawnError if it cannot start."""
-    run, marker, gpus = ho.run, ho.marker, ho.gpus
+    """Start the job's main process and record it; raise SpawnError if it cannot start.
+
+    Either the run is recorded or nothing of it runs: the run (marker, cgroup, supervisor)
+    is on disk, phase `starting`, before main exists, so whoever finds this supervisor dead
+    can still find and stop main; and if main cannot then be recorded (a full disk), main
+    is killed before the error is answered.
+    """
+    run, marker = ho.run, ho.marker
     cgroup = cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.cgroup else None
-    procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
-    log = log_path(jdir, run)
-    log.parent.mkdir(mode=0o700, exist_ok=True)
+    before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
+    try:
+        starting = _record_starting(jdir, spec, ho, cgroup)
+        procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
+    except OSError:
+        _restore(jdir, before, cgroup)
+        raise
     progress = jdir / "logs" / f"run-{run}.progress.jsonl"
     try:
-        spawned = spawn_main(spec, job_env(spec, marker, run, progress), log, procs_fd)
+        spawned = spawn_main(
+            spec, job_env(spec, marker, run, progress), log_path(jdir, run), procs_fd
+        )
     except SpawnError:
-        if cgroup:
-            cg.remove(cgroup)
+        _restore(jdir, before, cgroup)  # main never ran: a failed start changes nothing
         raise
     finally:
         if procs_fd is not None:
             os.close(procs_fd)
+    _fault("exit-after-spawn")
     st = procfs.read_stat(spawned.pid)
-    me = procfs.read_stat(os.getpid())
-    if st is None or me is None:  # cannot happen: an unreaped child keeps its /proc entry
+    if st is None:  # cannot happen: an unreaped child keeps its /proc entry
         raise SpawnError(f"{spec.argv[0]} vanished right after exec")
-    state = JobState(
-        name=spec.name,
-        run=run,
-        phase=Phase.RUNNING,
-        marker=marker,
-        started_at=time.time(),
-        supervisor=ProcRef(me.pid, me.start_ticks),
+    state = starting.moved(
+        Phase.RUNNING,
         main=ProcRef(spawned.pid, st.start_ticks),
         pgid=spawned.pid,
         sid=spawned.pid,
+    )
+    try:
+        _fault("enospc-recording-main")
+        write_state(jdir, state)
+    except OSError as e:
+        _abort_main(spawned, cgroup)
+        _restore(jdir, before, cgroup)  # main is gone again: the start changed nothing
+        raise SpawnError(
+            f"cannot record the job in {jdir}: {e.strerror}; nothing was left running"
+        ) from None
+    with contextlib.suppress(OSError):  # the run is recorded; an event line is a nicety
+        append_event(
+            jdir,
+            "started",
+            job=spec.name,
+            run=run,
+            main_pid=spawned.pid,
+            argv=list(spec.argv),
+            cwd=spec.cwd,
+            mode=state.mode,
+            cgroup=state.cgroup,
+            gpus=[g.index for g in ho.gpus],
+        )
+    return state, spawned, cgroup
+
+
+def _record_starting(jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None) -> JobState:
+    """Write spec.json and a `starting` state for the run before its main process exists."""
+    me = procfs.read_stat(os.getpid())
+    if me is None:  # cannot happen: we are reading our own /proc entry
+        raise SpawnError("cannot read this supervisor's own /proc entry")
+    starting = JobState(
+        name=spec.name,
+        run=ho.run,
+        phase=Phase.STARTING,
+        marker=ho.marker,
+        started_at=time.time(),
+        supervisor=ProcRef(me.pid, me.start_ticks),
         mode="cgroup" if cgroup else "signals",
         cgroup=str(cgroup) if cgroup else None,
-        gpus=gpus,
+        gpus=ho.gpus,
         restarts=ho.restarts,
         last_failure=ho.last_failure,
+        boot_id=current_boot_id(),
     )
+    log_path(jdir, ho.run).parent.mkdir(mode=0o700, exist_ok=True)
     write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
-    write_state(jdir, state)
-    append_event(
-        jdir,
-        "started",
-        job=spec.name,
-        run=run,
-        main_pid=spawned.pid,
-        argv=list(spec.argv),
-        cwd=spec.cwd,
-        mode=state.mode,
-        cgroup=state.cgroup,
-        gpus=[g.index for g in gpus],
-    )
-    return state, spawned, cgroup
+    write_state(jdir, starting)
+    return starting
+
+
+def _fault(point: str) -> None:
+    """Fail here on purpose when $TRAINCTL_TEST_FAULT names this point (tests only).
+
+    The start-up races (a supervisor dying, or its disk filling, between spawning main and
+    recording it) last microseconds; this hook lets the tests hit them every time, with
+    real processes, instead of by luck. Unset in normal use: then it does nothing.
+    """
+    if os.environ.get("TRAINCTL_TEST_FAULT") != point:
+        return
+    if point == "exit-after-spawn":
+        os._exit(1)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _restore(jdir: Path, before: dict[str, bytes | None], cgroup: Path | None) -> None:
+    """Put spec.json and state.json back as they were before this start (best effort)."""
+    if cgroup is not None:
+        cg.remove(cgroup)
+    for name, data in before.items():
+        with contextlib.suppress(OSError):
+            if data is None:
+                (jdir / name).unlink(missing_ok=True)
+            else:
+                write_bytes_atomic(jdir / name, data)
+
+
+def _abort_main(spawned: Spawned, cgroup: Path | None) -> None:
+    """Kill main (our own unreaped child: its pid cannot have been reused) and reap it."""
+    signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
+    spawned.proc.wait()
+    os.close(spawned.pidfd)
+    if cgroup is not None:
+        cg.kill(cgroup)  # anything it forked in its first moments
+        for _ in range(100):
+            if cg.remove(cgroup):
+                break
+            time.sleep(0.01)
 
 
 def main(argv: list[str]) -> int:
@@ -134,6 +219,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fd", type=int, required=True)
     p.add_argument("--lock-fd", type=int, help="supervisor.lock handed over by our predecessor")
     args = p.parse_args(argv)
+    # Meant for the job, not for us (see service._signals); spawn_main resets them for main.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     jdir = job_dir(Path(args.home), args.name)
     if args.lock_fd is not None:
@@ -156,11 +244,13 @@ def main(argv: list[str]) -> int:
         _reply(sock, {"ok": False, "error": f"supervisor set-up failed: {e}"})
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
-    _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
+    with contextlib.suppress(OSError):  # the CLI gave up waiting: the job is recorded anyway
+        _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
     state = dataclasses.replace(state, code=code_version(spec))
-    write_state(jdir, state)
+    with contextlib.suppress(OSError):  # a full disk must not cost the job its supervisor
+        write_state(jdir, state)
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
     return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

@@ -9,6 +9,7 @@ caller records which mode is in use so ``status`` can say it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 SUBDIR = "trainctl"
 
 
+@functools.cache
 def find_mount() -> Path | None:
     """Return the cgroup2 mount point, or None when cgroup v2 is not mounted."""
     try:
@@ -58,6 +60,19 @@ def create_job_cgroup(leaf: str) -> Path | None:
         remove(path)
         return None
     return path
+
+
+def is_ours(path: Path) -> bool:
+    """Tell whether ``path`` has the shape of a job cgroup trainctl creates.
+
+    ``<cgroup2 mount>/<...>/trainctl/<leaf>``, absolute, without ``..``: a state file
+    naming any other cgroup (a system slice, another user's job) must never get its
+    processes frozen or killed.
+    """
+    mount = find_mount()
+    if mount is None or not path.is_absolute() or ".." in path.parts:
+        return False
+    return path.is_relative_to(mount) and path.parent.name == SUBDIR and path != mount
 
 
 def open_procs_fd(path: Path) -> int:

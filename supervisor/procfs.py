@@ -74,6 +74,16 @@ def has_marker(pid: int, needle: bytes) -> bool:
     return needle in env.split(b"\0")
 
 
+def has_env_prefix(pid: int, prefixes: tuple[bytes, ...]) -> bool:
+    """Tell whether an initial environment entry of ``pid`` starts with one of ``prefixes``."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            env = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return any(entry.startswith(prefixes) for entry in env.split(b"\0"))
+
+
 def read_cmdline(pid: int) -> str:
     """Return the command line of ``pid`` joined by spaces ('' for zombies/kernel threads)."""
     try:

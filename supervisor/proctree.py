@@ -9,6 +9,7 @@ Nets (a member records every net that caught it):
 - ``subreaper`` a child of the supervisor other than main: an orphan that reparented to it
 - ``child``     a descendant of any other member (catches a scrubbed-env exec below a member)
 - ``pgroup`` / ``session``  shares the main's process group / session while main holds them
+- ``snapshot``  listed in state.json's last member snapshot, same pid *and* start time
 
 A process counts only while its ``(pid, start_ticks)`` is consistent; every job process
 starts no earlier than the main process, so older processes are never even read beyond
@@ -68,14 +69,23 @@ class Member:
 
 
 def target_of(st: JobState) -> Target:
-    """Build the scan target of a recorded run (supervisor and CLI alike)."""
+    """Build the scan target of a recorded run (supervisor and CLI alike).
+
+    Only what can still be trusted goes in: a cgroup path outside trainctl's own subtree
+    is dropped (its processes are not ours to kill), and a run from another boot keeps
+    only its marker and cgroup, because its pids and start times now name strangers.
+    """
+    group = Path(st.cgroup) if st.cgroup else None
+    cgroup = group if group is not None and cg.is_ours(group) else None
+    if st.from_other_boot():
+        return Target(marker=st.marker, cgroup=cgroup)
     return Target(
         marker=st.marker,
         main=st.main,
         supervisor=st.supervisor,
         pgid=st.pgid,
         sid=st.sid,
-        cgroup=Path(st.cgroup) if st.cgroup else None,
+        cgroup=cgroup,
         known_nets=st.member_nets(),
     )
 
@@ -111,26 +121,40 @@ def scan(target: Target) -> dict[int, Member]:
     main_ok = _verified(target.main, stats)
     if main_ok and target.main:
         add(target.main.pid, "main")
+    # The last member snapshot, each verified by start time: it still finds a member that
+    # escaped every other net (setsid + double fork + scrubbed env, supervisor gone).
+    for ref in target.known_nets:
+        if _verified(ref, stats):
+            add(ref.pid, "snapshot")
     if target.cgroup is not None:
         for pid in cg.read_pids(target.cgroup):
             add(pid, "cgroup")
+    _add_by_fields(stats, target, main_ok, add)
+    _add_descendants(stats, members, target, add)
+    return members
+
+
+def _add_by_fields(
+    stats: dict[int, Stat], target: Target, main_ok: bool, add: Callable[[int, str], None]
+) -> None:
+    """The per-process nets: marker, subreaper, process group, session."""
     needle = f"TRAINCTL_JOB={target.marker}".encode()
     # The supervisor started before main, so it is not among the candidates: check it alone.
     sup = target.supervisor
-    sup_ok = sup is not None and procfs.exists(sup.pid, sup.start_ticks)
+    sup_pid = sup.pid if sup is not None and procfs.exists(sup.pid, sup.start_ticks) else None
+    # pgid/sid numbers cannot be recycled while main holds them (the kernel keeps the
+    # struct pid alive), so they identify the job only while main is verified.
+    pgid = target.pgid if main_ok else None
+    sid = target.sid if main_ok else None
     for pid, st in stats.items():
         if procfs.has_marker(pid, needle):
             add(pid, "marker")
-        if sup_ok and target.supervisor and st.ppid == target.supervisor.pid:
+        if sup_pid is not None and st.ppid == sup_pid:
             add(pid, "subreaper")
-        # pgid/sid numbers cannot be recycled while main holds them (the kernel keeps the
-        # struct pid alive), so they identify the job only while main is verified.
-        if main_ok and target.pgid is not None and st.pgid == target.pgid:
+        if pgid is not None and st.pgid == pgid:
             add(pid, "pgroup")
-        if main_ok and target.sid is not None and st.sid == target.sid:
+        if sid is not None and st.sid == sid:
             add(pid, "session")
-    _add_descendants(stats, members, target, add)
-    return members
 
 
 def scan_cgroup(target: Target) -> dict[int, Member]:

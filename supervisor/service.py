@@ -7,7 +7,9 @@ itself), so killing it loses no log line; ``trainctl stop`` then works from stat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import itertools
 import logging
 import os
 import signal
@@ -16,7 +18,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 import anyio
 import anyio.abc
@@ -25,10 +27,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import cgroup as cg
 from . import control, procfs
+from . import lifecycle as lc
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines, gpu_policy_of
 from .launch import Handover, launch_supervisor
-from .policy import backoff_s, restart_refusal
 from .proctree import Target, scan, target_of
 from .spawn import Spawned, exit_code_of
 from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
@@ -36,13 +38,13 @@ from .terminate import StopPolicy, stop_and_verify
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
-    events = open(jdir / "events.jsonl", "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+    events = _BestEffortFile(jdir / "events.jsonl")
     structlog.configure(
         processors=[
             structlog.processors.TimeStamper(fmt=None, key="ts"),
             structlog.processors.JSONRenderer(),
         ],
-        logger_factory=structlog.WriteLoggerFactory(file=events),
+        logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, events)),
         # per-orphan "reaped" lines are debug: 240 of them would slow a stop by ~15 ms
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         cache_logger_on_first_use=True,
@@ -51,8 +53,36 @@ def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundL
     return log
 
 
+class _BestEffortFile:
+    """events.jsonl for structlog: a full or read-only disk loses event lines, never the job.
+
+    A failed write is counted and dropped; it never raises into the supervisor, which must
+    keep reaping and answering stops (state.json's own write failures are reported).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.failures = 0
+        try:
+            self.f: Any = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+        except OSError:
+            self.f = None
+            self.failures += 1
+
+    def write(self, text: str) -> None:
+        if self.f is None:
+            return
+        try:
+            self.f.write(text)
+        except OSError:
+            self.failures += 1
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.f.flush()
+
+
 class Supervisor:
-    """Supervises one run of one job."""
+    """Supervises one run of one job; one task owns its lifecycle (see lifecycle.py)."""
 
     def __init__(
         self,
@@ -73,28 +103,88 @@ class Supervisor:
             cgroup,
         )
         self.log = _configure_events(jdir, spec.name)
-        self.main_status: int | None = None
-        self.main_exited = anyio.Event()
-        self.stop_done = anyio.Event()
-        self.stop_report: dict[str, Any] | None = None
-        self.stopping = False
-        self.done = anyio.Event()
-        self.handlers = 0
         self.lock_fd = lock_fd
-        self.in_backoff = False
-        self.cancel_restart = anyio.Event()
-        self.handed_over = False  # a relaunch gave the job (and its lock) to a successor
-        self.cancelled: dict[str, Any] | None = None  # report of a stop during the backoff
-        self.idle = anyio.Event()  # set when the run is done and no client awaits a reply
+        self.life = lc.Life(restarts=state.restarts, run=state.run)
+        self.main_status: int | None = None
+        self.main_reaped = anyio.Event()
+        self.events_tx, self.events_rx = anyio.create_memory_object_stream[lc.Event](64)
+        self.replies: dict[int, anyio.Event] = {}
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.tokens = itertools.count(1)
+        self.backoff_scope: anyio.CancelScope | None = None
+        self.persist_error: str | None = None
+        self.handlers = 0  # control connections not yet answered
 
     # ------------------------------------------------------------ state
 
     def _set(self, phase: Phase, *, durable: bool = True, **changes: Any) -> None:
+        """Record a phase move in memory, then on disk as far as the disk lets us.
+
+        Never raises for a full or read-only disk: the job must still be reaped and
+        stopped. The first failure is kept and surfaces in stop reports.
+        """
         self.state = self.state.moved(phase, **changes)
-        write_state(self.jdir, self.state, durable=durable)
+        try:
+            write_state(self.jdir, self.state, durable=durable)
+        except OSError as e:
+            if self.persist_error is None:
+                self.persist_error = f"cannot write {self.jdir / 'state.json'}: {e.strerror}"
+                self.log.warning("persist_failed", error=self.persist_error)
 
     def _target(self) -> Target:
         return target_of(self.state)
+
+    # ------------------------------------------------------------ events in
+
+    def send(self, ev: lc.Event) -> None:
+        """Queue an event for the lifecycle owner (never blocks: the buffer is generous)."""
+        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+            self.events_tx.send_nowait(ev)
+
+    async def _own_lifecycle(self, tg: anyio.abc.TaskGroup) -> None:
+        """The one task that moves the lifecycle: every decision happens here, in order."""
+        while not lc.ended(self.life):
+            ev = await self.events_rx.receive()
+            self.life = dataclasses.replace(self.life, now=time.time())
+            self.life, actions = lc.step(self.life, ev, self.spec)
+            for action in actions:
+                self._do(tg, action)
+
+    def _do(self, tg: anyio.abc.TaskGroup, a: lc.Action) -> None:
+        if isinstance(a, lc.RunStop):
+            tg.start_soon(self._run_stop, a)
+        elif isinstance(a, lc.Persist):
+            self._set(a.phase, durable=a.durable, **a.fields)
+        elif isinstance(a, lc.Log):
+            self.log.info(a.event, **a.fields)
+        elif isinstance(a, lc.WaitBackoff):
+            self.backoff_scope = anyio.CancelScope()
+            tg.start_soon(self._wait_backoff, a.seconds, self.backoff_scope)
+        elif isinstance(a, lc.CancelBackoff):
+            if self.backoff_scope is not None:
+                self.backoff_scope.cancel()
+        elif isinstance(a, lc.Relaunch):
+            tg.start_soon(self._relaunch, a.failure)
+        elif isinstance(a, lc.Reply):
+            for token in a.tokens:
+                self._answer(token, a)
+
+    def _answer(self, token: int, a: lc.Reply) -> None:
+        if a.forward:
+            msg: dict[str, Any] = {
+                "ok": False,
+                "retry": True,
+                "error": "the job was just relaunched; ask its new supervisor",
+            }
+        else:
+            report = dict(a.report or {})
+            if self.persist_error:
+                report["persist_error"] = self.persist_error
+            msg = {"ok": True, "report": report, "exit_code": self.state.exit_code}
+        self.answers[token] = msg
+        done = self.replies.get(token)
+        if done is not None:
+            done.set()
 
     # ------------------------------------------------------------ reaping
 
@@ -111,8 +201,9 @@ class Supervisor:
                 self.main_status = status
                 # We reaped it ourselves; tell Popen so it never waits or warns.
                 self.spawned.proc.returncode = exit_code_of(status)
-                self.main_exited.set()
+                self.main_reaped.set()
                 self.log.info("main_exited", pid=pid, exit_code=exit_code_of(status))
+                self.send(lc.MainExited(exit_code_of(status)))
             else:
                 self.log.debug("reaped", pid=pid, exit_code=exit_code_of(status))
 
@@ -129,11 +220,18 @@ class Supervisor:
         finally:
             os.close(fd)
         self.reap()
-        await self.main_exited.wait()
-        if not self.stopping:
-            # Main is gone on its own: whatever it left behind (orphaned workers holding
-            # GPUs) is cleaned up now, with the same grace a stop would give.
-            await self.stop(self.spec.grace_s, reason="main exited")
+
+    async def _signals(self) -> None:
+        """SIGTERM, SIGHUP and SIGINT are meant for the job, not for us: record, carry on.
+
+        A stray `pkill`, a closing terminal or a shutdown must not cost the job its orphan
+        cleanup and its exit code. At a system shutdown the job gets the system's own
+        signals; we keep reaping, record main's exit and clean up what it left behind.
+        """
+        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+        with anyio.open_signal_receiver(*sigs) as signals:
+            async for sig in signals:
+                self.log.warning("supervisor_signal_ignored", signal=signal.Signals(sig).name)
 
     # ------------------------------------------------------------ snapshots
 
@@ -141,8 +239,8 @@ class Supervisor:
         while True:
             await anyio.sleep(self.spec.snapshot_interval_s)
             self.reap()
-            await self._check_stall()
-            if self.stopping or self.in_backoff:
+            self._check_stall()
+            if self.life.stage is not lc.Stage.RUNNING:
                 continue
             members = await anyio.to_thread.run_sync(scan, self._target())
             snap = tuple(
@@ -161,114 +259,44 @@ class Supervisor:
             # Rewrite (and fsync) only when the member set changed: a quiet job costs nothing.
             if {(s.pid, s.start_ticks) for s in snap} != {
                 (s.pid, s.start_ticks) for s in self.state.members
-            } and not self.stopping:
+            } and self.life.stage is lc.Stage.RUNNING:
                 self._set(self.state.phase, members=snap, snapshot_at=time.time())
 
     # ------------------------------------------------------------ stop
 
-    async def stop(
-        self,
-        grace_s: float,
-        *,
-        reason: str,
-        order: StopOrder | None = None,
-        gpu_timeout_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Run the stop sequence once; concurrent callers share its report.
-
-        ``reason`` is "stop" (a user), "main exited" (cleanup after main), or "stalled"
-        (the watchdog); only the latter two may lead to a relaunch by the restart policy.
-        """
-        if self.in_backoff and reason == "stop":
-            self.cancel_restart.set()  # a stop during the backoff cancels the restart
-        if self.stopping or self.in_backoff:
-            await self.stop_done.wait()
-            return self.stop_report or {}
-        self.stopping = True
-        self._set(Phase.STOPPING, durable=False)  # visible at once; no fsync on the hot path
-        order = order or StopOrder(self.spec.stop_order)
-        self.log.info("stopping", reason=reason, grace_s=grace_s, order=str(order))
-        policy = StopPolicy(grace_s=grace_s, kill_wait_s=self.spec.kill_wait_s)
+    async def _run_stop(self, a: lc.RunStop) -> None:
+        """Run the stop sequence in a thread (shielded), then report it to the owner."""
+        order = StopOrder(a.order) if a.order else StopOrder(self.spec.stop_order)
+        policy = StopPolicy(grace_s=a.grace_s, kill_wait_s=self.spec.kill_wait_s)
         run = functools.partial(
             stop_and_verify,
             self._target(),
             signal.Signals[self.spec.stop_signal],
             policy,
             leases=self.state.gpus,
-            gpu_policy=gpu_policy_of(self.spec, gpu_timeout_s),
+            gpu_policy=gpu_policy_of(self.spec, a.gpu_timeout_s),
             order=order,
             emit=self.log.info,
         )
         with anyio.CancelScope(shield=True):
             report = await anyio.to_thread.run_sync(run)
+            # main's exit status comes through the reaper; let it land before deciding
             with anyio.move_on_after(2):
-                await self.main_exited.wait()
-        report["reason"] = reason
-        code = exit_code_of(self.main_status) if self.main_status is not None else None
-        if reason == "stop":
-            final = Phase.STOPPED
-        else:
-            final = Phase.EXITED if code == 0 and reason == "main exited" else Phase.FAILED
-        why_not = restart_refusal(
-            self.spec, self.state.restarts, code, bool(report.get("ok")), reason
-        )
-        ended: dict[str, Any] = {
-            "exit_code": code,
-            "ended_at": time.time(),
-            "last_stop": report,
-            "members": (),
-        }
-        if why_not is None:
-            # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
-            # terminal phase for a run that is about to be relaunched.
-            self._cleanup(remove_socket=False)
-            with anyio.CancelScope(shield=True):
-                await self._restart(code, reason, ended)
-            return self._finish(self.cancelled or report)
-        if why_not:
-            self.log.info("not_restarting", why=why_not)
-            ended["error"] = why_not
-        self._set(final, **ended)
-        self._cleanup(remove_socket=False)
-        return self._finish(report)
+                await self.main_reaped.wait()
+        if self.cgroup is not None:
+            self._cleanup_cgroup()
+        self.send(lc.StopFinished(report))
 
-    def _finish(self, report: dict[str, Any]) -> dict[str, Any]:
-        if not self.handed_over:
-            with contextlib.suppress(FileNotFoundError):
-                (self.jdir / control.SOCK_NAME).unlink()
-        self.stop_report = report
-        self.stop_done.set()
-        self.done.set()
-        self._check_idle()
-        return report
+    async def _wait_backoff(self, seconds: float, scope: anyio.CancelScope) -> None:
+        with scope:
+            await anyio.sleep(seconds)
+            self.send(lc.BackoffElapsed())
 
     # ------------------------------------------------------------ restart policy
 
-    async def _restart(self, code: int | None, reason: str, ended: dict[str, Any]) -> None:
-        """Wait out the backoff (a stop cancels it), then hand over to a new supervisor."""
-        st = self.state
-        backoff = backoff_s(self.spec, st.restarts)
-        failure = {"run": st.run, "exit_code": code, "at": time.time(), "reason": reason}
-        self._set(Phase.STARTING, restart_at=time.time() + backoff, last_failure=failure, **ended)
-        self.log.info("restart_scheduled", backoff_s=backoff, restarts=st.restarts, **failure)
-        self.in_backoff, self.stopping = True, False
-        with anyio.move_on_after(backoff):
-            await self.cancel_restart.wait()
-        if self.cancel_restart.is_set():
-            self.stopping = True
-            self._set(Phase.STOPPING)  # STARTING -> STOPPING -> STOPPED: the legal path
-            self.cancelled = {
-                "ok": True,
-                "already_stopped": True,
-                "reason": "stop during restart backoff: restart cancelled",
-            }
-            self._set(Phase.STOPPED, restart_at=None, last_stop=self.cancelled)
-            self.log.info("restart_cancelled")
-            return
-        await self._relaunch(failure)
-
     async def _relaunch(self, failure: dict[str, Any]) -> None:
         st = self.state
+        failure = {**failure, "at": time.time()}
         leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
         handover = Handover(
             run=st.run + 1,
@@ -286,22 +314,21 @@ class Supervisor:
                 )
             )
         except TrainctlError as e:
-            self._set(Phase.FAILED, restart_at=None, error=f"relaunch failed: {e}")
-            self.log.warning("relaunch_failed", error=str(e))
+            self.send(lc.Relaunched(error=str(e)))
             return
-        self.handed_over = True
         self.log.info(
             "relaunched",
             run=handover.run,
             main_pid=reply.get("main_pid"),
             restarts=handover.restarts,
         )
+        self.send(lc.Relaunched())
 
     # ------------------------------------------------------------ stall watchdog
 
-    async def _check_stall(self) -> None:
+    def _check_stall(self) -> None:
         timeout = self.spec.stall_timeout_s
-        if not timeout or self.stopping or self.in_backoff:
+        if not timeout or self.life.stage is not lc.Stage.RUNNING:
             return
         st = self.state
         progress = self.jdir / "logs" / f"run-{st.run}.progress.jsonl"
@@ -316,7 +343,7 @@ class Supervisor:
             self._set(st.phase, stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.on_stall)
         if self.spec.on_stall == "restart":
-            await self.stop(self.spec.grace_s, reason="stalled")
+            self.send(lc.Stalled())
 
     # ------------------------------------------------------------ control socket
 
@@ -328,6 +355,18 @@ class Supervisor:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         self.handlers += 1
         try:
+            await self._handle_one(stream)
+        finally:
+            self.handlers -= 1
+
+    async def _handle_one(self, stream: anyio.abc.SocketStream) -> None:
+        with contextlib.suppress(
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.DelimiterNotFound,
+            ValueError,
+        ):
             async with stream:
                 raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610
                 if control.peer_uid(raw) != os.geteuid():
@@ -338,61 +377,70 @@ class Supervisor:
                 )
                 reply = await self._dispatch(control.decode(line))
                 await stream.send(control.encode(reply))
-        except (
-            anyio.EndOfStream,
-            anyio.IncompleteRead,
-            anyio.BrokenResourceError,
-            anyio.DelimiterNotFound,
-            ValueError,
-        ):
-            pass
-        finally:
-            self.handlers -= 1
-            self._check_idle()
-
-    def _check_idle(self) -> None:
-        if self.done.is_set() and not self.handlers:
-            self.idle.set()
 
     async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
         if op == "stop":
-            grace = float(req.get("grace_s", self.spec.grace_s))
+            token = next(self.tokens)
+            done = self.replies[token] = anyio.Event()
             gt = req.get("gpu_timeout_s")
-            report = await self.stop(
-                grace,
-                order=_order_of(req),
-                reason="stop",
-                gpu_timeout_s=None if gt is None else float(gt),
+            order = _order_of(req)
+            self.send(
+                lc.StopRequested(
+                    token,
+                    float(req.get("grace_s", self.spec.grace_s)),
+                    None if order is None else str(order),
+                    None if gt is None else float(gt),
+                )
             )
-            return {"ok": True, "report": report, "exit_code": self.state.exit_code}
+            await done.wait()
+            del self.replies[token]
+            return self.answers.pop(token)
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     # ------------------------------------------------------------ main
 
     async def run(self) -> None:
-        """Supervise until the run has ended and every client has its answer."""
+        """Supervise until the run has ended and every waiting client has its answer."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._reaper)
             tg.start_soon(self._watch_main)
+            tg.start_soon(self._signals)
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
-            await self.done.wait()
+            await self._own_lifecycle(tg)
+            if self.life.stage is not lc.Stage.HANDED_OVER:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.jdir / control.SOCK_NAME).unlink()
+            # clients still connected get their answer (late stops: the final report)
             with anyio.move_on_after(5):
-                await self.idle.wait()
+                while self.handlers:
+                    self._drain_late_requests()
+                    await anyio.sleep(0.005)
             tg.cancel_scope.cancel()
 
-    def _cleanup(self, *, remove_socket: bool = True) -> None:
-        if remove_socket:
-            with contextlib.suppress(FileNotFoundError):
-                (self.jdir / control.SOCK_NAME).unlink()
-        if self.cgroup is not None:
-            for _ in range(50):
-                if cg.remove(self.cgroup) or not self.cgroup.exists():
-                    break
-                time.sleep(0.02)
+    def _drain_late_requests(self) -> None:
+        while True:
+            try:
+                ev = self.events_rx.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            if isinstance(ev, lc.StopRequested):
+                _, actions = lc.step(self.life, ev, self.spec)
+                for a in actions:
+                    if isinstance(a, lc.Reply):
+                        for token in a.tokens:
+                            self._answer(token, a)
+
+    def _cleanup_cgroup(self) -> None:
+        if self.cgroup is None:
+            return
+        for _ in range(50):
+            if cg.remove(self.cgroup) or not self.cgroup.exists():
+                break
+            time.sleep(0.02)
 
 
 def _order_of(req: dict[str, Any]) -> StopOrder | None:
@@ -420,7 +468,11 @@ def run_supervisor(
     except Exception:  # noqa: BLE001  (last resort: record why, the job itself is unharmed)
         sup.log.error("supervisor_crashed", traceback=traceback.format_exc())  # noqa: TRY400
         code = 70
-    sup.log.info("supervisor_exit", phase=str(sup.state.phase), handed_over=sup.handed_over)
+    sup.log.info(
+        "supervisor_exit",
+        phase=str(sup.state.phase),
+        handed_over=sup.life.stage is lc.Stage.HANDED_OVER,
+    )
     # Everything is on disk (state fsynced, events line-buffered). Exiting right here keeps
     # the lock until the process is really gone, and skips an interpreter teardown that
     # `trainctl stop` would otherwise sit through waiting for supervisor.lock.

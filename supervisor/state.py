@@ -21,9 +21,11 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import procfs
 from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 
 SCHEMA = 1
@@ -169,7 +172,14 @@ class JobState:
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
+    # /proc/sys/kernel/random/boot_id when the run started: pids and start times mean
+    # nothing after a reboot, so a state from another boot is never acted on by pid
+    boot_id: str | None = None
     schema: int = SCHEMA
+
+    def from_other_boot(self) -> bool:
+        """Tell whether this run was recorded before the machine last booted."""
+        return self.boot_id is not None and self.boot_id != current_boot_id()
 
     def member_nets(self) -> dict[ProcRef, tuple[str, ...]]:
         """Return the nets of each member in the last snapshot."""
@@ -259,16 +269,34 @@ def write_json_atomic(path: Path, doc: Any, *, durable: bool = True) -> None:
     way; only a machine crash could bring the old one back, and for a transient phase
     (``stopping``) a crash kills the job anyway.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    write_bytes_atomic(path, data, durable=durable)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (see :func:`write_json_atomic`).
+
+    The temporary name is unpredictable and created with O_EXCL|O_NOFOLLOW, so a planted
+    file or symlink is never written through; a failed write (a full disk) leaves no
+    temporary file behind and the old file intact.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
     try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if not durable:
         return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -396,8 +424,19 @@ def job_lock(
 
 @contextlib.contextmanager
 def flock_file(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``path``; raise JobConflictError(busy) after ``timeout_s``."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Hold an exclusive flock on ``path``; raise JobConflictError(busy) after ``timeout_s``.
+
+    On a read-only or full file system an existing lock file is locked through a read-only
+    descriptor (flock does not need write access); without one the caller gets a one-line
+    ConfigError, since everything that takes this lock also writes beside it.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise ConfigError(f"cannot lock {path}: {e.strerror}") from None
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -432,16 +471,32 @@ def is_locked(jdir: Path, lockname: str) -> bool:
     return False
 
 
-def supervisor_alive(jdir: Path) -> bool:
+def supervisor_alive(jdir: Path, st: JobState | None = None) -> bool:
     """Tell whether the job's supervisor lives: it holds supervisor.lock until it dies.
 
-    A lock cannot be inherited by a recycled pid, so this is immune to pid reuse.
+    A lock cannot be inherited by a recycled pid, so this is immune to pid reuse. With the
+    run's state at hand, the recorded supervisor (pid + start time, this boot) counts too,
+    so a deleted supervisor.lock never makes a live supervisor look gone.
     """
-    return is_locked(jdir, "supervisor.lock")
+    if is_locked(jdir, "supervisor.lock"):
+        return True
+    if st is None or st.supervisor is None or st.from_other_boot():
+        return False
+    return procfs.is_alive(st.supervisor.pid, st.supervisor.start_ticks)
 
 
 def effective_phase(jdir: Path, st: JobState) -> Phase:
     """Return the stored phase, or LOST when a live-looking run has no supervisor."""
-    if st.phase not in TERMINAL and not supervisor_alive(jdir):
+    if st.phase not in TERMINAL and not supervisor_alive(jdir, st):
         return Phase.LOST
     return st.phase
+
+
+@functools.cache
+def current_boot_id() -> str | None:
+    """Return this boot's id (None where the kernel does not say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

@@ -1,0 +1,306 @@
+"""The supervisor's lifecycle as one pure state machine: ``step(life, event) -> (life, actions)``.
+
+One task of the supervisor owns a :class:`Life` and feeds it every event (main exited, a
+user's stop, the stall watchdog, a finished stop, the backoff elapsed, a relaunch's
+result); watchers and control-socket handlers only send events. The actions it returns
+are carried out by the supervisor (run a stop, write the state, wait, relaunch, answer).
+
+The rules that used to be spread over flags and events:
+
+- a user's stop wins in every phase: it joins a stop already running (and turns it into
+  a user stop, so no relaunch follows), cancels a pending backoff, and a stop that
+  arrives while a successor is being launched is answered with ``forward`` so the CLI
+  asks the successor; a stop that returned "stopped" is never followed by a relaunch;
+- main exiting on its own, or the watchdog, starts the same stop sequence (to clean up
+  leftovers) and the restart policy decides what follows it;
+- once the run has ended, every later stop gets the final report at once.
+
+::
+
+    RUNNING --main exited / stop / stalled--> STOPPING --finished--> BACKOFF | ENDED
+    STOPPING --stop--> STOPPING (joined; becomes a user stop)
+    BACKOFF --stop--> ENDED (stopped)      BACKOFF --elapsed--> RELAUNCHING
+    RELAUNCHING --ok--> HANDED_OVER        RELAUNCHING --failed--> ENDED (failed|stopped)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .policy import backoff_s, restart_refusal
+from .state import Phase, Spec
+
+
+class Stage(StrEnum):
+    """Where the supervisor is; BACKOFF and RELAUNCHING are stored as phase `starting`."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    RELAUNCHING = "relaunching"
+    ENDED = "ended"
+    HANDED_OVER = "handed_over"
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class MainExited:
+    """The main process was reaped with this shell-style exit code."""
+
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """A user's `trainctl stop`; ``token`` identifies the client waiting for the answer."""
+
+    token: int
+    grace_s: float
+    order: str | None = None
+    gpu_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """The stall watchdog fired and the spec says ``on_stall = "restart"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopFinished:
+    """The stop sequence ended; ``report`` is its JSON form."""
+
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffElapsed:
+    """The restart backoff is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunched:
+    """The successor supervisor answered (``error`` None) or could not be started."""
+
+    error: str | None = None
+
+
+Event = MainExited | StopRequested | Stalled | StopFinished | BackoffElapsed | Relaunched
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class RunStop:
+    """Run the stop sequence (in a thread) and send StopFinished when it is done."""
+
+    reason: str  # "stop" | "main exited" | "stalled"
+    grace_s: float
+    order: str | None
+    gpu_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Write the run's phase and these fields to state.json (best effort, never blocking)."""
+
+    phase: Phase
+    fields: dict[str, Any] = field(default_factory=dict)
+    durable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WaitBackoff:
+    """Sleep, then send BackoffElapsed (cancelled by CancelBackoff)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelBackoff:
+    """Stop the pending backoff sleep."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunch:
+    """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
+
+    failure: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer these waiting clients: with ``report``, or ``forward`` to the successor."""
+
+    tokens: tuple[int, ...]
+    report: dict[str, Any] | None = None
+    forward: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Record an event in events.jsonl."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+Action = RunStop | Persist | WaitBackoff | CancelBackoff | Relaunch | Reply | Log
+
+# ---------------------------------------------------------------- the machine
+
+
+@dataclass(frozen=True, slots=True)
+class Life:
+    """Everything the lifecycle decides on (frozen: ``step`` returns a new one)."""
+
+    stage: Stage = Stage.RUNNING
+    restarts: int = 0
+    run: int = 1
+    main_code: int | None = None
+    stop_reason: str | None = None  # why the current/last stop sequence ran
+    user_stop: bool = False  # a user asked to stop this run: no relaunch, phase `stopped`
+    waiters: tuple[int, ...] = ()  # clients waiting for the stop's answer
+    report: dict[str, Any] | None = None  # the final answer, once the run has ended
+    now: float = 0.0  # the time of the event being handled (set by the caller)
+
+
+CANCELLED = {
+    "ok": True,
+    "already_stopped": True,
+    "reason": "stop during restart backoff: restart cancelled",
+}
+
+
+Outcome = tuple[Life, list[Action]]
+
+
+def step(life: Life, ev: Event, spec: Spec) -> Outcome:
+    """Return the next lifecycle and what to do for ``ev``; pure, so it is unit-tested."""
+    if isinstance(ev, MainExited):
+        return _main_exited(life, ev, spec)
+    if isinstance(ev, StopRequested):
+        return _stop_requested(life, ev)
+    if isinstance(ev, StopFinished):
+        return _stop_finished(life, ev, spec)
+    if isinstance(ev, Relaunched):
+        return _relaunched(life, ev)
+    return _timer(life, ev, spec)
+
+
+def _timer(life: Life, ev: Stalled | BackoffElapsed, spec: Spec) -> Outcome:
+    """The watchdog and the backoff: each matters in one stage only."""
+    if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
+        return _begin_stop(life, "stalled", RunStop("stalled", spec.grace_s, None))
+    if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
+        failure = {"run": life.run, "exit_code": life.main_code, "reason": life.stop_reason}
+        return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
+    return life, []
+
+
+def _to(life: Life, stage: Stage, **changes: Any) -> Life:
+    return dataclasses.replace(life, stage=stage, **changes)
+
+
+def _begin_stop(life: Life, reason: str, stop: RunStop) -> Outcome:
+    # Signal first, write after: the stop thread starts before the phase is written.
+    return _to(life, Stage.STOPPING, stop_reason=reason), [
+        stop,
+        Persist(Phase.STOPPING, durable=False),
+        Log("stopping", {"reason": reason, "grace_s": stop.grace_s, "order": stop.order}),
+    ]
+
+
+def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
+    life = dataclasses.replace(life, main_code=ev.code)
+    if life.stage is not Stage.RUNNING:
+        return life, []  # a stop is running (it made main exit) or the run is over
+    # Whatever main left behind (orphaned workers holding GPUs) is cleaned up now, with
+    # the grace a stop would give.
+    return _begin_stop(life, "main exited", RunStop("main exited", spec.grace_s, None))
+
+
+def _stop_requested(life: Life, ev: StopRequested) -> Outcome:
+    stage = life.stage
+    if stage is Stage.RUNNING:
+        life = dataclasses.replace(life, user_stop=True, waiters=(ev.token,))
+        return _begin_stop(life, "stop", RunStop("stop", ev.grace_s, ev.order, ev.gpu_timeout_s))
+    if stage in (Stage.STOPPING, Stage.RELAUNCHING):
+        # Join the running stop (or the launch); from now on nothing relaunches this run.
+        joined = dataclasses.replace(life, user_stop=True, waiters=(*life.waiters, ev.token))
+        return joined, [Log("stop_joined", {"stage": str(stage)})]
+    if stage is Stage.BACKOFF:
+        ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
+        return ended, [
+            CancelBackoff(),
+            Persist(Phase.STOPPING),  # STARTING -> STOPPING -> STOPPED: the legal path
+            Persist(Phase.STOPPED, {"restart_at": None, "last_stop": CANCELLED}),
+            Log("restart_cancelled"),
+            Reply((ev.token,), CANCELLED),
+        ]
+    if stage is Stage.HANDED_OVER:
+        return life, [Reply((ev.token,), forward=True)]
+    return life, [Reply((ev.token,), life.report or {"ok": True, "already_stopped": True})]
+
+
+def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
+    if life.stage is not Stage.STOPPING:
+        return life, []
+    report = {**ev.report, "reason": "stop" if life.user_stop else life.stop_reason}
+    code = life.main_code
+    ended: dict[str, Any] = {
+        "exit_code": code,
+        "ended_at": life.now,
+        "last_stop": report,
+        "members": (),
+    }
+    reason = "stop" if life.user_stop else str(life.stop_reason)
+    why_not = restart_refusal(spec, life.restarts, code, bool(report.get("ok")), reason)
+    if why_not is None:
+        wait = backoff_s(spec, life.restarts)
+        failure = {"run": life.run, "exit_code": code, "at": life.now, "reason": reason}
+        # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
+        # terminal phase for a run that is about to be relaunched.
+        return _to(life, Stage.BACKOFF, report=report), [
+            Persist(
+                Phase.STARTING, {**ended, "restart_at": life.now + wait, "last_failure": failure}
+            ),
+            Log("restart_scheduled", {"backoff_s": wait, "restarts": life.restarts, **failure}),
+            WaitBackoff(wait),
+        ]
+    if reason == "stop":
+        final = Phase.STOPPED
+    else:
+        final = Phase.EXITED if code == 0 and reason == "main exited" else Phase.FAILED
+    actions: list[Action] = []
+    if why_not:
+        actions.append(Log("not_restarting", {"why": why_not}))
+        ended["error"] = why_not
+    actions += [Persist(final, ended), Reply(life.waiters, report)]
+    return _to(life, Stage.ENDED, report=report, waiters=()), actions
+
+
+def _relaunched(life: Life, ev: Relaunched) -> Outcome:
+    if life.stage is not Stage.RELAUNCHING:
+        return life, []
+    if ev.error is None:
+        # The successor owns the job now: a stop that waited here must ask it instead.
+        return _to(life, Stage.HANDED_OVER, waiters=()), [Reply(life.waiters, forward=True)]
+    failed = {"restart_at": None, "error": f"relaunch failed: {ev.error}"}
+    report = life.report or {"ok": True, "already_stopped": True}
+    actions: list[Action] = [Log("relaunch_failed", {"error": ev.error})]
+    if life.user_stop:
+        actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, failed)]
+    else:
+        actions.append(Persist(Phase.FAILED, failed))
+    actions.append(Reply(life.waiters, report))
+    return _to(life, Stage.ENDED, report=report, waiters=()), actions
+
+
+def ended(life: Life) -> bool:
+    """Tell whether this supervisor has nothing left to supervise."""
+    return life.stage in (Stage.ENDED, Stage.HANDED_OVER)

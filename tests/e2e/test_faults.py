@@ -1,0 +1,355 @@
+"""Lifecycle under faults and races: a job is never lost, never relaunched behind a stop,
+and always stoppable, even with a dead or mute supervisor, a full or read-only disk.
+
+Races are driven deterministically: a test-only fault hook in the supervisor's start-up
+($TRAINCTL_TEST_FAULT), the job lock held by the test itself, or a tree that makes a
+window last a second. Every process is real; a tmpfs or read-only bind mount is a real
+file system (those tests need root and skip without it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRAINCTL, TREES, Harness, alive, marked, wait_for
+from tests.e2e.test_stop_trees import stop_and_check
+
+
+def _kill_supervisor(h: Harness, name: str) -> None:
+    sup = h.state(name)["supervisor"]
+    assert alive(sup["pid"], sup["start_ticks"])
+    fd = os.pidfd_open(sup["pid"])  # ours: it carries the test's marker; verified just above
+    signal.pidfd_send_signal(fd, signal.SIGKILL)
+    os.close(fd)
+    wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
+
+
+def _ours_alive(h: Harness) -> list[int]:
+    """Live processes this test started (by its marker), bystanders aside."""
+    return [pid for pid, (_, bystander) in marked(h.mark).items() if not bystander]
+
+
+def _events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
+    path = h.home / "jobs" / name / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------- atomic start
+
+
+@pytest.mark.parametrize("fault", ["exit-after-spawn", "enospc-recording-main"])
+def test_a_failed_start_leaves_nothing_running(harness: Harness, fault: str) -> None:
+    h = harness
+    env = {**h.env, "TRAINCTL_TEST_FAULT": fault}
+    ready = h.tmp / "ready"
+    res = h.tc(
+        "start",
+        "--name",
+        "f",
+        "--env",
+        f"TREE_READY={ready}",
+        "--",
+        sys.executable,
+        str(TREES / "forker.py"),
+        env=env,
+    )
+    assert res.rc == 1, res
+    assert len(res.err.strip().splitlines()) == 1
+    time.sleep(0.3)  # anything main could have forked in that moment would show by now
+    assert not _ours_alive(h)
+    st = h.tc("status", "f", "--json")
+    if fault == "exit-after-spawn":  # the run was recorded before main existed: it says so
+        assert st.rc == 3, st
+        doc = st.json()
+        assert isinstance(doc, dict)
+        assert doc["state"] == "failed"
+        assert "start failed" in (doc["error"] or "")
+    else:  # the supervisor killed main itself and put the job directory back
+        assert st.rc == 2
+        assert "no job named" in st.err
+
+
+# ---------------------------------------------------------------- stop wins
+
+
+def test_a_stop_during_the_cleanup_after_main_exited_is_never_undone(harness: Harness) -> None:
+    h = harness
+    # main fails at once, leaving a child that needs 1.5 s to exit on SIGTERM: the
+    # supervisor's cleanup stop lasts that long, and a user's stop arrives within it
+    script = (
+        "import os, signal, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), os._exit(0)))\n"
+        f"    open({str(h.tmp / 'child')!r}, 'w').close()\n"
+        "    while True: time.sleep(1)\n"
+        f"while not os.path.exists({str(h.tmp / 'child')!r}): time.sleep(0.01)\n"
+        "sys.exit(3)\n"
+    )
+    h.tc(
+        "start",
+        "--name",
+        "r",
+        "--set",
+        "restart=on-failure",
+        "--set",
+        "restart_backoff=0.2",
+        "--grace",
+        "10",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        check=True,
+    )
+    wait_for(lambda: any(e["event"] == "stopping" for e in _events(h, "r")), 20, "cleanup to start")
+    res = h.tc("stop", "r", "--json")
+    assert res.rc == 0, res
+    time.sleep(1.0)  # well past the backoff: a relaunch would have happened by now
+    st = h.state("r")
+    assert st["run"] == 1, "the restart policy relaunched the job behind a user's stop"
+    assert st["phase"] == "stopped"
+    assert not h.job_pids("r")
+
+
+def test_a_stop_that_waited_for_a_start_goes_through_the_new_supervisor(
+    harness: Harness,
+) -> None:
+    h = harness
+    args = ("--set", "restart=on-failure", "--set", "restart_backoff=0.2", "--grace", "5")
+    h.tc("start", "--name", "s", *args, "--", "sleep", "600", check=True)
+    assert h.tc("stop", "s").rc == 0  # run 1 is over; no supervisor now
+    jdir = h.home / "jobs" / "s"
+    fd = os.open(jdir / "lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the test plays `start`: it holds the job lock
+    stopper = subprocess.Popen(
+        [*TRAINCTL, "stop", "s", "--json"], env=h.env, stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(0.5)  # it found no supervisor and waits for the lock
+    assert stopper.poll() is None
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from trainctl.launcher.config import load_config\n"
+        "from trainctl.launcher.start import start_locked\n"
+        "from trainctl.supervisor import state\n"
+        "home = Path(sys.argv[1]); jdir = home / 'jobs' / 's'\n"
+        "start_locked(home, jdir, state.read_spec(jdir), load_config())\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(h.home)], env=h.env, check=True)
+    assert h.state("s")["run"] == 2
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    out, _ = stopper.communicate(timeout=60)
+    assert stopper.returncode == 0, out
+    time.sleep(1.0)  # past the backoff: a supervisor-less stop would have been undone
+    st = h.state("s")
+    assert (st["run"], st["phase"]) == (2, "stopped")
+    assert not h.job_pids("s")
+
+
+# ---------------------------------------------------------------- what stop trusts
+
+
+def test_supervisorless_stop_finds_a_scrubbed_escaper_by_the_snapshot(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text(
+        "[start]\ncgroup = false\n[supervisor]\nsnapshot_interval_s = 0.2\n"
+    )
+    h.start_tree("sc", "scrubbed_env.py", grace=1)
+    # wait until the snapshot lists the escaper (its environment holds no marker)
+    wait_for(lambda: len(h.state("sc")["members"]) >= 2, 20, "the member snapshot")
+    _kill_supervisor(h, "sc")
+    doc = stop_and_check(h, "sc")  # fails if the daemon (SIGTERM ignored) survives
+    assert doc["report"]["by_net"].get("snapshot", 0) >= 1
+    assert doc["report"]["killed"] >= 1
+
+
+def test_a_state_from_another_boot_is_never_acted_on_by_pid(harness: Harness) -> None:
+    h = harness
+    by = h.bystander("forker.py")
+    start = int(Path(f"/proc/{by.pid}/stat").read_text().rpartition(")")[2].split()[19])
+    h.tc("start", "--name", "old", "--", "sleep", "600", check=True)
+    assert h.tc("stop", "old").rc == 0
+    path = h.home / "jobs" / "old" / "state.json"
+    doc = json.loads(path.read_text())
+    # as if the machine rebooted and the old main's (pid, start time) now names a stranger
+    doc.update(
+        phase="running",
+        boot_id=str(uuid.uuid4()),
+        main={"pid": by.pid, "start_ticks": start},
+        pgid=by.pid,
+        sid=by.pid,
+        marker=uuid.uuid4().hex,
+        members=[],
+        cgroup=None,
+    )
+    path.write_text(json.dumps(doc))
+    st = h.tc("status", "old", "--json")
+    assert st.rc == 4
+    assert st.json()["previous_boot"] is True  # type: ignore[index]
+    assert "previous boot" in h.tc("status", "old").out
+    res = h.tc("stop", "old")
+    assert res.rc == 0
+    assert "nothing to stop" in res.out
+    h.assert_bystanders_alive()
+
+
+def test_a_mute_supervisor_is_reported_and_stop_force_gets_past_it(harness: Harness) -> None:
+    h = harness
+    h.start_tree("m", "forker.py", grace=1)
+    (h.home / "jobs" / "m" / "control.sock").unlink()
+    res = h.tc("stop", "m", timeout=60)
+    assert res.rc == 1
+    assert "--force" in res.err
+    assert len(res.err.strip().splitlines()) == 1
+    assert h.job_pids("m"), "a refused stop changed something"
+    doc = stop_and_check(h, "m", "--force")
+    assert doc["via"] == "direct"
+
+
+def test_a_deleted_supervisor_lock_does_not_make_status_lie(harness: Harness) -> None:
+    h = harness
+    h.start_tree("l", "forker.py", grace=1)
+    (h.home / "jobs" / "l" / "supervisor.lock").unlink()
+    st = h.tc("status", "l", "--json")
+    assert st.rc == 0
+    doc = st.json()
+    assert isinstance(doc, dict)
+    assert doc["state"] == "running"
+    assert stop_and_check(h, "l")["via"] == "supervisor"
+
+
+PING = (
+    "import sys\nfrom pathlib import Path\nfrom trainctl.supervisor import control\n"
+    "assert control.request(Path(sys.argv[1]), {'op': 'ping'}, timeout_s=20)['ok']\n"
+)
+
+
+def test_the_supervisor_ignores_stray_signals_and_keeps_the_exit_code(harness: Harness) -> None:
+    h = harness
+    flag = h.tmp / "go"
+    script = (
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+        "raise SystemExit(5)\n"
+    )
+    h.tc("start", "--name", "sig", "--", sys.executable, "-c", script, check=True)
+    # its event loop serves the control socket once its signal handlers are in place
+    subprocess.run(
+        [sys.executable, "-c", PING, str(h.home / "jobs" / "sig")], env=h.env, check=True
+    )
+    sup = h.state("sig")["supervisor"]
+    fd = os.pidfd_open(sup["pid"])  # ours (test marker), verified below
+    assert alive(sup["pid"], sup["start_ticks"])
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.pidfd_send_signal(fd, s)
+    os.close(fd)
+    time.sleep(0.3)
+    assert alive(sup["pid"], sup["start_ticks"])
+    flag.touch()
+    assert h.tc("wait", "sig", "--timeout", "30").rc == 5
+    assert sum(e["event"] == "supervisor_signal_ignored" for e in _events(h, "sig")) == 3
+
+
+def test_rm_force_never_deletes_a_job_that_still_runs(harness: Harness) -> None:
+    h = harness
+    h.start_tree("c", "setsid_daemon.py", grace=1)
+    _kill_supervisor(h, "c")
+    path = h.home / "jobs" / "c" / "state.json"
+    good = path.read_text()
+    path.write_text("{not json")
+    res = h.tc("rm", "c", "--force")
+    assert res.rc == 1
+    assert "still running" in res.err
+    assert (h.home / "jobs" / "c").is_dir()
+    assert _ours_alive(h)
+    path.write_text(good)  # repaired: now it can be stopped, and then removed
+    stop_and_check(h, "c")
+    assert h.tc("rm", "c").rc == 0
+
+
+def test_no_empty_cgroup_after_a_supervisorless_stop(mode_harness: Harness) -> None:
+    h = mode_harness
+    h.start_tree("g", "forker.py", grace=1)
+    group = h.state("g")["cgroup"]
+    _kill_supervisor(h, "g")
+    stop_and_check(h, "g")
+    if group is not None:
+        assert not Path(group).exists()
+
+
+# ---------------------------------------------------------------- full and read-only disks
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True, check=False).returncode == 0
+
+
+@pytest.fixture
+def small_home(harness: Harness) -> Iterator[Path]:
+    """TRAINCTL_HOME on a 2 MiB tmpfs (root only)."""
+    home = harness.home
+    home.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or not _mount(
+        "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(home)
+    ):
+        pytest.skip("needs root and tmpfs mounts")
+    yield home
+    subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def _fill(path: Path) -> None:
+    with open(path / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("supervisor", ["alive", "dead"])
+def test_stop_works_on_a_full_disk(harness: Harness, small_home: Path, supervisor: str) -> None:
+    h = harness
+    h.start_tree("full", "forker.py", grace=1)
+    if supervisor == "dead":
+        _kill_supervisor(h, "full")
+    _fill(small_home)
+    before = h.job_pids("full")
+    res = h.tc("stop", "full", "--json", timeout=90)
+    assert res.rc == 0, res
+    assert not h.job_pids("full")
+    assert all(not alive(p, s) for p, s in before.items())
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert "No space left" in doc["report"].get("persist_error", ""), doc["report"]
+    (small_home / "filler").unlink()
+
+
+def test_stop_works_on_a_read_only_home_with_a_dead_supervisor(harness: Harness) -> None:
+    h = harness
+    h.start_tree("ro", "forker.py", grace=1)
+    _kill_supervisor(h, "ro")
+    home = str(h.home)
+    if os.geteuid() != 0 or not _mount("--bind", home, home):
+        pytest.skip("needs root and bind mounts")
+    try:
+        if not _mount("-o", "remount,ro,bind", home):
+            pytest.skip("cannot remount read-only here")
+        before = h.job_pids("ro")
+        res = h.tc("stop", "ro")
+        assert res.rc == 0, res
+        assert "not recorded" in res.err
+        assert all(not alive(p, s) for p, s in before.items())
+    finally:
+        subprocess.run(["umount", "-l", home], check=False)

@@ -1,0 +1,162 @@
+"""The supervisor's lifecycle, event by event (pure: no processes, no clock, no disk)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainctl.supervisor import lifecycle as lc
+from trainctl.supervisor.state import Phase, Spec
+
+SPEC = Spec(
+    name="j",
+    argv=("true",),
+    cwd="/",
+    env={},
+    grace_s=5.0,
+    stop_signal="SIGTERM",
+    restart="on-failure",
+    max_restarts=2,
+    restart_backoff_s=1.0,
+)
+CLEAN = {"ok": True, "killed": 0}
+
+
+def run(events: list[lc.Event], spec: Spec = SPEC, life: lc.Life | None = None):  # type: ignore[no-untyped-def]
+    """Feed events in order; return the final life and every action, flattened."""
+    life = life or lc.Life()
+    actions: list[lc.Action] = []
+    for ev in events:
+        life, acts = lc.step(life, ev, spec)
+        actions += acts
+    return life, actions
+
+
+def kinds(actions: list[lc.Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def persisted(actions: list[lc.Action]) -> list[Phase]:
+    return [a.phase for a in actions if isinstance(a, lc.Persist)]
+
+
+def replies(actions: list[lc.Action]) -> list[lc.Reply]:
+    return [a for a in actions if isinstance(a, lc.Reply)]
+
+
+def test_user_stop_runs_the_stop_first_and_writes_after() -> None:
+    life, actions = run([lc.StopRequested(1, 2.0, "all")])
+    assert life.stage is lc.Stage.STOPPING
+    assert isinstance(actions[0], lc.RunStop)  # signal first ...
+    assert actions[0] == lc.RunStop("stop", 2.0, "all", None)
+    assert persisted(actions) == [Phase.STOPPING]  # ... write after
+
+
+def test_user_stop_ends_stopped_and_answers_every_waiter() -> None:
+    events: list[lc.Event] = [lc.StopRequested(1, 2.0), lc.StopRequested(2, 9.0)]
+    life, actions = run([*events, lc.MainExited(143), lc.StopFinished(CLEAN)])
+    assert life.stage is lc.Stage.ENDED
+    assert kinds(actions).count("RunStop") == 1  # the second stop joined the first
+    assert persisted(actions)[-1] is Phase.STOPPED
+    (reply,) = replies(actions)
+    assert reply.tokens == (1, 2)
+    assert reply.report is not None
+    assert reply.report["reason"] == "stop"
+
+
+def test_main_failure_cleans_up_then_backs_off_then_relaunches() -> None:
+    life, actions = run([lc.MainExited(3), lc.StopFinished(CLEAN)])
+    assert life.stage is lc.Stage.BACKOFF
+    assert lc.WaitBackoff(1.0) in actions
+    assert persisted(actions) == [Phase.STOPPING, Phase.STARTING]  # never a terminal phase
+    life, actions = run([lc.BackoffElapsed()], life=life)
+    assert life.stage is lc.Stage.RELAUNCHING
+    assert kinds(actions) == ["Relaunch"]
+    life, actions = run([lc.Relaunched()], life=life)
+    assert life.stage is lc.Stage.HANDED_OVER
+    assert lc.ended(life)
+
+
+def test_a_stop_during_the_cleanup_after_main_exited_is_never_undone() -> None:
+    """The race where a user's stop joined the cleanup and the policy relaunched anyway."""
+    life, actions = run([lc.MainExited(3), lc.StopRequested(7, 5.0), lc.StopFinished(CLEAN)])
+    assert life.stage is lc.Stage.ENDED
+    assert "WaitBackoff" not in kinds(actions)
+    assert "Relaunch" not in kinds(actions)
+    assert persisted(actions)[-1] is Phase.STOPPED
+    assert replies(actions)[0].tokens == (7,)
+
+
+def test_a_stop_during_the_backoff_cancels_the_relaunch() -> None:
+    life, _ = run([lc.MainExited(1), lc.StopFinished(CLEAN)])
+    life, actions = run([lc.StopRequested(4, 5.0), lc.BackoffElapsed()], life=life)
+    assert life.stage is lc.Stage.ENDED
+    assert "CancelBackoff" in kinds(actions)
+    assert "Relaunch" not in kinds(actions)
+    assert persisted(actions) == [Phase.STOPPING, Phase.STOPPED]
+    assert replies(actions)[0].report == lc.CANCELLED
+
+
+def test_a_stop_during_the_relaunch_is_forwarded_to_the_successor() -> None:
+    life, _ = run([lc.MainExited(1), lc.StopFinished(CLEAN), lc.BackoffElapsed()])
+    life, actions = run([lc.StopRequested(5, 5.0), lc.Relaunched()], life=life)
+    assert life.stage is lc.Stage.HANDED_OVER
+    (reply,) = replies(actions)
+    assert reply.tokens == (5,)
+    assert reply.forward
+    # and one that comes later still is sent on too
+    _, actions = run([lc.StopRequested(6, 5.0)], life=life)
+    assert replies(actions)[0].forward
+
+
+def test_a_failed_relaunch_after_a_user_stop_ends_stopped() -> None:
+    life, _ = run([lc.MainExited(1), lc.StopFinished(CLEAN), lc.BackoffElapsed()])
+    life, actions = run([lc.StopRequested(5, 5.0), lc.Relaunched("no such file")], life=life)
+    assert life.stage is lc.Stage.ENDED
+    assert persisted(actions) == [Phase.STOPPING, Phase.STOPPED]
+    life2, actions2 = run([lc.MainExited(1), lc.StopFinished(CLEAN), lc.BackoffElapsed()])
+    _, actions2 = run([lc.Relaunched("boom")], life=life2)
+    assert persisted(actions2) == [Phase.FAILED]
+
+
+@pytest.mark.parametrize(
+    ("code", "restarts", "final"),
+    [(0, 0, Phase.EXITED), (3, 2, Phase.FAILED)],  # clean exit; restarts exhausted
+)
+def test_no_relaunch_when_the_policy_says_no(code: int, restarts: int, final: Phase) -> None:
+    life, actions = run(
+        [lc.MainExited(code), lc.StopFinished(CLEAN)], life=lc.Life(restarts=restarts)
+    )
+    assert life.stage is lc.Stage.ENDED
+    assert persisted(actions)[-1] is final
+
+
+def test_leftovers_that_survived_block_the_relaunch() -> None:
+    life, actions = run([lc.MainExited(3), lc.StopFinished({"ok": False})])
+    assert life.stage is lc.Stage.ENDED
+    assert persisted(actions)[-1] is Phase.FAILED
+
+
+def test_stall_restarts_only_while_running() -> None:
+    spec = dataclasses.replace(SPEC, on_stall="restart")
+    life, actions = run([lc.Stalled()], spec=spec)
+    assert life.stage is lc.Stage.STOPPING
+    assert actions[0] == lc.RunStop("stalled", 5.0, None)
+    life, actions = run([lc.Stalled()], spec=spec, life=life)
+    assert actions == []
+    life, actions = run([lc.StopFinished(CLEAN)], spec=spec, life=life)
+    assert life.stage is lc.Stage.BACKOFF  # the watchdog's stop may relaunch
+
+
+def test_a_stop_after_the_end_gets_the_final_report_at_once() -> None:
+    life, _ = run([lc.StopRequested(1, 2.0), lc.StopFinished(CLEAN)])
+    life, actions = run([lc.StopRequested(2, 2.0), lc.MainExited(0), lc.Stalled()], life=life)
+    assert kinds(actions) == ["Reply"]
+    assert replies(actions)[0].report == {**CLEAN, "reason": "stop"}
+
+
+def test_events_out_of_their_stage_change_nothing() -> None:
+    life = lc.Life()
+    for ev in (lc.StopFinished(CLEAN), lc.BackoffElapsed(), lc.Relaunched()):
+        assert lc.step(life, ev, SPEC) == (life, [])
