@@ -8,10 +8,10 @@ guarantees hold inside the allocation too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +23,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.state import JobState, Phase, Spec
-from trainctl.supervisor.terminate import StopPolicy, stop_tree
+from trainctl.supervisor.stop import run_stop
 
 SLURM_PHASES = {
     "PENDING": Phase.STARTING,
@@ -210,8 +210,8 @@ def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]
         state.append_event(jdir, "escalated", job=st.name, via="scancel")
         _wait_left_queue(st, 60)
     # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
-    local = stop_tree(
-        local_target(st), signal.Signals[spec.stop_signal], StopPolicy(grace_s=0.5, kill_wait_s=5)
+    local = run_stop(
+        local_target(st), dataclasses.replace(spec, kill_wait_s=5.0), grace_s=0.5, reason="stop"
     )
     final = query(st)
     report = {

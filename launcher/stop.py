@@ -251,9 +251,8 @@ def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:
     Signal first, write after: nothing here needs a writable home. A full or read-only
     disk costs the record of the stop (said in one line), never the stop itself.
     """
-    from trainctl.supervisor import cgroup as cg  # noqa: PLC0415
     from trainctl.supervisor.gpu.verify import gpu_policy_of  # noqa: PLC0415
-    from trainctl.supervisor.terminate import StopPolicy, stop_and_verify  # noqa: PLC0415
+    from trainctl.supervisor.stop import run_stop  # noqa: PLC0415
 
     st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
     held = [g for g in (st.last_stop or {}).get("gpus", []) if not g.get("ok")]
@@ -270,26 +269,25 @@ def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:
         except OSError as e:
             failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
 
-    report = stop_and_verify(
+    report = run_stop(
         target_of(st),
-        signal.Signals[spec.stop_signal],
-        StopPolicy(grace_s=call.grace_s, kill_wait_s=spec.kill_wait_s),
-        leases=st.gpus,
-        gpu_policy=gpu_policy_of(spec, call.gpu_timeout_s),
+        spec,
+        grace_s=call.grace_s,
+        reason="stop",
         order=call.order,
+        leases=st.gpus,
+        gpu_timeout_s=call.gpu_timeout_s,
         emit=emit,
     )
-    report["reason"] = "stop"
-    if st.cgroup and cg.is_ours(Path(st.cgroup)):
-        cg.remove(Path(st.cgroup))  # no empty cgroup left behind by a supervisor-less stop
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
-    st = st.moved(st.phase, ended_at=st.ended_at or time.time(), last_stop=report, members=())
-    error = _write_best_effort(jdir, st) or (failures[0] if failures else None)
-    res = StopResult(st.name, st.run, "direct", report, st.exit_code)
-    if error:
-        report["persist_error"] = error
-        res.message = f"warning: the stop is not recorded: {error}"
+    st = st.moved(
+        st.phase, ended_at=st.ended_at or time.time(), last_stop=report.to_doc(), members=()
+    )
+    report.persist_error = _write_best_effort(jdir, st) or (failures[0] if failures else None)
+    res = StopResult(st.name, st.run, "direct", report.to_doc(), st.exit_code)
+    if report.persist_error:
+        res.message = f"warning: the stop is not recorded: {report.persist_error}"
     return res
 
 

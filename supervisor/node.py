@@ -23,8 +23,8 @@ from . import procfs, state
 from .boot import set_subreaper
 from .proctree import Target, alive, scan
 from .spawn import exit_code_of, job_env, spawn_main
-from .state import ProcRef, StopOrder, job_dir, log_path, mtime, read_spec
-from .terminate import StopPolicy, stop_tree
+from .state import ProcRef, job_dir, log_path, mtime, read_spec
+from .stop import run_stop
 
 _stop = {"asked": False}
 
@@ -63,10 +63,7 @@ def main(argv: list[str]) -> int:
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.checkpoint_signal, target, spawned.pid)
     # main ended (or we were told to stop): nothing of the job may outlive this step
-    policy = StopPolicy(grace_s=spec.grace_s, kill_wait_s=spec.kill_wait_s)
-    report = stop_tree(
-        target, signal.Signals[spec.stop_signal], policy, order=StopOrder(spec.stop_order)
-    )
+    report = run_stop(target, spec, grace_s=spec.grace_s, reason="node done")
     _reap_all()
     if status is None:
         status = _wait_main(spawned.pid)

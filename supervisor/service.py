@@ -25,16 +25,15 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import cgroup as cg
 from . import control, procfs
 from . import lifecycle as lc
 from .errors import TrainctlError
-from .gpu.verify import fresh_baselines, gpu_policy_of
+from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .proctree import Target, scan, target_of
 from .spawn import Spawned, exit_code_of
 from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
-from .terminate import StopPolicy, stop_and_verify
+from .stop import run_stop
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
@@ -266,16 +265,15 @@ class Supervisor:
 
     async def _run_stop(self, a: lc.RunStop) -> None:
         """Run the stop sequence in a thread (shielded), then report it to the owner."""
-        order = StopOrder(a.order) if a.order else StopOrder(self.spec.stop_order)
-        policy = StopPolicy(grace_s=a.grace_s, kill_wait_s=self.spec.kill_wait_s)
         run = functools.partial(
-            stop_and_verify,
+            run_stop,
             self._target(),
-            signal.Signals[self.spec.stop_signal],
-            policy,
+            self.spec,
+            grace_s=a.grace_s,
+            reason=a.reason,
+            order=StopOrder(a.order) if a.order else None,
             leases=self.state.gpus,
-            gpu_policy=gpu_policy_of(self.spec, a.gpu_timeout_s),
-            order=order,
+            gpu_timeout_s=a.gpu_timeout_s,
             emit=self.log.info,
         )
         with anyio.CancelScope(shield=True):
@@ -283,9 +281,7 @@ class Supervisor:
             # main's exit status comes through the reaper; let it land before deciding
             with anyio.move_on_after(2):
                 await self.main_reaped.wait()
-        if self.cgroup is not None:
-            self._cleanup_cgroup()
-        self.send(lc.StopFinished(report))
+        self.send(lc.StopFinished(report.to_doc()))
 
     async def _wait_backoff(self, seconds: float, scope: anyio.CancelScope) -> None:
         with scope:
@@ -433,14 +429,6 @@ class Supervisor:
                     if isinstance(a, lc.Reply):
                         for token in a.tokens:
                             self._answer(token, a)
-
-    def _cleanup_cgroup(self) -> None:
-        if self.cgroup is None:
-            return
-        for _ in range(50):
-            if cg.remove(self.cgroup) or not self.cgroup.exists():
-                break
-            time.sleep(0.02)
 
 
 def _order_of(req: dict[str, Any]) -> StopOrder | None:

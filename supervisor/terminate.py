@@ -29,9 +29,8 @@ from typing import Any
 from . import cgroup as cg
 from . import procfs
 from .forest import Planner
-from .gpu.verify import GpuPolicy, snapshot, verify_release
 from .proctree import Member, Target, scan, scan_cgroup
-from .state import GpuLease, ProcRef, StopOrder
+from .state import ProcRef, StopOrder
 
 Emit = Callable[..., None]
 
@@ -79,6 +78,9 @@ class StopReport:
     total_s: float = 0.0
     ok: bool = False
     already_stopped: bool = False
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # the release proof, per GPU
+    reason: str = "stop"  # stop | main exited | stalled
+    persist_error: str | None = None  # the stop happened, but could not be recorded
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -435,26 +437,4 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
     if left:
         emit("survivors", survivors=report.survivors)
     emit("stop_report", **{k: v for k, v in report.to_doc().items() if k != "survivors"})
-    return report
-
-
-def stop_and_verify(
-    target: Target,
-    sig: int,
-    policy: StopPolicy,
-    *,
-    leases: tuple[GpuLease, ...] = (),
-    gpu_policy: GpuPolicy | None = None,
-    order: StopOrder = StopOrder.TREE,
-    emit: Emit | None = None,
-) -> dict[str, Any]:
-    """Stop the tree, then prove its GPUs were released; return the combined report."""
-    emit = emit or (lambda *_a, **_k: None)
-    pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, sig, policy, order=order, emit=emit).to_doc()
-    if leases:
-        gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
-        report["gpus"] = gpus
-        report["ok"] = bool(report["ok"]) and all(g["ok"] for g in gpus)
-        emit("gpus_verified", ok=all(g["ok"] for g in gpus), gpus=gpus)
     return report

@@ -1,0 +1,78 @@
+"""A job's stop, the same for every caller: the supervisor, the CLI when the supervisor is
+gone, and the Slurm node agent.
+
+It runs the stop algorithm (:mod:`.terminate`) with the spec's signal and durations, proves
+the run's GPUs released, and removes the emptied cgroup. Nothing here writes the job's
+state: callers record the typed :class:`StopReport` afterwards, best effort, because a
+stop must never depend on a writable disk.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from . import cgroup as cg
+from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
+from .proctree import Target
+from .state import GpuLease, Spec, StopOrder
+from .terminate import Emit, StopPolicy, StopReport, stop_tree
+
+
+def run_stop(
+    target: Target,
+    spec: Spec,
+    *,
+    grace_s: float,
+    reason: str,
+    order: StopOrder | None = None,
+    leases: tuple[GpuLease, ...] = (),
+    gpu_timeout_s: float | None = None,
+    emit: Emit | None = None,
+) -> StopReport:
+    """Stop every process of the run and nothing else, prove its GPUs free; return the proof."""
+    report = stop_and_verify(
+        target,
+        signal.Signals[spec.stop_signal],
+        StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s),
+        leases=leases,
+        gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
+        order=order or StopOrder(spec.stop_order),
+        emit=emit,
+    )
+    report.reason = reason
+    if target.cgroup is not None:
+        remove_cgroup(target.cgroup)
+    return report
+
+
+def stop_and_verify(
+    target: Target,
+    sig: int,
+    policy: StopPolicy,
+    *,
+    leases: tuple[GpuLease, ...] = (),
+    gpu_policy: GpuPolicy | None = None,
+    order: StopOrder = StopOrder.TREE,
+    emit: Emit | None = None,
+) -> StopReport:
+    """Stop the tree, then prove its GPUs were released; return the combined report."""
+    emit = emit or (lambda *_a, **_k: None)
+    pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
+    report = stop_tree(target, sig, policy, order=order, emit=emit)
+    if leases:
+        report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
+        report.ok = report.ok and all(g["ok"] for g in report.gpus)
+        emit("gpus_verified", ok=all(g["ok"] for g in report.gpus), gpus=report.gpus)
+    return report
+
+
+def remove_cgroup(group: Path) -> None:
+    """Remove the run's emptied cgroup (the kernel may need a moment after the last exit)."""
+    if not cg.is_ours(group):
+        return
+    for _ in range(50):
+        if cg.remove(group) or not group.exists():
+            return
+        time.sleep(0.02)
