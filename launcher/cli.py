@@ -179,7 +179,7 @@ def start(
         "argv": list(argv) or None,
         "cwd": os.path.abspath(os.path.expanduser(cwd)) if cwd else None,
         "grace": None if grace is None else parse_seconds(grace, "--grace"),
-        "stop_signal": parse_signal(stop_signal) if stop_signal else None,
+        "stop_signal": None if stop_signal is None else parse_signal(stop_signal),
         "stop_order": None if stop_order is None else str(parse_order(stop_order, "--stop-order")),
         "gpus": gpus,
         "share": share or None,

@@ -11,6 +11,8 @@ import trainctl.conf
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
 
+from .inputs import check_duration
+
 SHIPPED = Path(trainctl.conf.__file__).parent / "trainctl.toml"
 
 
@@ -50,9 +52,29 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
 }
 
 
+def _checked(field: str, typ: type, raw: object, what: str) -> object:
+    """Return ``raw`` as a value of ``typ``, in range, or raise a one-line ConfigError."""
+    value = float(raw) if typ is float and type(raw) is int else raw
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{what} must be {typ.__name__}, got {value!r}")
+    if isinstance(value, float):
+        check_duration(value, what)
+        if field in _POSITIVE and value < 0.01:
+            raise ConfigError(f"{what} must be at least 0.01 s")
+    elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise ConfigError(f"{what} must not be negative")
+    return value
+
+
+# polling intervals: 0 would spin a core
+_POSITIVE = {"snapshot_interval_s", "follow_poll_s", "ready_timeout_s"}
+
+
 def _load(text: str, where: str) -> dict[str, Any]:
     import tomllib  # noqa: PLC0415  (verbs that need no config never pay for it)
 
+    if "\0" in text:
+        raise ConfigError(f"{where}: not a text file")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -67,14 +89,7 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
             if (table, key) not in _KEYS:
                 raise ConfigError(f"{where}: unknown key {table}.{key}")
             field, typ = _KEYS[(table, key)]
-            value = raw
-            if typ is float and isinstance(raw, int) and not isinstance(raw, bool):
-                value = float(raw)
-            if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-                raise ConfigError(f"{where}: {table}.{key} must be {typ.__name__}, got {value!r}")
-            if isinstance(value, int | float) and value < 0:
-                raise ConfigError(f"{where}: {table}.{key} must not be negative")
-            values[field] = value
+            values[field] = _checked(field, typ, raw, f"{where}: {table}.{key}")
     if "stop_order" in values:
         from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
 
@@ -95,7 +110,9 @@ def load_config() -> Config:
     _apply(values, _load(SHIPPED.read_text(), "conf/trainctl.toml"), "conf/trainctl.toml")
     path = user_config_path()
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (TOML must be UTF-8)") from None
     except FileNotFoundError:
         text = None
     except OSError as e:

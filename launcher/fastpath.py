@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from trainctl.supervisor.errors import TrainctlError
 
 from .exitcodes import exit_code_for
+from .globalopts import global_options_end
 
 _FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
 _VALUED = {"status": set(), "stop": {"--grace", "--order"}}
@@ -96,7 +97,8 @@ def run(call: FastCall) -> int:
 
 def _remote(argv: list[str]) -> int | None:
     """Run the command on --host / $TRAINCTL_HOST if one is given (None: run it here)."""
-    if not any(a == "--host" or a.startswith("--host=") for a in argv) and not os.environ.get(
+    given = argv[: global_options_end(argv)]  # a job's own `--host 0.0.0.0` is not ours
+    if not any(a == "--host" or a.startswith("--host=") for a in given) and not os.environ.get(
         "TRAINCTL_HOST"
     ):
         if os.environ.get("TRAINCTL_CLIENT_VERSION"):  # we are the remote end of --host

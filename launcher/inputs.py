@@ -9,11 +9,34 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.state import TRAINCTL_VARS
 
 UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+# The longest duration any setting accepts (a year). Beyond it a float stops being a
+# sensible deadline: 1e308 s overflows every clock arithmetic it meets.
+MAX_DURATION_S = 365 * 24 * 3600.0
+
+
+def check_duration(secs: float, what: str) -> float:
+    """Refuse a negative, non-finite or absurdly long duration, naming the setting."""
+    if not math.isfinite(secs) or secs < 0:
+        raise ConfigError(f"{what}: must be a non-negative, finite number of seconds")
+    if secs > MAX_DURATION_S:
+        raise ConfigError(f"{what}: {secs:g} s is more than a year; that cannot be meant")
+    return secs
+
+
+def check_env_key(key: str, what: str) -> str:
+    """Refuse an environment name a shell could not export, or one trainctl sets itself."""
+    if not key or not key.replace("_", "a").isalnum() or not key.isascii() or key[0].isdigit():
+        raise ConfigError(f"{what}: {key!r} is not a valid environment variable name")
+    if key in TRAINCTL_VARS:
+        raise ConfigError(f"{what}: cannot set {key}: trainctl sets it for every job")
+    return key
 
 
 def parse_signal(name: str) -> str:
     """Return the canonical name ("SIGTERM") of a signal given as TERM, sigterm, SIGTERM or 15."""
     raw = name.strip().upper()
+    if not raw:
+        raise ConfigError("empty signal name (try TERM, INT, HUP, USR2)")
     try:
         sig = (
             signal.Signals(int(raw))
@@ -36,9 +59,7 @@ def parse_seconds(value: str | float, what: str) -> float:
         secs = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{what} must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(secs) or secs < 0:
-        raise ConfigError(f"{what} must be a non-negative number of seconds, got {value!r}")
-    return secs
+    return check_duration(secs, what)
 
 
 def parse_env(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -46,9 +67,7 @@ def parse_env(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, val = pair.partition("=")
-        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ConfigError(f"--env expects KEY=VALUE with a valid variable name, got {pair!r}")
-        if key in TRAINCTL_VARS:
-            raise ConfigError(f"--env cannot set {key}: trainctl sets it for every job")
-        out[key] = val
+        if not sep:
+            raise ConfigError(f"--env expects KEY=VALUE, got {pair!r}")
+        out[check_env_key(key, "--env")] = val
     return out

@@ -19,7 +19,7 @@ from trainctl.supervisor.state import JobState, Phase
 
 def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
-    jdir = state.job_dir(home, name)
+    jdir = state.check_not_symlink(state.job_dir(home, name))
     if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
         raise JobNotFoundError(f"no job named {name!r} (in {home})")
     state.check_owner(jdir)
@@ -87,7 +87,7 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
 
 def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
     """Delete a finished job's directory (logs included)."""
-    jdir = state.job_dir(home, name)
+    jdir = state.check_not_symlink(state.job_dir(home, name))
     if not jdir.exists():
         raise JobNotFoundError(f"no job named {name!r} (in {home})")
     with state.job_lock(jdir, 10.0):

@@ -26,7 +26,9 @@ from typing import IO, Any
 from trainctl.supervisor.errors import ConfigError, RemoteError
 
 from . import __version__
+from .globalopts import global_options_end
 
+CONNECTED = "__trainctl_ssh_connected__"  # printed by the remote login shell itself
 READY = "__trainctl_remote_ready__"
 MISSING = "__trainctl_remote_missing__"
 # $0 = the remote trainctl; prints READY, checks it exists, then becomes it.
@@ -150,16 +152,20 @@ def ssh_argv(host: Host, remote_args: list[str]) -> list[str]:
         argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
     argv += list(host.ssh_options)
     inner = [*host.prefix, "env", f"TCV={__version__}", "sh", "-c", WRAPPER, host.trainctl]
-    if host.home and "--home" not in remote_args:
+    globals_given = remote_args[: global_options_end(remote_args)]
+    if host.home and not any(a == "--home" or a.startswith("--home=") for a in globals_given):
         inner += ["--home", host.home]
     # ssh joins its arguments with spaces for the remote shell: quote each one ourselves.
-    return [*argv, "--", host.target, shlex.join(inner + remote_args)]
+    # The login shell first says it is there, so that an exit 255 after that comes from
+    # the container prefix, not from ssh.
+    return [*argv, "--", host.target, f"echo {CONNECTED} >&2; " + shlex.join(inner + remote_args)]
 
 
 @dataclass
 class _Stderr:
     """Copies the remote stderr through, minus the wrapper's markers, remembering them."""
 
+    connected: bool = False  # the remote login shell ran: ssh itself worked
     ready: bool = False
     missing: bool = False
     before: list[str] = field(default_factory=list)  # what came before READY (ssh/prefix)
@@ -167,7 +173,9 @@ class _Stderr:
     def pump(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            if line.strip() == READY:
+            if line.strip() == CONNECTED:
+                self.connected = True
+            elif line.strip() == READY:
                 self.ready = True
             elif line.strip() == MISSING:
                 self.missing = True
@@ -214,7 +222,7 @@ def _classify(host: Host, code: int, err: _Stderr) -> int:
             'PATH); install it there (pip install trainctl) or set trainctl = "/path" for '
             "this host in hosts.toml"
         )
-    if code == 255:
+    if code == 255 and not err.connected:
         why = next((w for needle, w in SSH_ERRORS if needle in detail), "ssh failed")
         raise RemoteError(f"{host.name} unreachable: {why} ({detail or 'no detail'})")
     if host.prefix:
@@ -240,7 +248,8 @@ def check_host(host: Host) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"reachable": False, "error": "timed out"}
     err = _Stderr()
-    lines = p.stderr.splitlines()
+    lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
+    err.connected = len(lines) != len(p.stderr.splitlines())
     err.ready = READY in lines
     err.missing = MISSING in lines
     err.before = lines[: lines.index(READY)] if err.ready else lines
@@ -273,18 +282,17 @@ def check_client_version() -> None:
 
 
 def split_host(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take ``--host HOST`` / ``--host=HOST`` out of argv (before any ``--``).
+    """Take ``--host HOST`` / ``--host=HOST`` out of trainctl's global options.
 
-    Falls back to $TRAINCTL_HOST; returns (host or None, the remaining argv).
+    Only the options before the verb count (see launcher/globalopts.py). Falls back to
+    $TRAINCTL_HOST; returns (host or None, the remaining argv).
     """
+    end = global_options_end(argv)
     out: list[str] = []
     host = None
     i = 0
-    while i < len(argv):
+    while i < end:
         arg = argv[i]
-        if arg == "--":
-            out += argv[i:]
-            break
         if arg == "--host":
             if i + 1 >= len(argv):
                 raise ConfigError("--host needs a value")
@@ -295,4 +303,4 @@ def split_host(argv: list[str]) -> tuple[str | None, list[str]]:
             continue
         out.append(arg)
         i += 1
-    return host or os.environ.get("TRAINCTL_HOST") or None, out
+    return host or os.environ.get("TRAINCTL_HOST") or None, out + argv[end:]

@@ -50,6 +50,7 @@ def stop_doc(res: StopResult, checkpoint: dict[str, Any] | None = None) -> None:
             "ok": res.ok,
             "exit_code": res.exit_code,
             "message": res.message,
+            "warnings": res.warnings,
             "report": res.report,
             "checkpoint": checkpoint or None,
         }
@@ -76,6 +77,7 @@ def stop(res: StopResult) -> None:
     """Render a stop report."""
     if res.via == "noop":
         print(res.message)
+        _warnings(res)
         for g in res.report.get("gpus", []):
             print(f"  {gpu_line(g)}")
         return
@@ -105,15 +107,12 @@ def stop(res: StopResult) -> None:
     if r.get("zombies"):
         print(f"  zombies    {len(r['zombies'])} exited, waiting for their parent to reap them")
     for s in r.get("survivors", []):
-        print(
-            f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: {s['cmd']}"
-        )
+        print(survivor_line(s))
     for g in r.get("gpus", []):
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
     print(f"  total      {r['total_s']:.2f} s — {_verdict(r)}{code}")
-    if res.message:
-        sys.stderr.write(f"trainctl: {res.message}\n")
+    _warnings(res)
 
 
 NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
@@ -123,7 +122,9 @@ def _stop_details(r: dict[str, Any]) -> None:
     """Who got the signal and when, who exited on it, who was launcher, who was killed."""
     order = r.get("order") or ("main" if r.get("main_only") else "all")
     for launcher in r.get("launchers", []):
-        print(f"  launcher   pid {launcher['pid']} {launcher['cmd'][:60]} ({launcher['why']})")
+        print(
+            f"  launcher   pid {launcher['pid']} {clean(launcher['cmd'])[:60]} ({launcher['why']})"
+        )
         print("             skipped for its workers; it gets the signal only if it outlives them")
     ex = r.get("exit_s") or {}
     timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
@@ -135,7 +136,7 @@ def _stop_details(r: dict[str, Any]) -> None:
     named = r.get("sent", [])
     for p in named[:NAMED_LINES]:
         gone = "still running" if p["exit_s"] is None else f"exited after {p['exit_s']:.2f} s"
-        print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {p['cmd'][:70]}")
+        print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {clean(p['cmd'])[:70]}")
     if len(named) > NAMED_LINES or sent > len(named):
         print(f"    ... and {sent - min(len(named), NAMED_LINES)} more (--json names up to 64)")
     if r.get("exited_unsignalled"):
@@ -145,9 +146,36 @@ def _stop_details(r: dict[str, Any]) -> None:
         )
     print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
     for p in r.get("killed_procs", [])[:NAMED_LINES]:
-        print(f"    pid {p['pid']:<7} {p['cmd'][:80]}")
+        print(f"    pid {p['pid']:<7} {clean(p['cmd'])[:80]}")
     if r["killed"] > NAMED_LINES:
         print(f"    ... and {r['killed'] - NAMED_LINES} more (--json names up to 64)")
+
+
+_CARET = {i: f"^{chr(i + 64)}" for i in range(32)} | {0x7F: "^?"}
+_CARET.update({i: "?" for i in range(0x80, 0xA0)})  # C1 controls (CSI, OSC as one byte)
+_CARET[9] = " "  # a tab is harmless, but would break the columns
+
+
+def clean(text: str) -> str:
+    """Make text from a job (its output, argv, error lines) safe to show on a terminal.
+
+    Control characters are shown in caret notation (ESC as ``^[``), so an escape sequence
+    in a log line or a command line can neither retitle the window, clear the screen nor
+    fake a line of trainctl's own output. The one sanitizer for every such field.
+    """
+    return text.translate(_CARET)
+
+
+def survivor_line(s: dict[str, Any]) -> str:
+    """One report line for a process that outlived the stop."""
+    why = f" ({s['why']})" if s.get("why") else ""
+    wchan = s.get("wchan") or "-"
+    return f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {wchan}{why}: {clean(s['cmd'])}"
+
+
+def _warnings(res: StopResult) -> None:
+    for line in res.warnings:
+        sys.stderr.write(f"trainctl: {line}\n")
 
 
 def _verdict(r: dict[str, Any]) -> str:
@@ -172,10 +200,10 @@ def status(s: Status) -> None:
     print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
     _status_details(s)
     if s.argv:
-        print(f"  cmd  {' '.join(s.argv)[:150]}")
+        print(f"  cmd  {clean(' '.join(s.argv))[:150]}")
     print(f"  log  {s.log}")
     if s.last_log_line:
-        print(f"  last {s.last_log_line}")
+        print(f"  last {clean(s.last_log_line)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ok = "clean" if s.last_stop.get("ok", True) else "SURVIVORS"
         killed = s.last_stop.get("killed", 0)
@@ -201,7 +229,7 @@ def job_table(rows: list[Status | tuple[str, str]]) -> None:
         code = f"({row.exit_code})" if row.exit_code is not None else ""
         print(
             f"{row.name:<20} {row.state + code:<9} {row.run:>4} {row.main_pid or '-':>8} "
-            f"{row.members:>7} {duration(row.uptime_s):>8}  {row.last_log_line[:60]}"
+            f"{row.members:>7} {duration(row.uptime_s):>8}  {clean(row.last_log_line)[:60]}"
         )
 
 
@@ -220,7 +248,7 @@ def ps(rows: list[PsRow]) -> None:
         gpu = f" {gib(r.gpu_bytes) if r.gpu_holder else '-':>9}" if with_gpu else ""
         print(
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
-            f"{size(r.rss_bytes):>7}{gpu}  {'  ' * r.depth}{r.cmd[:100]}{flag}"
+            f"{size(r.rss_bytes):>7}{gpu}  {'  ' * r.depth}{clean(r.cmd)[:100]}{flag}"
         )
 
 
@@ -329,9 +357,7 @@ def _slurm_stop(res: StopResult) -> None:
         "stopped by marker (what Slurm's proctrack missed)"
     )
     for s in r.get("survivors", []):
-        print(
-            f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {s['wchan'] or '-'}: {s['cmd']}"
-        )
+        print(survivor_line(s))
     verdict = "nothing of the job is alive" if res.ok else "the job did NOT end cleanly"
     print(f"  total      {r['total_s']:.2f} s — {verdict}")
 
@@ -366,4 +392,4 @@ def _status_details(s: Status) -> None:
     if s.stalled_for_s is not None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
     if s.error:
-        print(f"  note {s.error}")
+        print(f"  note {clean(s.error)}")

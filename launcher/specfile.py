@@ -7,7 +7,6 @@ its line; unknown keys are errors, never silently ignored.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import tomllib
@@ -17,7 +16,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import ConfigError
 
-from .inputs import parse_signal
+from .inputs import check_duration, check_env_key, parse_signal
 
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
@@ -45,9 +44,7 @@ def parse_duration(value: object, what: str) -> float:
             secs = h * 3600 + mi * 60 + s
     else:
         raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
-    if secs < 0 or not math.isfinite(secs):
-        raise ConfigError(f"{what}: must be a non-negative, finite duration")
-    return secs
+    return check_duration(secs, what)
 
 
 def _str(v: object, what: str) -> str:
@@ -63,14 +60,20 @@ def _bool(v: object, what: str) -> bool:
 
 
 def _int(v: object, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ConfigError(f"{what}: expected a non-negative integer")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10**12:
+        raise ConfigError(f"{what}: expected a non-negative integer (at most 10**12)")
     return v
 
 
 def _argv(v: object, what: str) -> list[str]:
     if isinstance(v, str):
-        return shlex.split(v)
+        try:
+            argv = shlex.split(v)
+        except ValueError as e:  # an unclosed quote
+            raise ConfigError(f"{what}: cannot split {v!r} like a shell would: {e}") from None
+        if not argv:
+            raise ConfigError(f"{what}: the command is empty")
+        return argv
     if isinstance(v, list) and v and all(isinstance(a, str) for a in v):
         return list(v)
     raise ConfigError(f"{what}: expected a non-empty list of strings (or one command string)")
@@ -79,7 +82,7 @@ def _argv(v: object, what: str) -> list[str]:
 def _env(v: object, what: str) -> dict[str, str]:
     if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
         raise ConfigError(f"{what}: expected a table of string values")
-    return dict(v)
+    return {check_env_key(k, what): x for k, x in v.items()}
 
 
 def _gpus(v: object, what: str) -> str:
@@ -182,9 +185,11 @@ def load_spec_file(path: str) -> dict[str, Any]:
     """Read and validate a job spec file; relative ``cwd`` is relative to the file."""
     p = Path(path).expanduser()
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read job spec: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (TOML must be UTF-8)") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

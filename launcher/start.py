@@ -16,7 +16,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.launch import Handover, launch_supervisor
-from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Phase, Spec
+from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState, Phase, Spec
 
 from .config import Config
 from .gpus import gpu_env, resolve_gpus
@@ -82,7 +82,8 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
         raise ConfigError("no job name: give --name or set name in the job spec")
     state.check_name(values["name"])
     argv = list(values.get("argv") or [])
-    full_env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
+    inherited = (*TRAINCTL_VARS, *TRANSPORT_VARS)
+    full_env = {k: v for k, v in os.environ.items() if k not in inherited}
     full_env.update(values.get("env", {}))
     workdir = values.get("cwd") or os.getcwd()
     backoff = values.get("restart_backoff", 5.0)
@@ -140,7 +141,7 @@ class GpuRequest:
 def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None) -> StartResult:
     """Start a run of ``spec`` under a new detached supervisor; return once main has exec'd."""
     state.ensure_home(home)
-    jdir = state.job_dir(home, spec.name)
+    jdir = state.check_not_symlink(state.job_dir(home, spec.name))
     created = not jdir.exists()
     jdir.mkdir(mode=0o700, exist_ok=True)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.supervisor import control, state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
+from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
 from trainctl.supervisor.proctree import target_of
 from trainctl.supervisor.state import Phase, Spec, StopOrder
 
@@ -33,6 +33,7 @@ class StopResult:
     report: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None  # the job's main exit code, when known
     message: str = ""
+    warnings: list[str] = field(default_factory=list)  # one line each, for stderr
 
     @property
     def ok(self) -> bool:
@@ -64,6 +65,10 @@ class _Call:
     gpu_timeout_s: float
     budget_s: float  # how long the whole stop may take before the CLI gives up waiting
     force: bool  # end a live but unreachable supervisor, then stop directly
+    # False when grace_s is only a configured default (spec.json unreadable, no --grace):
+    # a live supervisor then keeps the job's own grace, which it holds in memory
+    grace_known: bool = True
+    asked_order: StopOrder | None = None  # --order / --main-only; else the job's own
 
 
 def stop_job(
@@ -83,7 +88,7 @@ def stop_job(
     """
     jdir = existing_job(home, name)
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
-    spec = state.read_spec(jdir)
+    spec, warning = _spec_for_stop(jdir, st)
     grace = spec.grace_s if grace_s is None else grace_s
     if st.backend == "slurm":
         return _stop_slurm(jdir, st, spec, grace)
@@ -94,17 +99,54 @@ def stop_job(
         gpu_timeout_s=gpu_wait,
         budget_s=grace + spec.kill_wait_s + gpu_wait + 60,
         force=force,
+        grace_known=grace_s is not None or not warning,
+        asked_order=order,
     )
     if lock_held:  # restart: it holds the job lock across its stop and its start
-        return _stop_once(jdir, spec, call, lock_held=True)
+        return _warned(_stop_once(jdir, spec, call, lock_held=True), warning)
     res = _stop_once(jdir, spec, call, lock_held=False)
     for _ in range(3):
         with state.job_lock(jdir, call.budget_s, "a start or restart"):
             newer = state.read_state(jdir)
             if newer.run == res.run or not state.supervisor_alive(jdir, newer):
-                return res
+                return _warned(res, warning)
         # A start, restart or restart policy launched run N+1 while we stopped run N.
-        res = _stop_once(jdir, state.read_spec(jdir), call, lock_held=False)
+        res = _stop_once(jdir, _spec_for_stop(jdir, newer)[0], call, lock_held=False)
+    return _warned(res, warning)
+
+
+def _spec_for_stop(jdir: Path, st: state.JobState) -> tuple[Spec, str]:
+    """The job's spec, or, when spec.json is unreadable, the configured stop defaults.
+
+    state.json alone identifies every process of the run; the spec only tunes the stop
+    (grace, signal, order). A corrupt spec must not leave a running job unstoppable.
+    """
+    try:
+        return state.read_spec(jdir), ""
+    except StateError as e:
+        from .config import load_config  # noqa: PLC0415
+
+        try:
+            cfg = load_config()
+            grace, sig, kill, order = cfg.grace_s, cfg.stop_signal, cfg.kill_wait_s, cfg.stop_order
+        except TrainctlError:
+            grace, sig, kill, order = 60.0, "SIGTERM", 10.0, str(StopOrder.TREE)
+        spec = Spec(
+            name=st.name,
+            argv=("?",),
+            cwd="/",
+            env={},
+            grace_s=grace,
+            stop_signal=sig if sig.startswith("SIG") else f"SIG{sig}",
+            kill_wait_s=kill,
+            stop_order=order,
+        )
+        return spec, f"warning: {e}; stopping with the configured defaults ({sig}, {grace:g} s)"
+
+
+def _warned(res: StopResult, warning: str) -> StopResult:
+    if warning:
+        res.warnings.insert(0, warning)
     return res
 
 
@@ -127,13 +169,12 @@ def _stop_once(jdir: Path, spec: Spec, call: _Call, *, lock_held: bool) -> StopR
 
 def _stop_via_supervisor(jdir: Path, call: _Call) -> StopResult | None:
     """Ask the live supervisor to stop; None if it is gone (or was ended: --force)."""
-    msg = {
-        "op": "stop",
-        "grace_s": call.grace_s,
-        "order": str(call.order),
-        "main_only": call.order is StopOrder.MAIN,  # what a supervisor of an older release reads
-        "gpu_timeout_s": call.gpu_timeout_s,
-    }
+    msg: dict[str, Any] = {"op": "stop", "gpu_timeout_s": call.gpu_timeout_s}
+    if call.asked_order is not None:
+        msg["order"] = str(call.asked_order)
+        msg["main_only"] = call.asked_order is StopOrder.MAIN  # read by older supervisors
+    if call.grace_known:
+        msg["grace_s"] = call.grace_s
     reply = _ask_supervisor(jdir, msg, call.budget_s, force=call.force)
     if reply is None:
         return None
@@ -141,7 +182,9 @@ def _stop_via_supervisor(jdir: Path, call: _Call) -> StopResult | None:
     st = state.read_state(jdir)
     res = StopResult(jdir.name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
     if reply["report"].get("persist_error"):
-        res.message = f"warning: {reply['report']['persist_error']}"
+        res.warnings.append(
+            f"warning: the stop is not recorded: {reply['report']['persist_error']}"
+        )
     return res
 
 
@@ -287,7 +330,7 @@ def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:
     report.persist_error = _write_best_effort(jdir, st) or (failures[0] if failures else None)
     res = StopResult(st.name, st.run, "direct", report.to_doc(), st.exit_code)
     if report.persist_error:
-        res.message = f"warning: the stop is not recorded: {report.persist_error}"
+        res.warnings.append(f"warning: the stop is not recorded: {report.persist_error}")
     return res
 
 
@@ -332,7 +375,12 @@ def prepare_stop(
 
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    spec = state.read_spec(jdir)
+    try:
+        spec = state.read_spec(jdir)
+    except StateError:
+        if checkpoint or require_within_s is not None:
+            raise
+        return {}  # nothing to show; the stop itself still works from state.json
     if not spec.checkpoint:
         if checkpoint or require_within_s is not None:
             raise ConfigError(

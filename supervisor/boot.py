@@ -34,6 +34,7 @@ from .state import (
     ProcRef,
     Spec,
     append_event,
+    check_not_symlink,
     current_boot_id,
     job_dir,
     log_path,
@@ -55,7 +56,8 @@ def set_subreaper() -> bool:
 
 def hold_supervisor_lock(jdir: Path) -> int:
     """Take supervisor.lock for this process's whole life; the CLI tests it for liveness."""
-    fd = os.open(jdir / "supervisor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(jdir / "supervisor.lock", flags, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -159,7 +161,8 @@ def _record_starting(jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None) 
         last_failure=ho.last_failure,
         boot_id=current_boot_id(),
     )
-    log_path(jdir, ho.run).parent.mkdir(mode=0o700, exist_ok=True)
+    logs = check_not_symlink(log_path(jdir, ho.run).parent)
+    logs.mkdir(mode=0o700, exist_ok=True)
     write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     write_state(jdir, starting)
     return starting

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,30 @@ def decode(line: bytes) -> dict[str, Any]:
     return msg
 
 
+# sun_path holds 108 bytes including the NUL; a long home plus a 64-character job name
+# does not fit.
+_SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def _addressable(jdir: Path) -> Iterator[str]:
+    """Yield an address for the job's socket that fits sun_path, however long the home is.
+
+    A long path is reached through ``/proc/self/fd/N/``, N being a descriptor of the job
+    directory: the kernel resolves it to the very same socket file (same inode, same
+    0600 mode, same peer-uid check), so nothing else changes.
+    """
+    path = str(jdir / SOCK_NAME)
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    fd = os.open(jdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCK_NAME}"
+    finally:
+        os.close(fd)
+
+
 def bind(jdir: Path) -> socket.socket:
     """Create the listening control socket (0600) before the CLI is told the job started.
 
@@ -55,7 +80,8 @@ def bind(jdir: Path) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
+    with _addressable(jdir) as address:
+        sock.bind(address)
     os.chmod(path, 0o600)
     sock.listen(64)
     sock.setblocking(False)
@@ -69,7 +95,8 @@ def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]
     s.settimeout(timeout_s)
     try:
         try:
-            s.connect(str(path))
+            with _addressable(jdir) as address:
+                s.connect(address)
         except OSError as e:
             raise ControlUnavailableError(f"cannot connect to {path}: {e.strerror}") from None
         if peer_uid(s) != os.geteuid():

@@ -19,6 +19,12 @@ from __future__ import annotations
 class TrainctlError(Exception):
     """Base of every error trainctl reports to a user as one line."""
 
+    def __str__(self) -> str:
+        # One line, always: a message may quote a file's content or a job's argv, and a
+        # newline or an escape sequence in it must not become a second line on a terminal.
+        text = super().__str__()
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 class ConfigError(TrainctlError):
     """A flag, config file or environment value is invalid."""

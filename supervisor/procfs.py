@@ -182,8 +182,18 @@ def send_signal(pid: int, start_ticks: int, sig: int) -> bool:
         if not exists(pid, start_ticks):
             return False
         signal.pidfd_send_signal(fd, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
+        # EPERM: another user's process (a setuid helper in the job, a forged state);
+        # the stop reports it as a survivor, naming its owner
         return False
     finally:
         os.close(fd)
     return True
+
+
+def read_uid(pid: int) -> int | None:
+    """Return the real uid of ``pid`` (None if it is gone)."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except OSError:
+        return None

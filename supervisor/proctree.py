@@ -167,10 +167,11 @@ def scan_cgroup(target: Target) -> dict[int, Member]:
     if target.cgroup is None:
         return out
     me = os.getpid()
+    floor = target.main.start_ticks if target.main else 0
     for pid in cg.read_pids(target.cgroup):
         st = procfs.read_stat(pid)
-        if st is None or pid == me:
-            continue
+        if st is None or pid == me or st.start_ticks < floor:
+            continue  # older than main: whatever it is, it was not started by this job
         m = out[pid] = Member(st, {"cgroup"})
         if target.main is not None and target.main == m.ref:
             m.nets.add("main")

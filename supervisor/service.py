@@ -62,7 +62,8 @@ class _BestEffortFile:
     def __init__(self, path: Path) -> None:
         self.failures = 0
         try:
-            self.f: Any = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            self.f: Any = os.fdopen(os.open(path, flags, 0o600), "a", buffering=1)
         except OSError:
             self.f = None
             self.failures += 1

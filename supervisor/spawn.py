@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpawnError
-from .state import TRAINCTL_VARS, Spec
+from .state import TRAINCTL_VARS, TRANSPORT_VARS, Spec
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
@@ -36,7 +37,8 @@ class Spawned:
 
 def job_env(spec: Spec, marker: str, run: int, progress: Path) -> dict[str, str]:
     """Return the job's environment: the recorded one plus trainctl's variables."""
-    env = {k: v for k, v in spec.env.items() if k not in TRAINCTL_VARS}
+    # a spec recorded by an older release may still hold the transport variables
+    env = {k: v for k, v in spec.env.items() if k not in (*TRAINCTL_VARS, *TRANSPORT_VARS)}
     env.update(
         TRAINCTL_JOB=marker,
         TRAINCTL_NAME=spec.name,
@@ -59,7 +61,12 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
             # "0" moves the writing process: the job is inside its cgroup before it can fork.
             os.write(cgroup_procs_fd, b"0")
 
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        log_fd = os.open(log, flags, 0o600)
+    except OSError as e:
+        why = "is a symlink; refusing to write through it" if e.errno == errno.ELOOP else e.strerror
+        raise SpawnError(f"log file {log}: {why}") from None
     try:
         proc = subprocess.Popen(
             list(spec.argv),

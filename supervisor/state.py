@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 SCHEMA = 1
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
 TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
+# Set by `--host` on the remote side for one call; never part of a job's environment.
+TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -220,23 +223,52 @@ def job_dir(home: Path, name: str) -> Path:
     return jobs_dir(home) / check_name(name)
 
 
+def check_not_symlink(path: Path) -> Path:
+    """Refuse a job directory (or a file in it) that is a symlink: never write through one."""
+    if path.is_symlink():
+        raise StateError(
+            f"{path} is a symlink; refusing to follow it (remove it by hand if it is stale)"
+        )
+    return path
+
+
 def log_path(jdir: Path, run: int) -> Path:
     """Return the log file of run ``run``."""
     return jdir / "logs" / f"run-{run}.log"
 
 
 def ensure_home(home: Path) -> None:
-    """Create the home (0700) or verify it is ours and writable."""
-    try:
-        jobs_dir(home).mkdir(parents=True, exist_ok=True, mode=0o700)
-        home.chmod(0o700)
-    except PermissionError as e:
-        raise ConfigError(f"TRAINCTL_HOME {home} is not writable: {e.strerror}") from None
-    except OSError as e:
-        raise ConfigError(f"TRAINCTL_HOME {home} cannot be used: {e.strerror}") from None
+    """Create the home (0700), or verify an existing one is ours, private and writable.
+
+    An existing directory is never chmodded: pointed at a shared 1777 directory, trainctl
+    would lock everyone else out of it. Such a home is refused with a way forward.
+    """
+    for path in (home, jobs_dir(home)):
+        if path.is_symlink():
+            raise ConfigError(f"{path} is a symlink; refusing to follow it")
+        if path.exists():
+            _check_private_dir(path)
+            continue
+        try:
+            path.mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            _check_private_dir(path)  # a concurrent start made it
+        except OSError as e:
+            raise ConfigError(f"TRAINCTL_HOME {home} cannot be used: {e.strerror}") from None
     if not os.access(jobs_dir(home), os.W_OK):
         raise ConfigError(f"TRAINCTL_HOME {home} is not writable")
-    check_owner(home)
+
+
+def _check_private_dir(path: Path) -> None:
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} is not a directory")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        who = "owned by another user" if st.st_uid != os.geteuid() else "writable by others"
+        raise ConfigError(
+            f"TRAINCTL_HOME {path} is {who}; use a private directory inside it, "
+            f"e.g. --home {path / 'trainctl'}"
+        )
 
 
 def check_owner(path: Path) -> None:
@@ -307,6 +339,7 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
 
 
 def _read_doc(path: Path, what: str) -> dict[str, Any]:
+    check_not_symlink(path)
     check_owner(path)
     try:
         text = path.read_text(errors="replace")
@@ -341,10 +374,13 @@ def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
                 "restart_exit_codes": None if codes is None else tuple(codes),
             }
         )
-    except (TypeError, KeyError) as e:
+    except (TypeError, KeyError, ValueError) as e:
         raise StateError(f"{where} is incomplete or malformed: {e}") from None
-    if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
-        raise StateError(f"{where} has an empty or malformed argv")
+    from .schema import check_document  # noqa: PLC0415
+
+    check_document(spec, where)
+    if not spec.argv:
+        raise StateError(f"{where} has an empty argv")
     if spec.stop_order not in tuple(StopOrder):
         raise StateError(f"{where} has an unknown stop_order {spec.stop_order!r}")
     return spec
@@ -373,10 +409,15 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
         st = JobState(**d)
-    except (TypeError, KeyError, ValueError) as e:
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None
-    if not isinstance(st.marker, str) or len(st.marker) < 16 or not isinstance(st.run, int):
+    from .schema import check_document  # noqa: PLC0415  (imports typing machinery)
+
+    check_document(st, where)
+    if len(st.marker) < 16 or st.run < 1:
         raise StateError(f"{where} has no valid marker/run; refusing to act on it")
+    if st.phase == Phase.LOST:
+        raise StateError(f"{where}: phase 'lost' is derived, never stored; refusing to act on it")
     return st
 
 
@@ -402,7 +443,7 @@ def mtime(path: Path) -> float:
 def append_event(jdir: Path, event: str, **fields: Any) -> None:
     """Append one JSON line to events.jsonl (O_APPEND: concurrent writers never interleave)."""
     line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(jdir / "events.jsonl", flags, 0o600)
     try:
         os.write(fd, line.encode() + b"\n")

@@ -243,7 +243,7 @@ def _signal_members(members: list[Member], target: Target, sig: int, *, group: b
         try:
             os.killpg(pgid, sig)
             sent += 1
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             use_group = False
     for m in members:
         if use_group and m.stat.pgid == pgid:
@@ -420,14 +420,16 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
         )
     for ref in left:
         st = procfs.read_stat(ref.pid)
-        report.survivors.append(
-            {
-                "pid": ref.pid,
-                "state": st.state if st else "?",
-                "wchan": procfs.read_wchan(ref.pid),
-                "cmd": procfs.read_cmdline(ref.pid)[:200],
-            }
-        )
+        uid = procfs.read_uid(ref.pid)
+        survivor = {
+            "pid": ref.pid,
+            "state": st.state if st else "?",
+            "wchan": procfs.read_wchan(ref.pid),
+            "cmd": procfs.read_cmdline(ref.pid)[:200],
+        }
+        if uid is not None and uid != os.geteuid() and os.geteuid() != 0:
+            survivor["why"] = f"not permitted to signal it: owned by uid {uid}"
+        report.survivors.append(survivor)
     for ref in tr.known:
         st = procfs.read_stat(ref.pid)
         if st is not None and st.start_ticks == ref.start_ticks and st.state == "Z":

@@ -83,7 +83,7 @@ def test_bad_config_file(harness: Harness) -> None:
     cfg.write_text("[stop\n")
     one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "invalid TOML")
     cfg.write_text("[stop]\ngrace_s = -4\n")
-    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "must not be negative")
+    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "must be a non-negative")
     cfg.write_text("[stop]\nsignal = 15\n")
     one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "must be str")
     no_jobs(h)

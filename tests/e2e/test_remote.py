@@ -153,6 +153,10 @@ prefix = ["{enter}"]
 [hosts.badprefix]
 target = "lab"
 {common}prefix = ["/bin/false"]
+
+[hosts.prefix255]
+target = "lab"
+{common}prefix = ["sh", "-c", "echo container 200 is not running >&2; exit 255"]
 """)
     h.env["TRAINCTL_HOSTS"] = str(hosts)
     return h
@@ -275,6 +279,7 @@ def test_restart_over_ssh_runs_new_code(lab: Harness) -> None:
         ("wrongkey", "unreachable: authentication refused"),
         ("notrainctl", "trainctl not found on notrainctl"),
         ("badprefix", "container prefix '/bin/false' failed"),
+        ("prefix255", "container 200 is not running"),  # its own 255, not ssh's
     ],
 )
 def test_remote_failures_are_one_line_exit_5(lab: Harness, alias: str, needle: str) -> None:
@@ -300,3 +305,37 @@ def test_hosts_check(lab: Harness) -> None:
 def test_incompatible_client_version_is_refused(harness: Harness) -> None:
     res = harness.tc("list", env={**harness.env, "TRAINCTL_CLIENT_VERSION": "9.9.0"})
     one_line(res, 5, "incompatible trainctl versions")
+
+
+def test_a_jobs_own_host_and_home_flags_stay_the_jobs(lab: Harness) -> None:
+    """`--host 0.0.0.0` / `--home D` in the job's argv, without `--`, belong to the job."""
+    h = lab
+    dump = h.tmp / "container-root" / "argv-env.json"
+    code = (
+        "import json, os, sys\n"
+        f"open({str(dump)!r}, 'w').write(json.dumps([sys.argv[1:], dict(os.environ)]))\n"
+    )
+    res = h.tc(
+        "--host", "lab", "start", "--name", "srv",
+        sys.executable, "-c", code, "--host", "0.0.0.0", "--home", "/elsewhere",
+    )  # fmt: skip
+    assert res.rc == 0, res.err
+    wait_for(dump.exists, 30, "the job to write its argv")
+    import json  # noqa: PLC0415
+
+    argv, env = json.loads(dump.read_text())
+    assert argv == ["--host", "0.0.0.0", "--home", "/elsewhere"]
+    assert (h.home / "jobs" / "srv").is_dir()  # the alias's home, not /elsewhere
+    assert "TCV" not in env
+    assert "TRAINCTL_CLIENT_VERSION" not in env
+    assert json.loads((h.home / "jobs" / "srv" / "spec.json").read_text())["env"].get("TCV") is None
+
+
+def test_a_local_job_with_a_host_flag_runs_here(harness: Harness) -> None:
+    h = harness
+    out = h.tmp / "argv.txt"
+    code = f"import sys\nopen({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+    res = h.tc("start", "--name", "here", sys.executable, "-c", code, "--host", "0.0.0.0")
+    assert res.rc == 0, res.err
+    wait_for(out.exists, 30, "the local job")
+    assert out.read_text() == "--host 0.0.0.0"

@@ -1,0 +1,93 @@
+"""Total type checks of the documents trainctl reads back (state.json, spec.json).
+
+A JSON document can hold anything; a frozen dataclass built from it with ``**doc`` checks
+nothing. Every field is checked here against its annotation (and a finite, sane range
+for numbers), so a mistyped file becomes one StateError line (exit 4) instead of a crash
+deep inside a stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from enum import Enum
+from typing import Any
+
+from .errors import StateError
+
+# No trainctl number is negative; none is this large either (timestamps, pids, ticks).
+_MAX_NUMBER = 2.0**62
+
+
+def check_document(obj: Any, where: str) -> None:
+    """Raise StateError naming the first field of dataclass ``obj`` that breaks its type."""
+    _check_fields(obj, where, "")
+
+
+def _check_fields(obj: Any, where: str, prefix: str) -> None:
+    cls: Any = type(obj)
+    for name, hint in _hints(cls).items():
+        _check(getattr(obj, name), hint, where, f"{prefix}{name}")
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _check(value: Any, hint: Any, where: str, path: str) -> None:
+    if hint is Any:
+        return
+    origin = typing.get_origin(hint)
+    if origin is not None or dataclasses.is_dataclass(hint):
+        _check_compound(value, hint, origin, where, path)
+    elif isinstance(hint, type) and issubclass(hint, Enum):
+        _need(isinstance(value, hint), value, f"one of {[e.value for e in hint]}", where, path)
+    else:
+        _check_scalar(value, hint, where, path)
+
+
+def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -> None:
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        (inner,) = [a for a in args if a is not type(None)]
+        _check(value, inner, where, path)
+    elif origin is dict:
+        _need(isinstance(value, dict), value, "an object", where, path)
+        for k, v in value.items():
+            _need(isinstance(k, str), k, "string keys", where, path)
+            _check(v, args[1] if args else Any, where, f"{path}.{k}")
+    elif origin is tuple:
+        _need(isinstance(value, tuple | list), value, "a list", where, path)
+        for i, item in enumerate(value):
+            _check(item, args[0], where, f"{path}[{i}]")
+    else:  # a nested dataclass (ProcRef, MemberSnap, GpuLease)
+        _need(isinstance(value, typing.cast(type, hint)), value, "an object", where, path)
+        _check_fields(value, where, f"{path}.")
+
+
+def _check_scalar(value: Any, hint: Any, where: str, path: str) -> None:
+    if hint is bool:
+        _need(isinstance(value, bool), value, "true or false", where, path)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        _need(ok and 0 <= value <= _MAX_NUMBER, value, "a non-negative integer", where, path)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and 0 <= value <= _MAX_NUMBER
+        _need(ok, value, "a non-negative finite number", where, path)
+    elif hint is str:
+        _need(isinstance(value, str), value, "a string", where, path)
+
+
+def _need(ok: bool, value: Any, what: str, where: str, path: str) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise StateError(f"{where}: {path} must be {what}, got {shown}; refusing to act on it")
