@@ -549,6 +549,24 @@ def rm(c: Ctx, name: str, force: bool) -> int:
 
 
 @cli.command()
+@json_opt
+@pass_ctx
+def doctor(c: Ctx, as_json: bool) -> int:
+    """Report what decides whether jobs survive logout and stop cleanly on this host.
+
+    Init (systemd or not), logind's KillUserProcesses and KillExcludeUsers, linger, the
+    live jobs' systemd scopes and their delegation, the cgroup mode, pidfd. Changes
+    nothing; exit 1 when something would make jobs die at logout or stop unreliably.
+    """
+    from . import render  # noqa: PLC0415
+    from .doctor import run_doctor  # noqa: PLC0415
+
+    checks = run_doctor(c.home)
+    render.doctor(checks, as_json=as_json)
+    return ExitCode.OK if all(ch.ok for ch in checks) else ExitCode.FAILED
+
+
+@cli.command()
 @click.option(
     "--check",
     is_flag=True,

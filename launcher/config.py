@@ -23,6 +23,7 @@ class Config:
     home: str
     ready_timeout_s: float
     cgroup: bool
+    systemd: bool
     grace_s: float
     stop_signal: str
     stop_order: str
@@ -39,6 +40,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("state", "home"): ("home", str),
     ("start", "ready_timeout_s"): ("ready_timeout_s", float),
     ("start", "cgroup"): ("cgroup", bool),
+    ("start", "systemd"): ("systemd", bool),
     ("stop", "grace_s"): ("grace_s", float),
     ("stop", "signal"): ("stop_signal", str),
     ("stop", "order"): ("stop_order", str),

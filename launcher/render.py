@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,10 @@ def start(res: StartResult) -> None:
         f"({res.elapsed_s * 1000:.0f} ms)"
     )
     print(f"log: {res.log}")
+    if res.unit:
+        print(f"unit: {res.unit} (systemd scope, outside your login session)")
+    for line in res.warnings:
+        sys.stderr.write(f"trainctl: {line}\n")
 
 
 def stop(res: StopResult) -> None:
@@ -198,6 +203,8 @@ def status(s: Status) -> None:
     when = "uptime" if s.ended_at is None else "ran"
     escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
     print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
+    if s.unit:
+        print(f"  unit {s.unit}")
     _status_details(s)
     if s.argv:
         print(f"  cmd  {clean(' '.join(s.argv))[:150]}")
@@ -393,3 +400,15 @@ def _status_details(s: Status) -> None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
     if s.error:
         print(f"  note {clean(s.error)}")
+
+
+def doctor(checks: list[Any], *, as_json: bool) -> None:
+    """Render `trainctl doctor`: one line per check, a hint under what needs action."""
+    if as_json:
+        emit_json([dataclasses.asdict(ch) for ch in checks])
+        return
+    width = max(len(ch.name) for ch in checks)
+    for ch in checks:
+        print(f"{'ok  ' if ch.ok else 'FIX '} {ch.name:<{width}}  {ch.value}")
+        if ch.hint:
+            print(f"     {'':<{width}}  -> {ch.hint}")

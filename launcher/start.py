@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ class StartResult:
     elapsed_s: float
     gpus: str | None = None  # the bound GPU indices, e.g. "0,3"
     slurm_job_id: str | None = None
+    unit: str | None = None  # the run's systemd scope, on systemd hosts
+    warnings: list[str] = field(default_factory=list)
 
 
 def build_spec(
@@ -98,6 +100,7 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
         kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
         snapshot_interval_s=cfg.snapshot_interval_s,
         cgroup=cfg.cgroup,
+        systemd=cfg.systemd,
         gpu_timeout_s=values.get("gpu_timeout", cfg.gpu_timeout_s),
         gpu_tolerance_mib=cfg.gpu_tolerance_mib,
         checkpoint=values.get("checkpoint"),
@@ -221,6 +224,8 @@ def _launch(
         log=str(state.log_path(jdir, run)),
         elapsed_s=time.monotonic() - t0,
         gpus=spec.gpus,
+        unit=reply.get("unit"),
+        warnings=[f"warning: {reply['warning']}"] if reply.get("warning") else [],
     )
 
 

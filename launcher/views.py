@@ -48,6 +48,7 @@ class Status:
     last_stop: dict[str, Any] | None = None
     error: str | None = None
     previous_boot: bool = False  # recorded before the machine last booted
+    unit: str | None = None  # the run's systemd scope
     gpus: list[int] = field(default_factory=list)
     restarts: int = 0
     last_failure: dict[str, Any] | None = None
@@ -143,6 +144,7 @@ def job_status(home: Path, name: str) -> Status:
         last_stop=st.last_stop,
         error=st.error,
         previous_boot=st.from_other_boot(),
+        unit=st.unit,
         gpus=[g.index for g in st.gpus],
         restarts=st.restarts,
         last_failure=st.last_failure,

@@ -44,6 +44,7 @@ from .state import (
     write_json_atomic,
     write_state,
 )
+from .systemd import own_unit
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -160,6 +161,7 @@ def _record_starting(jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None) 
         restarts=ho.restarts,
         last_failure=ho.last_failure,
         boot_id=current_boot_id(),
+        unit=own_unit(),
     )
     logs = check_not_symlink(log_path(jdir, ho.run).parent)
     logs.mkdir(mode=0o700, exist_ok=True)
@@ -248,7 +250,16 @@ def main(argv: list[str]) -> int:
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
     with contextlib.suppress(OSError):  # the CLI gave up waiting: the job is recorded anyway
-        _reply(sock, {"ok": True, "main_pid": spawned.pid, "run": state.run, "mode": state.mode})
+        _reply(
+            sock,
+            {
+                "ok": True,
+                "main_pid": spawned.pid,
+                "run": state.run,
+                "mode": state.mode,
+                "unit": state.unit,
+            },
+        )
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
     state = dataclasses.replace(state, code=code_version(spec))

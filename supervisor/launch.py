@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import control, state
+from . import control, state, systemd
 from .errors import SpawnError
 from .state import GpuLease, Spec
 
@@ -45,7 +45,10 @@ def launch_supervisor(
 ) -> dict[str, Any]:
     """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
     ours, theirs = socket.socketpair()
+    sd = systemd.detect() if spec.systemd else None
+    unit = systemd.unit_name(spec.name, handover.run, handover.marker)
     argv = [
+        *(systemd.scope_argv(sd, unit) if sd is not None else []),
         sys.executable,
         "-m",
         "trainctl.supervisor",
@@ -93,6 +96,8 @@ def launch_supervisor(
         raise SpawnError(str(reply.get("error")))
     # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
     proc.returncode = 0
+    if sd is not None and sd.warning:
+        reply["warning"] = sd.warning
     return reply
 
 

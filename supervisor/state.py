@@ -125,6 +125,7 @@ class Spec:
     stop_order: str = StopOrder.TREE  # a StopOrder value
     snapshot_interval_s: float = 3.0
     cgroup: bool = True  # try cgroup v2 placement
+    systemd: bool = True  # on systemd hosts, run the supervisor in its own delegated scope
     gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding
     gpu_timeout_s: float = 30.0
     gpu_tolerance_mib: int = 512
@@ -175,6 +176,7 @@ class JobState:
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
+    unit: str | None = None  # the run's systemd scope (systemd hosts), else None
     # /proc/sys/kernel/random/boot_id when the run started: pids and start times mean
     # nothing after a reboot, so a state from another boot is never acted on by pid
     boot_id: str | None = None

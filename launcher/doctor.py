@@ -1,0 +1,136 @@
+"""`trainctl doctor`: what on this host decides whether jobs survive logout and stop cleanly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.supervisor import cgroup, state, systemd
+from trainctl.supervisor.errors import TrainctlError
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of the report: what was looked at, what was found, and whether it is fine."""
+
+    name: str
+    value: str
+    ok: bool
+    hint: str = ""
+
+
+def run_doctor(home: Path) -> list[Check]:
+    """Look at init, logind, linger, cgroups and the live jobs' units; change nothing."""
+    checks = [_init()]
+    if systemd.booted():
+        checks += [_logind(), _linger(), *_units(home)]
+    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd()]
+    return checks
+
+
+def _init() -> Check:
+    if systemd.booted():
+        sd = systemd.detect()
+        if sd is None:
+            return Check(
+                "init",
+                "systemd, but its manager does not answer",
+                False,
+                "jobs start without a scope and share your login's fate",
+            )
+        manager = "user manager (systemd-run --user)" if sd.user else "system manager"
+        return Check("init", f"systemd; each run gets its own scope via the {manager}", True)
+    try:
+        comm = Path("/proc/1/comm").read_text().strip()
+    except OSError:
+        comm = "unknown"
+    return Check("init", f"{comm} (not systemd): jobs run in their own session, no unit", True)
+
+
+def _busctl_property(name: str) -> str | None:
+    argv = [
+        "busctl",
+        "get-property",
+        "org.freedesktop.login1",
+        "/org/freedesktop/login1",
+        "org.freedesktop.login1.Manager",
+        name,
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _logind() -> Check:
+    kill = _busctl_property("KillUserProcesses")
+    exclude = _busctl_property("KillExcludeUsers") or ""
+    if kill is None:
+        return Check("logind", "not reachable", True, "no logind: logout kills nothing")
+    on = kill.endswith("true")
+    value = f"KillUserProcesses={'yes' if on else 'no'}, KillExcludeUsers={exclude or '-'}"
+    hint = "a job outside a trainctl scope dies at logout" if on else ""
+    return Check("logind", value, True, hint)
+
+
+def _linger() -> Check:
+    if os.geteuid() == 0:
+        return Check("linger", "not needed (root: the system manager holds the scopes)", True)
+    on = systemd.linger_enabled()
+    hint = "" if on else "run `loginctl enable-linger` so your jobs survive logout"
+    return Check("linger", "on" if on else "off", on, hint)
+
+
+def _units(home: Path) -> list[Check]:
+    out = []
+    for name in state.list_jobs(home):
+        try:
+            st = state.read_state(state.job_dir(home, name))
+        except TrainctlError:
+            continue
+        if st.unit is None or st.phase in state.TERMINAL:
+            continue
+        user = ["--user"] if os.geteuid() != 0 else []
+        argv = ["systemctl", *user, "show", "-p", "Delegate", "--value", st.unit]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+            delegated = done.stdout.strip() == "yes"
+        except (OSError, subprocess.TimeoutExpired):
+            delegated = False
+        out.append(
+            Check(f"job {name}", f"{st.unit}, Delegate={'yes' if delegated else 'no'}", delegated)
+        )
+    return out
+
+
+def _cgroup_mode() -> Check:
+    mount = cgroup.find_mount()
+    if mount is None:
+        return Check("cgroups", "no cgroup v2 mounted: signals mode", True)
+    mode = "unified" if str(mount) == "/sys/fs/cgroup" else f"hybrid (v2 at {mount})"
+    return Check("cgroups", mode, True)
+
+
+def _cgroup_writable() -> Check:
+    probe = cgroup.create_job_cgroup(f"doctor-{uuid.uuid4().hex[:8]}")
+    if probe is None:
+        return Check(
+            "job cgroups",
+            "cannot create one here: stop freezes with SIGSTOP and kills by pidfd",
+            True,
+            "root, or a delegated scope (systemd), makes cgroup.freeze/kill available",
+        )
+    cgroup.remove(probe)
+    return Check("job cgroups", "writable: cgroup.freeze and cgroup.kill in use", True)
+
+
+def _pidfd() -> Check:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as e:
+        return Check("pidfd", f"unavailable ({e.strerror})", False, "needs Linux >= 5.3")
+    return Check("pidfd", "available: no signal can reach a recycled pid", True)

@@ -1,0 +1,116 @@
+"""systemd hosts: each run's supervisor in its own delegated scope, outside the login session.
+
+A job started from an ssh login would otherwise live in that login's ``session-N.scope``:
+with logind's ``KillUserProcesses=yes`` it dies at logout, and trainctl's sub-cgroups
+would sit inside a scope that systemd owns, against its delegation rules. So, when PID 1
+is systemd and its manager answers, the supervisor is started through
+
+    systemd-run [--user] --scope --unit trainctl-NAME-rRUN-XXXXXXXX
+                --slice trainctl.slice -p Delegate=yes --collect -- <supervisor>
+
+``systemd-run`` is the system's own tool (no new Python dependency, and the same code
+path for the system and the user manager); ``--scope`` keeps the supervisor our child
+until it execs, so the readiness handshake over inherited fds works unchanged. The job's
+cgroup is created below the scope, where the delegation makes it ours to manage. The
+scope ends with its last process, so a stopped job leaves no unit behind.
+
+Hosts without systemd (containers whose PID 1 is something else) keep the plain launch.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SLICE = "trainctl.slice"
+
+
+@dataclass(frozen=True, slots=True)
+class Systemd:
+    """How this host's systemd can take a supervisor: which manager, and its caveats."""
+
+    user: bool  # the per-user manager (non-root), not the system one
+    warning: str | None = None  # e.g. linger is off: the job dies at logout
+
+
+def booted() -> bool:
+    """Tell whether PID 1 is systemd (sd_booted(3): /run/systemd/system exists)."""
+    return os.path.isdir("/run/systemd/system")
+
+
+def detect() -> Systemd | None:
+    """Return how to place a supervisor under systemd here, or None to launch it plainly."""
+    if not booted() or shutil.which("systemd-run") is None:
+        return None
+    user = os.geteuid() != 0
+    if not _manager_answers(user):
+        return None
+    warning = None
+    if user and not linger_enabled():
+        warning = (
+            "linger is off for this user: with logind's KillUserProcesses=yes the job will "
+            f"be killed when you log out; run `loginctl enable-linger {_user_name()}`"
+        )
+    return Systemd(user=user, warning=warning)
+
+
+def _manager_answers(user: bool) -> bool:
+    argv = ["systemctl", *(["--user"] if user else []), "show-environment"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def linger_enabled(user: str | None = None) -> bool:
+    """Tell whether logind keeps this user's manager (and its units) after logout."""
+    return Path("/var/lib/systemd/linger", user or _user_name()).exists()
+
+
+def unit_name(name: str, run: int, marker: str) -> str:
+    """The scope of one run: unique, and readable in `systemctl list-units`."""
+    return f"trainctl-{name}-r{run}-{marker[:8]}.scope"
+
+
+def scope_argv(sd: Systemd, unit: str) -> list[str]:
+    """The systemd-run prefix that puts the command in a new delegated scope."""
+    return [
+        "systemd-run",
+        *(["--user"] if sd.user else []),
+        "--scope",
+        "--quiet",
+        "--collect",
+        "--unit",
+        unit,
+        "--slice",
+        SLICE,
+        "-p",
+        "Delegate=yes",
+        "--",
+    ]
+
+
+def own_unit() -> str | None:
+    """Return the trainctl scope this process runs in, if any (read from /proc/self/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    leaf = line.strip().rsplit("/", 1)[-1]
+                    if leaf.startswith("trainctl-") and leaf.endswith(".scope"):
+                        return leaf
+    except OSError:
+        return None
+    return None

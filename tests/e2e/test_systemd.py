@@ -1,0 +1,285 @@
+"""systemd hosts, on a booted systemd container: jobs survive logout, stop leaves no unit.
+
+The bed (built here, cached under /var/tmp/trainctl-bed): a Debian 12 tree made by
+debootstrap, booted with systemd-nspawn from a cgroup of its own, logind set to
+KillUserProcesses=yes with KillExcludeUsers=nobody (so root is killed at logout too),
+sshd reached over a veth pair, and this checkout installed with `pip install --target`
+and bind-mounted read-only. Logins go through ssh, because only a real login gets a
+session scope. Everything skips, with the reason, where the bed cannot be built or booted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness
+
+pytestmark = pytest.mark.slow
+
+CACHE = Path(os.environ.get("TRAINCTL_BED_CACHE", "/var/tmp/trainctl-bed"))
+PACKAGES = "systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,procps,iproute2"
+ROOT_DIR = Path(__file__).resolve().parents[2]
+TC = "python3 -m trainctl.launcher"
+
+
+@dataclass
+class Bed:
+    """A booted systemd container and the way in."""
+
+    ip: str
+    key: Path
+    group: Path  # the host cgroup holding nspawn and the whole container
+
+    def ssh(
+        self, cmd: str, user: str = "root", timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Log in, run ``cmd``, log out (a real login: a new session scope each time)."""
+        argv = [
+            "ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=5", f"{user}@{self.ip}", cmd,
+        ]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _skip_unless_possible() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the systemd bed needs root (debootstrap, nspawn, veth)")
+    for tool in ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install debootstrap systemd-container)")
+    if not Path("/sys/fs/cgroup").exists():
+        pytest.skip("no cgroup file system")
+
+
+def _rootfs() -> Path:
+    """The Debian tree, built once per machine (~60-90 s) and kept under CACHE."""
+    root = CACHE / "root"
+    if (CACHE / "built").exists():
+        return root
+    shutil.rmtree(CACHE, ignore_errors=True)
+    CACHE.mkdir(parents=True)
+    done = subprocess.run(
+        ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(root)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"debootstrap failed (no Debian mirror?): {done.stderr.strip()[-200:]}")
+    (CACHE / "built").touch()
+    return root
+
+
+def _prepare(root: Path, key: Path, py: Path) -> None:
+    """Settings of the tree itself (the boot is volatile: nothing else persists)."""
+    logind = root / "etc/systemd/logind.conf.d"
+    logind.mkdir(parents=True, exist_ok=True)
+    (logind / "trainctl-test.conf").write_text(
+        "[Login]\nKillUserProcesses=yes\nKillExcludeUsers=nobody\n"
+    )
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    (root / "etc/environment").write_text(f"PYTHONPATH={py}\n")
+
+
+def _own_cgroup() -> Path:
+    mount = next(
+        Path(line.split()[4])
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.partition(" - ")[2].startswith("cgroup2 ")
+    )
+    own = next(
+        line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line[:3] == "0::"
+    )
+    return mount / own.lstrip("/")
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    _skip_unless_possible()
+    root = _rootfs()
+    tmp = tmp_path_factory.mktemp("bed")
+    key = tmp / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    py = tmp / "py"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(py), str(ROOT_DIR)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    _prepare(root, key, Path("/opt/trainctl"))
+    group = _own_cgroup() / f"tcbed-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    console = tmp / "console.log"
+    log = console.open("w")
+    boot = (
+        f"echo $$ > {group}/cgroup.procs && SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 exec systemd-nspawn"
+        f" -q -D {root} --volatile=overlay -b --register=no --keep-unit --private-network"
+        f" --bind-ro={py}:/opt/trainctl"
+    )
+    nspawn = subprocess.Popen(
+        ["sh", "-c", boot], stdin=subprocess.DEVNULL, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    host_if = f"tcb{uuid.uuid4().hex[:6]}"
+    subnet = f"10.{random.randint(64, 127)}.{random.randint(0, 255)}"  # noqa: S311
+    try:
+        init = _wait_init(nspawn, console)
+        _veth(host_if, init, subnet)
+        b = Bed(ip=f"{subnet}.2", key=key, group=group)
+        _wait_running(b, console)
+        yield b
+    finally:
+        (group / "cgroup.kill").write_text("1")  # nspawn and every process of the container
+        nspawn.wait(30)
+        log.close()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+        _remove_tree(group)
+
+
+def _remove_tree(group: Path) -> None:
+    """rmdir the container's cgroups (its systemd made a whole tree), deepest first."""
+    for _ in range(100):
+        dirs = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, group]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if not group.exists():
+            return
+        time.sleep(0.05)
+
+
+def _wait_init(nspawn: subprocess.Popen[bytes], console: Path) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if nspawn.poll() is not None:
+            pytest.skip(f"systemd-nspawn cannot boot here: {console.read_text()[-300:]}")
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rpartition(")")[2].split()
+            if int(fields[1]) != nspawn.pid:
+                continue
+            if Path(f"/proc/{name}/comm").read_text().strip() == "systemd":
+                return int(name)
+        time.sleep(0.1)
+    pytest.skip("the container's systemd never started")
+
+
+def _veth(host_if: str, init: int, subnet: str) -> None:
+    inner = f"{host_if}c"
+    for cmd in (
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", inner],
+        ["ip", "link", "set", inner, "netns", str(init)],
+        ["ip", "addr", "add", f"{subnet}.1/30", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["nsenter", "-t", str(init), "-n", "ip", "addr", "add", f"{subnet}.2/30", "dev", inner],
+        ["nsenter", "-t", str(init), "-n", "ip", "link", "set", inner, "up"],
+        ["nsenter", "-t", str(init), "-n", "ip", "link", "set", "lo", "up"],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot wire the container's network: {' '.join(cmd)}: {done.stderr}")
+
+
+def _wait_running(b: Bed, console: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        res = b.ssh("systemctl is-system-running --wait", timeout=30)
+        if res.stdout.strip() in ("running", "degraded"):
+            return
+        time.sleep(0.5)
+    pytest.skip(f"the container never came up for ssh: {console.read_text()[-300:]}")
+
+
+def _job_cgroup(b: Bed, name: str, home: str = "/root/.local/state/trainctl") -> str:
+    pid = b.ssh(
+        f"python3 -c \"import json; print(json.load(open('{home}/jobs/{name}/state.json'))"
+        "['main']['pid'])\""
+    ).stdout.strip()
+    return b.ssh(f"cat /proc/{pid}/cgroup").stdout.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_a_job_started_from_a_login_survives_logout_and_stops_without_a_trace(bed: Bed) -> None:
+    start = bed.ssh(f"{TC} start --name train --grace 2 -- sleep 600")
+    assert start.returncode == 0, start.stderr
+    assert "unit: trainctl-train-r1-" in start.stdout
+    time.sleep(3)  # logind has torn the login's session scope down by now
+    status = bed.ssh(f"{TC} status train --json")
+    assert status.returncode == 0, (status.stdout, status.stderr)
+    assert '"state": "running"' in status.stdout
+    where = _job_cgroup(bed, "train")
+    assert "/trainctl.slice/trainctl-train-r1-" in where
+    assert "session-" not in where
+    doctor = bed.ssh(f"{TC} doctor")
+    assert "KillUserProcesses=yes" in doctor.stdout
+    assert "Delegate=yes" in doctor.stdout
+    stop = bed.ssh(f"{TC} stop train --json")  # from a new login
+    assert stop.returncode == 0, stop.stderr
+    left = bed.ssh("pgrep -x sleep; systemctl list-units 'trainctl-train*' --no-legend")
+    assert left.stdout.strip() == ""
+
+
+def test_without_the_scope_the_same_job_dies_at_logout(bed: Bed) -> None:
+    """The control: what happened before trainctl put jobs in their own scope."""
+    cfg = "printf '[start]\\nsystemd = false\\n' > /tmp/nosd.toml"
+    res = bed.ssh(f"{cfg} && TRAINCTL_CONFIG=/tmp/nosd.toml {TC} start --name plain -- sleep 600")
+    assert res.returncode == 0, res.stderr
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and bed.ssh("pgrep -x sleep").stdout.strip():
+        time.sleep(0.5)
+    assert bed.ssh("pgrep -x sleep").stdout.strip() == ""
+    bed.ssh(f"{TC} rm plain")
+
+
+def test_a_user_without_linger_is_warned_and_linger_keeps_the_job(bed: Bed) -> None:
+    add = bed.ssh(
+        "id alice || (useradd -m -s /bin/bash alice && mkdir -p ~alice/.ssh && "
+        "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh)"
+    )
+    assert add.returncode == 0, add.stderr
+    res = bed.ssh(f"{TC} start --name a -- sleep 600", user="alice")
+    assert res.returncode == 0, res.stderr
+    assert "loginctl enable-linger alice" in res.stderr
+    assert bed.ssh(f"{TC} doctor", user="alice").returncode == 1  # linger: FIX
+    assert bed.ssh("loginctl enable-linger alice").returncode == 0
+    res = bed.ssh(f"{TC} start --name b -- sleep 600", user="alice")
+    assert res.returncode == 0, res.stderr
+    assert "linger" not in res.stderr
+    time.sleep(3)
+    status = bed.ssh(f"{TC} status b", user="alice")
+    assert status.returncode == 0, status.stdout
+    assert bed.ssh(f"{TC} stop b", user="alice").returncode == 0
+    bed.ssh("loginctl disable-linger alice")
+
+
+def test_a_host_without_systemd_is_unchanged(harness: Harness) -> None:
+    from trainctl.supervisor import systemd  # noqa: PLC0415
+
+    if systemd.booted():
+        pytest.skip("this host runs systemd: the bed tests cover it")
+    h = harness
+    doc = h.tc("start", "--name", "plain", "--json", "--", "sleep", "60", check=True).json()
+    assert isinstance(doc, dict)
+    assert doc["unit"] is None
+    assert doc["warnings"] == []
+    assert "not systemd" in h.tc("doctor").out
+    assert h.tc("stop", "plain").rc == 0
