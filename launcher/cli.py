@@ -67,7 +67,7 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--name", "-n", help="Job name (letters, digits, . _ -); or `name` in the spec.")
+@click.option("--name", help="Job name (letters, digits, . _ -); or `name` in the spec.")
 @click.option(
     "-c",
     "--spec",
@@ -172,6 +172,7 @@ def start(
     from .specfile import load_spec_file, parse_sets  # noqa: PLC0415
     from .start import GpuRequest, resolve_spec, start_job  # noqa: PLC0415
 
+    _refuse_unknown_option(argv)
     values: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
     values.update(parse_sets(sets))
     flags: dict[str, Any] = {
@@ -267,10 +268,43 @@ def ckpt_options(f: Any) -> Any:
     return f
 
 
+def _tail_of(lines: str | None, follow: bool, configured: int) -> int | None:
+    """`-n N|all` -> how many last lines to print (None: all)."""
+    if lines is None:
+        return 10 if follow else (configured or None)  # config: 0 = the whole log
+    if lines.strip().lower() == "all":
+        return None
+    try:
+        n = int(lines)
+    except ValueError:
+        raise ConfigError(f"-n expects a number of lines or `all`, got {lines!r}") from None
+    if n < 0:
+        raise ConfigError("-n must be >= 0")
+    return n
+
+
+def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
+    """`start --gracee 5 -- cmd`: a misspelt option, not a command named `--gracee`.
+
+    start passes unknown options through to the job (its argv follows the options, with
+    or without `--`), so a typo would otherwise surface as "command not found". A job's
+    command never starts with `-`, so such an argv[0] is our usage error.
+    """
+    if not argv or not argv[0].startswith("-") or argv[0] == "-":
+        return
+    import difflib  # noqa: PLC0415
+
+    known = [o for p in start.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    flag = argv[0].split("=", 1)[0]
+    close = difflib.get_close_matches(flag, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else " (see trainctl start --help)"
+    raise click.UsageError(f"no such option: {flag}{hint}")
+
+
 def _prepare(
     c: Ctx, name: str, ask: bool, timeout: str, within: str | None, force: bool, as_json: bool
 ) -> dict[str, Any]:
-    from .specfile import parse_duration  # noqa: PLC0415
+    from .inputs import parse_duration  # noqa: PLC0415
     from .stop import prepare_stop  # noqa: PLC0415
 
     return prepare_stop(
@@ -480,10 +514,9 @@ def gpus(c: Ctx, as_json: bool) -> int:
     "-n",
     "--lines",
     "lines",
-    type=int,
     default=None,
-    metavar="N",
-    help="Print only the last N lines [default from config: all].",
+    metavar="N|all",
+    help="Print the last N lines, or all [default: all; with -f, the last 10].",
 )
 @click.option(
     "--run",
@@ -494,15 +527,15 @@ def gpus(c: Ctx, as_json: bool) -> int:
     help="Show run R instead of the current one.",
 )
 @pass_ctx
-def logs(c: Ctx, name: str, follow: bool, lines: int | None, run: int | None) -> int:
-    """Print the log (stdout+stderr) of job NAME."""
+def logs(c: Ctx, name: str, follow: bool, lines: str | None, run: int | None) -> int:
+    """Print the log (stdout+stderr) of job NAME.
+
+    `-n N` reads only the end of the file, however big the log is. `-f` starts with the
+    last 10 lines (`-n all` for everything) and follows across restarts and rotations.
+    """
     from . import render, views  # noqa: PLC0415
 
-    if lines is not None and lines < 0:
-        raise ConfigError("-n must be >= 0")
-    if lines is None:
-        lines = c.cfg.tail_lines or None  # config: 0 = the whole log
-    path, text = views.log_lines(c.home, name, run, lines)
+    path, text = views.log_lines(c.home, name, run, _tail_of(lines, follow, c.cfg.tail_lines))
     render.write("".join(text))
     if follow:
         try:
@@ -623,6 +656,9 @@ def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: map every error to one line and an exit code."""
     try:
         rv = cli.main(args=argv, prog_name="trainctl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:  # a bare `trainctl`: help, not an error
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        rv = ExitCode.OK
     except click.exceptions.UsageError as e:
         click.echo(f"trainctl: error: {e.format_message()}", err=True)
         rv = ExitCode.USAGE

@@ -31,6 +31,8 @@ class Config:
     snapshot_interval_s: float
     tail_lines: int
     follow_poll_s: float
+    log_max_mib: int
+    log_keep: int
     gpu_foreign_threshold_mib: int
     gpu_tolerance_mib: int
     gpu_timeout_s: float
@@ -48,6 +50,8 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("supervisor", "snapshot_interval_s"): ("snapshot_interval_s", float),
     ("logs", "tail_lines"): ("tail_lines", int),
     ("logs", "follow_poll_s"): ("follow_poll_s", float),
+    ("logs", "max_size_mib"): ("log_max_mib", int),
+    ("logs", "keep"): ("log_keep", int),
     ("gpu", "foreign_threshold_mib"): ("gpu_foreign_threshold_mib", int),
     ("gpu", "tolerance_mib"): ("gpu_tolerance_mib", int),
     ("gpu", "release_timeout_s"): ("gpu_timeout_s", float),

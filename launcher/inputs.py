@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import signal
 
 from trainctl.supervisor.errors import ConfigError
@@ -53,13 +54,52 @@ def parse_signal(name: str) -> str:
     return sig.name
 
 
-def parse_seconds(value: str | float, what: str) -> float:
-    """Parse a non-negative, finite number of seconds."""
-    try:
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
+    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+)
+
+
+def parse_duration(value: object, what: str) -> float:
+    """Seconds from 90, 1.5, "90s", "20m", "1h30m"; never negative."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
         secs = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a number of seconds, got {value!r}") from None
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            secs = float(text)
+        except ValueError:
+            m = _DURATION.match(text)
+            if not text or not m or not any(m.groups()):
+                raise ConfigError(
+                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m)"
+                ) from None
+            h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+            secs = h * 3600 + mi * 60 + s
+    else:
+        raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
     return check_duration(secs, what)
+
+
+def parse_seconds(value: str | float, what: str) -> float:
+    """A duration given on the command line: the same syntax as every spec and config key."""
+    return parse_duration(value, what)
+
+
+def human_duration(secs: float) -> str:
+    """``90`` -> "1m30s", ``0.5`` -> "0.5s", ``7260`` -> "2h1m": the syntax the flags take.
+
+    Beyond an hour the seconds are dropped: an age of "1h" should not flicker to "1h1s".
+    """
+    if secs < 60:
+        return f"{secs:g}s"
+    if secs < 3600:
+        m, s = divmod(round(secs), 60)
+        return f"{m}m{s}s" if s else f"{m}m"
+    h, m = divmod(int(secs // 60), 60)
+    return f"{h}h{m}m" if m else f"{h}h"
 
 
 def parse_env(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

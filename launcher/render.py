@@ -140,7 +140,12 @@ def _stop_details(r: dict[str, Any]) -> None:
     )
     named = r.get("sent", [])
     for p in named[:NAMED_LINES]:
-        gone = "still running" if p["exit_s"] is None else f"exited after {p['exit_s']:.2f} s"
+        if p["exit_s"] is None:
+            gone = "still running"
+        elif p.get("killed"):
+            gone = f"SIGKILLed {p['exit_s']:.2f} s later"
+        else:
+            gone = f"exited after {p['exit_s']:.2f} s"
         print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {clean(p['cmd'])[:70]}")
     if len(named) > NAMED_LINES or sent > len(named):
         print(f"    ... and {sent - min(len(named), NAMED_LINES)} more (--json names up to 64)")
@@ -192,6 +197,18 @@ def _verdict(r: dict[str, Any]) -> str:
     return "nothing of the job is alive" + (", GPUs released" if r.get("gpus") else "")
 
 
+def _stop_verdict(ls: dict[str, Any]) -> str:
+    """`clean` only when every process left on the stop signal; otherwise who did not."""
+    if not ls.get("ok", True):
+        return f"{len(ls.get('survivors', []))} SURVIVED"
+    killed = int(ls.get("killed", 0))
+    if not killed:
+        return "clean"
+    who = ", ".join(f"{p['pid']} {clean(p['cmd'])[:40]}" for p in ls.get("killed_procs", [])[:3])
+    more = f" and {killed - 3} more" if killed > 3 else ""
+    return f"{killed} needed SIGKILL ({who}{more})"
+
+
 def status(s: Status) -> None:
     """Render one job's status."""
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
@@ -212,11 +229,10 @@ def status(s: Status) -> None:
     if s.last_log_line:
         print(f"  last {clean(s.last_log_line)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
-        ok = "clean" if s.last_stop.get("ok", True) else "SURVIVORS"
-        killed = s.last_stop.get("killed", 0)
+        ls = s.last_stop
         print(
-            f"  last stop: {ok}, {s.last_stop.get('total_s', 0):.2f} s, "
-            f"{killed} SIGKILLed ({s.last_stop.get('reason', 'stop')})"
+            f"  last stop: {_stop_verdict(ls)}, {ls.get('total_s', 0):.2f} s "
+            f"({ls.get('reason', 'stop')})"
         )
 
 

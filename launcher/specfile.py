@@ -16,35 +16,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import ConfigError
 
-from .inputs import check_duration, check_env_key, parse_signal
-
-_DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
-    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
-)
-
-
-def parse_duration(value: object, what: str) -> float:
-    """Seconds from 90, 1.5, "90s", "20m", "1h30m"; never negative."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a duration, got {value!r}")
-    if isinstance(value, int | float):
-        secs = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            secs = float(text)
-        except ValueError:
-            m = _DURATION.match(text)
-            if not text or not m or not any(m.groups()):
-                raise ConfigError(
-                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m)"
-                ) from None
-            h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-            secs = h * 3600 + mi * 60 + s
-    else:
-        raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
-    return check_duration(secs, what)
+from .inputs import check_env_key, parse_duration, parse_signal
 
 
 def _str(v: object, what: str) -> str:
@@ -93,6 +65,23 @@ def _gpus(v: object, what: str) -> str:
     if isinstance(v, list):
         return ",".join(str(x) for x in v) + ("," if len(v) == 1 else "")
     return _str(v, what)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(v: object, what: str) -> int:
+    """Bytes from 1048576, "500MiB", "1GiB", "2G"; 0 means no limit."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    m = _SIZE.match(v) if isinstance(v, str) else None
+    if m is None:
+        raise ConfigError(f"{what}: expected a size such as 500MiB or 1GiB, got {v!r}")
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()[:1]])
+    if size > 1 << 50:
+        raise ConfigError(f"{what}: {v!r} is larger than any disk")
+    return size
 
 
 def _choice(*options: str) -> Callable[[object, str], str]:
@@ -150,6 +139,8 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "stop_signal": _signal,
     "stop_order": _order,
     "kill_wait": parse_duration,
+    "log_max_size": _size,
+    "log_keep": _int,
     "gpus": _gpus,
     "share": _bool,
     "force": _bool,

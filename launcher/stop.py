@@ -372,6 +372,7 @@ def prepare_stop(
     Everything here happens before any stop signal; a refusal changes nothing.
     """
     from .checkpoint import describe, newest_checkpoint, request_checkpoint  # noqa: PLC0415
+    from .inputs import human_duration  # noqa: PLC0415
 
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
@@ -391,11 +392,11 @@ def prepare_stop(
     ck = newest_checkpoint(spec)
     say(describe(ck, spec))
     if require_within_s is not None and (ck is None or ck.age_s > require_within_s):
-        age = "there is none" if ck is None else f"the newest is {ck.age_s / 60:.1f} min old"
+        age = "there is none" if ck is None else f"the newest is {human_duration(ck.age_s)} old"
         if not force:
             raise JobConflictError(
                 f"not stopping {name}: no checkpoint within "
-                f"{require_within_s / 60:.1f} min ({age}); --force to "
+                f"{human_duration(require_within_s)} ({age}); --force to "
                 "stop anyway"
             )
         say(f"no checkpoint within the limit ({age}); going ahead (--force)")

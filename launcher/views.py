@@ -312,13 +312,33 @@ def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple
         raise ConfigError(f"job {name} has runs 1..{st.run}, not {run}")
     path = state.log_path(jdir, run)
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if tail is None else _tail_bytes(path, tail)
     except FileNotFoundError:
         data = b""
     lines = data.decode(errors="replace").splitlines(keepends=True)
     if tail is None:
         return path, lines
     return path, lines[len(lines) - tail :] if tail else []
+
+
+def _tail_bytes(path: Path, lines: int, block: int = 1 << 16) -> bytes:
+    """The end of ``path`` holding its last ``lines`` lines, read backwards block by block.
+
+    `logs -n 5` on a 500 MiB log reads a few KiB, not the file: its cost does not grow
+    with the log.
+    """
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, chunks, newlines = end, [], 0
+        while pos > 0 and newlines <= lines:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            chunks.append(chunk)
+            # a final line without its newline still counts as a line
+            newlines += chunk.count(b"\n")
+        return b"".join(reversed(chunks))
 
 
 def reader_gone(fd: int = 1) -> bool:
@@ -376,6 +396,8 @@ class _LogReader:
     def read(self, *, final: bool = False) -> str:
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.pos:
+                    self.pos = 0  # rotated (copied, then truncated): read it from the start
                 f.seek(self.pos)
                 data = f.read(1 << 20)
         except FileNotFoundError:

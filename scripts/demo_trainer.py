@@ -101,12 +101,37 @@ def load_step(out: str) -> int:
         return 0
 
 
+def start_helpers() -> None:
+    """The two things `kill -- -PGID` gets wrong: an escaped helper and a stuck one."""
+    pid = os.fork()
+    if pid == 0:  # "metrics uploader": setsid + double fork, so not in our process group
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    if os.fork() == 0:  # "prefetcher" stuck on a dead NFS mount: ignores SIGTERM
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="checkpoints")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=0, help="stop after N steps (0 = never)")
+    ap.add_argument(
+        "--helpers",
+        action="store_true",
+        help="also start a setsid'd uploader (escapes the tree) and a stuck prefetcher that "
+        "ignores SIGTERM (needs SIGKILL): what real jobs leave behind",
+    )
     ap.add_argument(
         "--ckpt-seconds",
         type=float,
@@ -128,6 +153,8 @@ def main() -> int:
     ]
     for p in ranks:
         p.start()
+    if args.helpers:
+        start_helpers()
     print(
         f"training: {args.ranks} ranks x {args.workers} loader workers, "
         f"resuming at step {start_step}",

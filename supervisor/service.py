@@ -30,6 +30,7 @@ from . import lifecycle as lc
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
+from .logs import rotate_if_big
 from .proctree import Target, scan, target_of
 from .spawn import Spawned, exit_code_of
 from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
@@ -240,6 +241,7 @@ class Supervisor:
             await anyio.sleep(self.spec.snapshot_interval_s)
             self.reap()
             self._check_stall()
+            self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
             members = await anyio.to_thread.run_sync(scan, self._target())
@@ -320,6 +322,16 @@ class Supervisor:
             restarts=handover.restarts,
         )
         self.send(lc.Relaunched())
+
+    def _bound_log(self) -> None:
+        log = log_path(self.jdir, self.state.run)
+        try:
+            size = rotate_if_big(log, self.spec.log_max_bytes, self.spec.log_keep)
+        except OSError as e:
+            self.log.warning("log_rotation_failed", error=e.strerror)
+            return
+        if size:
+            self.log.info("log_rotated", bytes=size, keep=self.spec.log_keep)
 
     # ------------------------------------------------------------ stall watchdog
 

@@ -124,6 +124,8 @@ class Spec:
     kill_wait_s: float = 10.0
     stop_order: str = StopOrder.TREE  # a StopOrder value
     snapshot_interval_s: float = 3.0
+    log_max_bytes: int = 1 << 30  # rotate logs/run-N.log beyond this (0: never)
+    log_keep: int = 3  # rotated copies kept: run-N.log.1 ... run-N.log.KEEP
     cgroup: bool = True  # try cgroup v2 placement
     systemd: bool = True  # on systemd hosts, run the supervisor in its own delegated scope
     gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding

@@ -100,6 +100,7 @@ class _Tracker:
         self.gone_at: dict[ProcRef, float] = {}
         self.found_dead: set[ProcRef] = set()  # already zombies when first seen
         self.cmds: dict[ProcRef, str] = {}
+        self.killed: set[ProcRef] = set()  # still alive when the grace ended: SIGKILLed
         self.fds: dict[int, ProcRef] = {}
         self.unwatched: list[ProcRef] = []
         self.nofd: set[ProcRef] = set()  # no pidfd could be opened (EMFILE): poll these
@@ -352,6 +353,7 @@ def _escalate(
     frozen = target.cgroup is not None and cg.freeze(target.cgroup, policy.freeze_timeout_s)
     stopped = _stop_until_quiet(tr, policy, skip_cgroup=frozen)
     victims = [r for r in tr.known if r not in tr.gone_at]
+    tr.killed.update(victims)
     named = [_named(ref) for ref in victims[:REPORT_NAMED]]
     emit(
         "escalated",
@@ -416,6 +418,7 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
                 "cmd": tr.cmd(ref),
                 "at_s": round(at - t0, 4),
                 "exit_s": None if gone is None else round(max(0.0, gone - at), 4),
+                "killed": ref in tr.killed,
             }
         )
     for ref in left:

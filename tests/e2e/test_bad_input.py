@@ -29,7 +29,7 @@ def no_jobs(h: Harness) -> None:
     [
         (["start", "--name", "x"], 2, "no command given"),
         (["start", "--name", "x", "--grace", "-1", "--", "true"], 2, "non-negative"),
-        (["start", "--name", "x", "--grace", "soon", "--", "true"], 2, "number of seconds"),
+        (["start", "--name", "x", "--grace", "soon", "--", "true"], 2, "is not a duration"),
         (["start", "--name", "x", "--grace", "nan", "--", "true"], 2, "non-negative"),
         (["start", "--name", "x", "--stop-signal", "SIGFOO", "--", "true"], 2, "unknown signal"),
         (["start", "--name", "x", "--stop-signal", "KILL", "--", "true"], 2, "cannot be caught"),

@@ -30,12 +30,26 @@ def test_parse_signal_rejects(raw: str) -> None:
         api.parse_signal(raw)
 
 
-@pytest.mark.parametrize(("raw", "secs"), [("0", 0.0), ("1.5", 1.5), (60, 60.0)])
+@pytest.mark.parametrize(
+    ("raw", "secs"),
+    [("0", 0.0), ("1.5", 1.5), (60, 60.0), ("2m", 120.0), ("1h30m", 5400.0), ("2s", 2.0)],
+)
 def test_parse_seconds(raw: str, secs: float) -> None:
+    """Flags take the same durations as spec keys: 90, 90s, 2m, 1h30m."""
     assert api.parse_seconds(raw, "--grace") == secs
 
 
-@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "1m", ""])
+@pytest.mark.parametrize(
+    ("secs", "text"),
+    [(1, "1s"), (0.5, "0.5s"), (90, "1m30s"), (1800, "30m"), (3601, "1h"), (7260, "2h1m")],
+)
+def test_human_duration(secs: float, text: str) -> None:
+    from trainctl.launcher.inputs import human_duration  # noqa: PLC0415
+
+    assert human_duration(secs) == text
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "1d", "", "5ms"])
 def test_parse_seconds_rejects(raw: str) -> None:
     with pytest.raises(ConfigError, match="--grace"):
         api.parse_seconds(raw, "--grace")

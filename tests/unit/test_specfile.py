@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.launcher.specfile import load_spec_file, parse_duration, parse_sets
+from trainctl.launcher.inputs import parse_duration
+from trainctl.launcher.specfile import load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
 
 CONF = Path(__file__).parents[2] / "conf" / "jobs"

@@ -1,0 +1,95 @@
+"""Operator experience: one duration syntax, typos caught, bounded logs, named SIGKILLs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness, wait_for
+from tests.e2e.test_stop_trees import stop_and_check
+
+
+def test_flags_take_the_same_durations_as_spec_keys(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "d", "--grace", "2m", "--", "sleep", "600", check=True)
+    spec = (h.home / "jobs" / "d" / "spec.json").read_text()
+    assert '"grace_s": 120.0' in spec
+    res = h.tc("wait", "d", "--timeout", "1s")
+    assert res.rc == 124
+    assert h.tc("stop", "d", "--grace", "1s").rc == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (("start", "--name", "t", "--gracee", "5", "--", "sleep", "1"), "--grace"),
+        (("start", "--name", "t", "--stop-ordr", "tree", "sleep", "1"), "--stop-order"),
+    ],
+)
+def test_a_misspelt_start_option_is_a_usage_error(
+    harness: Harness, argv: tuple[str, ...], suggestion: str
+) -> None:
+    res = harness.tc(*argv)
+    assert res.rc == 2, res
+    assert f"did you mean {suggestion}?" in res.err
+    assert not (harness.home / "jobs" / "t").exists()
+
+
+def test_a_bare_trainctl_prints_its_usage_and_succeeds(harness: Harness) -> None:
+    res = harness.tc()
+    assert res.rc == 0
+    assert "Usage: trainctl" in res.out
+    assert res.err == ""
+
+
+def test_logs_tail_reads_only_the_end_and_follow_starts_at_ten_lines(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "lg", "--", "true", check=True)
+    h.tc("wait", "lg", "--timeout", "20")
+    log = h.home / "jobs" / "lg" / "logs" / "run-1.log"
+    with open(log, "w") as f:  # ~40 MiB: reading it all would show in the time and memory
+        for i in range(400_000):
+            f.write(f"line {i:07d} {'x' * 90}\n")
+    t0 = time.monotonic()
+    res = h.tc("logs", "lg", "-n", "3")
+    took = time.monotonic() - t0
+    assert res.out.splitlines() == [f"line {i:07d} {'x' * 90}" for i in (399_997, 399_998, 399_999)]
+    assert took < 5  # generous: catches a hang, not a speed target (see README)
+    assert h.tc("logs", "lg", "-n", "0").out == ""
+    assert len(h.tc("logs", "lg", "-f").out.splitlines()) == 10  # the job has ended
+    assert h.tc("logs", "lg", "-n", "sideways").rc == 2
+
+
+def test_a_chatty_job_cannot_grow_its_log_without_bound(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.1\n")
+    code = "import sys\nwhile True:\n    sys.stdout.write('y' * 1023 + '\\n')\n"
+    h.tc(
+        "start", "--name", "chatty", "--set", "log_max_size=256KiB", "--set", "log_keep=2",
+        "--", sys.executable, "-c", code, check=True,
+    )  # fmt: skip
+    logs = h.home / "jobs" / "chatty" / "logs"
+    wait_for((logs / "run-1.log.2").exists, 30, "two rotations")
+    time.sleep(0.5)
+    assert not (logs / "run-1.log.3").exists()  # log_keep = 2
+    assert (logs / "run-1.log.1").stat().st_size > 256 * 1024
+    stop_and_check(h, "chatty")
+    events = (h.home / "jobs" / "chatty" / "events.jsonl").read_text()
+    assert '"event": "log_rotated"' in events
+
+
+def test_status_names_the_processes_that_needed_sigkill(harness: Harness) -> None:
+    h = harness
+    h.start_tree("k", "ignore_signals.py", grace=0.5)
+    doc = stop_and_check(h, "k")
+    assert doc["report"]["killed"] >= 1
+    killed = doc["report"]["killed_procs"]
+    assert killed
+    assert all(p["pid"] and p["cmd"] for p in killed)
+    line = next(x for x in h.tc("status", "k").out.splitlines() if "last stop" in x)
+    assert "needed SIGKILL" in line
+    assert str(killed[0]["pid"]) in line
+    assert "clean" not in line
