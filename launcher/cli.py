@@ -369,7 +369,20 @@ def stop(
     pre = _prepare(
         c, name, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force, as_json
     )
-    res = stop_job(c.home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s, force=force)
+    from trainctl.supervisor.state import job_dir  # noqa: PLC0415
+
+    from .live import run_with_feedback  # noqa: PLC0415
+
+    res = run_with_feedback(
+        job_dir(c.home, name),
+        name,
+        lambda: stop_job(
+            c.home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s, force=force
+        ),
+        enabled=not as_json,
+    )
+    if isinstance(res, int):
+        return res  # Ctrl-C: said what happens to the stop
     render.stop_doc(res, pre) if as_json else render.stop(res)
     return stop_exit_code(res)
 

@@ -80,7 +80,18 @@ def run(call: FastCall) -> int:
         grace_s = None if grace is None else parse_seconds(grace, "--grace")
         order = stop_order_of(call.values.get("--order"), main_only="--main-only" in call.flags)
         pre = prepare_stop(home, call.name, say=(lambda _l: None) if as_json else print)
-        res = stop_job(home, call.name, grace_s=grace_s, order=order)
+        from trainctl.supervisor.state import job_dir  # noqa: PLC0415
+
+        from .live import run_with_feedback  # noqa: PLC0415
+
+        res = run_with_feedback(
+            job_dir(home, call.name),
+            call.name,
+            lambda: stop_job(home, call.name, grace_s=grace_s, order=order),
+            enabled=not as_json,
+        )
+        if isinstance(res, int):
+            return res
         render.stop_doc(res, pre) if as_json else render.stop(res)
         return stop_exit_code(res)
     except TrainctlError as e:

@@ -65,9 +65,10 @@ class _Call:
     gpu_timeout_s: float
     budget_s: float  # how long the whole stop may take before the CLI gives up waiting
     force: bool  # end a live but unreachable supervisor, then stop directly
-    # False when grace_s is only a configured default (spec.json unreadable, no --grace):
-    # a live supervisor then keeps the job's own grace, which it holds in memory
-    grace_known: bool = True
+    # --grace as given, else None: a live supervisor keeps the job's own grace (which it
+    # holds in memory even when spec.json is unreadable), and a --grace that joins a
+    # running stop shortens that stop's remaining grace
+    asked_grace: float | None = None
     asked_order: StopOrder | None = None  # --order / --main-only; else the job's own
 
 
@@ -99,7 +100,7 @@ def stop_job(
         gpu_timeout_s=gpu_wait,
         budget_s=grace + spec.kill_wait_s + gpu_wait + 60,
         force=force,
-        grace_known=grace_s is not None or not warning,
+        asked_grace=grace_s,
         asked_order=order,
     )
     if lock_held:  # restart: it holds the job lock across its stop and its start
@@ -173,14 +174,16 @@ def _stop_via_supervisor(jdir: Path, call: _Call) -> StopResult | None:
     if call.asked_order is not None:
         msg["order"] = str(call.asked_order)
         msg["main_only"] = call.asked_order is StopOrder.MAIN  # read by older supervisors
-    if call.grace_known:
-        msg["grace_s"] = call.grace_s
+    if call.asked_grace is not None:
+        msg["grace_s"] = call.asked_grace
     reply = _ask_supervisor(jdir, msg, call.budget_s, force=call.force)
     if reply is None:
         return None
     _wait_supervisor_exit(jdir, 5.0)
     st = state.read_state(jdir)
     res = StopResult(jdir.name, st.run, "supervisor", reply["report"], reply.get("exit_code"))
+    if reply.get("joined"):
+        res.warnings.append("note: a stop of this job was already running; this one joined it")
     if reply["report"].get("persist_error"):
         res.warnings.append(
             f"warning: the stop is not recorded: {reply['report']['persist_error']}"
@@ -312,6 +315,7 @@ def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:
         except OSError as e:
             failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
 
+    emit("stopping", reason="stop", grace_s=call.grace_s, order=str(call.order), supervisor="gone")
     report = run_stop(
         target_of(st),
         spec,

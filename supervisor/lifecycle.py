@@ -60,7 +60,7 @@ class StopRequested:
     """A user's `trainctl stop`; ``token`` identifies the client waiting for the answer."""
 
     token: int
-    grace_s: float
+    grace_s: float | None  # None: the job's own grace (the user gave no --grace)
     order: str | None = None
     gpu_timeout_s: float | None = None
 
@@ -126,6 +126,13 @@ class CancelBackoff:
 
 
 @dataclass(frozen=True, slots=True)
+class ShortenGrace:
+    """A later `stop --grace S` joined a running stop: its grace ends within S, never later."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Relaunch:
     """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
 
@@ -149,7 +156,7 @@ class Log:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = RunStop | Persist | WaitBackoff | CancelBackoff | Relaunch | Reply | Log
+Action = RunStop | Persist | WaitBackoff | CancelBackoff | ShortenGrace | Relaunch | Reply | Log
 
 # ---------------------------------------------------------------- the machine
 
@@ -165,6 +172,7 @@ class Life:
     stop_reason: str | None = None  # why the current/last stop sequence ran
     user_stop: bool = False  # a user asked to stop this run: no relaunch, phase `stopped`
     waiters: tuple[int, ...] = ()  # clients waiting for the stop's answer
+    joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
     report: dict[str, Any] | None = None  # the final answer, once the run has ended
     now: float = 0.0  # the time of the event being handled (set by the caller)
 
@@ -184,7 +192,7 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
     if isinstance(ev, MainExited):
         return _main_exited(life, ev, spec)
     if isinstance(ev, StopRequested):
-        return _stop_requested(life, ev)
+        return _stop_requested(life, ev, spec)
     if isinstance(ev, StopFinished):
         return _stop_finished(life, ev, spec)
     if isinstance(ev, Relaunched):
@@ -224,15 +232,24 @@ def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
     return _begin_stop(life, "main exited", RunStop("main exited", spec.grace_s, None))
 
 
-def _stop_requested(life: Life, ev: StopRequested) -> Outcome:
+def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     stage = life.stage
     if stage is Stage.RUNNING:
         life = dataclasses.replace(life, user_stop=True, waiters=(ev.token,))
-        return _begin_stop(life, "stop", RunStop("stop", ev.grace_s, ev.order, ev.gpu_timeout_s))
+        grace = spec.grace_s if ev.grace_s is None else ev.grace_s
+        return _begin_stop(life, "stop", RunStop("stop", grace, ev.order, ev.gpu_timeout_s))
     if stage in (Stage.STOPPING, Stage.RELAUNCHING):
         # Join the running stop (or the launch); from now on nothing relaunches this run.
-        joined = dataclasses.replace(life, user_stop=True, waiters=(*life.waiters, ev.token))
-        return joined, [Log("stop_joined", {"stage": str(stage)})]
+        joined = dataclasses.replace(
+            life,
+            user_stop=True,
+            waiters=(*life.waiters, ev.token),
+            joined=(*life.joined, ev.token),
+        )
+        actions: list[Action] = [Log("stop_joined", {"stage": str(stage)})]
+        if ev.grace_s is not None and stage is Stage.STOPPING:
+            actions.append(ShortenGrace(ev.grace_s))
+        return joined, actions
     if stage is Stage.BACKOFF:
         ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
         return ended, [

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
@@ -35,6 +36,7 @@ from .proctree import Target, scan, target_of
 from .spawn import Spawned, exit_code_of
 from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
 from .stop import run_stop
+from .terminate import Grace
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
@@ -114,6 +116,7 @@ class Supervisor:
         self.tokens = itertools.count(1)
         self.backoff_scope: anyio.CancelScope | None = None
         self.persist_error: str | None = None
+        self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
         self.handlers = 0  # control connections not yet answered
 
     # ------------------------------------------------------------ state
@@ -164,6 +167,9 @@ class Supervisor:
         elif isinstance(a, lc.CancelBackoff):
             if self.backoff_scope is not None:
                 self.backoff_scope.cancel()
+        elif isinstance(a, lc.ShortenGrace):
+            self.grace.shorten(a.seconds)
+            self.log.info("grace_shortened", grace_left_s=round(self.grace.left_s(), 3))
         elif isinstance(a, lc.Relaunch):
             tg.start_soon(self._relaunch, a.failure)
         elif isinstance(a, lc.Reply):
@@ -181,7 +187,12 @@ class Supervisor:
             report = dict(a.report or {})
             if self.persist_error:
                 report["persist_error"] = self.persist_error
-            msg = {"ok": True, "report": report, "exit_code": self.state.exit_code}
+            msg = {
+                "ok": True,
+                "report": report,
+                "exit_code": self.state.exit_code,
+                "joined": token in self.life.joined,
+            }
         self.answers[token] = msg
         done = self.replies.get(token)
         if done is not None:
@@ -278,6 +289,7 @@ class Supervisor:
             leases=self.state.gpus,
             gpu_timeout_s=a.gpu_timeout_s,
             emit=self.log.info,
+            grace=self.grace,
         )
         with anyio.CancelScope(shield=True):
             report = await anyio.to_thread.run_sync(run)
@@ -396,10 +408,11 @@ class Supervisor:
             done = self.replies[token] = anyio.Event()
             gt = req.get("gpu_timeout_s")
             order = _order_of(req)
+            grace = req.get("grace_s")
             self.send(
                 lc.StopRequested(
                     token,
-                    float(req.get("grace_s", self.spec.grace_s)),
+                    None if grace is None else float(grace),
                     None if order is None else str(order),
                     None if gt is None else float(gt),
                 )

@@ -17,7 +17,7 @@ from . import cgroup as cg
 from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
 from .proctree import Target
 from .state import GpuLease, Spec, StopOrder
-from .terminate import Emit, StopPolicy, StopReport, stop_tree
+from .terminate import Emit, Grace, StopPolicy, StopReport, stop_tree
 
 
 def run_stop(
@@ -30,6 +30,7 @@ def run_stop(
     leases: tuple[GpuLease, ...] = (),
     gpu_timeout_s: float | None = None,
     emit: Emit | None = None,
+    grace: Grace | None = None,
 ) -> StopReport:
     """Stop every process of the run and nothing else, prove its GPUs free; return the proof."""
     report = stop_and_verify(
@@ -40,6 +41,7 @@ def run_stop(
         gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
         order=order or StopOrder(spec.stop_order),
         emit=emit,
+        grace=grace,
     )
     report.reason = reason
     if target.cgroup is not None:
@@ -56,11 +58,12 @@ def stop_and_verify(
     gpu_policy: GpuPolicy | None = None,
     order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
+    grace: Grace | None = None,
 ) -> StopReport:
     """Stop the tree, then prove its GPUs were released; return the combined report."""
     emit = emit or (lambda *_a, **_k: None)
     pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, sig, policy, order=order, emit=emit)
+    report = stop_tree(target, sig, policy, order=order, emit=emit, grace=grace)
     if leases:
         report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
         report.ok = report.ok and all(g["ok"] for g in report.gpus)

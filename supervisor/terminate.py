@@ -87,6 +87,26 @@ class StopReport:
         return asdict(self)
 
 
+class Grace:
+    """The end of a stop's grace period; a later `stop --grace S` may bring it closer.
+
+    Read by the stop's thread on every wake-up (at least every ``rescan_s``), shortened
+    from the supervisor's event loop; a float assignment is atomic, so no lock is needed.
+    """
+
+    def __init__(self, end: float) -> None:
+        self.end = end
+
+    def shorten(self, seconds: float) -> float:
+        """Make the grace end within ``seconds`` from now, never later; return the end."""
+        self.end = min(self.end, time.monotonic() + seconds)
+        return self.end
+
+    def left_s(self) -> float:
+        """Seconds of grace left (0 once it is over)."""
+        return max(0.0, self.end - time.monotonic())
+
+
 class _Tracker:
     """Members seen so far, a pidfd per live one, and the moment each was seen gone.
 
@@ -190,14 +210,16 @@ class _Tracker:
         return [self.known[r] for r in self.pending()]
 
     def wait_gone(
-        self, timeout_s: float, on_change: Callable[[list[Member]], None]
+        self, until: float | Grace, on_change: Callable[[list[Member]], None]
     ) -> list[ProcRef]:
         """Wait until no known member is alive and a fresh scan finds none; return the rest.
 
-        ``on_change(new)`` runs after every re-scan (``new``: the members it found) and
-        whenever members exited (``[]``): an exit, or time passing, may make members due.
+        ``until`` is a timeout in seconds, or a :class:`Grace` whose end may move closer
+        while we wait. ``on_change(new)`` runs after every re-scan (``new``: the members it
+        found) and whenever members exited (``[]``): an exit, or time passing, may make
+        members due.
         """
-        deadline = time.monotonic() + timeout_s
+        grace = until if isinstance(until, Grace) else Grace(time.monotonic() + until)
         gone = len(self.gone_at)
         while True:
             left = self.pending()
@@ -212,7 +234,7 @@ class _Tracker:
                     left = self.pending()
                 elif not left:
                     return []
-            now = time.monotonic()
+            now, deadline = time.monotonic(), grace.end
             if now >= deadline:
                 return left
             wake = min(deadline, self.last_scan + self.policy.rescan_s)
@@ -260,6 +282,7 @@ def stop_tree(
     *,
     order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
+    grace: Grace | None = None,
 ) -> StopReport:
     """Stop every process of the job and nothing else; return the proof."""
     emit = emit or (lambda *_a, **_k: None)
@@ -291,7 +314,11 @@ def stop_tree(
             if new or len(plan.sent) < len(tr.known):  # exits change nothing once all are sent
                 _send_due(plan, tr.live(), target, emit)
 
-        left = tr.wait_gone(policy.grace_s, on_change)
+        if grace is None:
+            grace = Grace(time.monotonic() + policy.grace_s)
+        else:
+            grace.shorten(policy.grace_s)  # the grace starts with the first signal
+        left = tr.wait_gone(grace, on_change)
         _count_exits(report, tr, plan)
         if left:
             report.killed, report.killed_procs = _escalate(tr, target, policy, emit)

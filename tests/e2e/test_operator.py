@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Harness, wait_for
+from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.e2e.test_stop_trees import stop_and_check
 
 
@@ -93,3 +96,40 @@ def test_status_names_the_processes_that_needed_sigkill(harness: Harness) -> Non
     assert "needed SIGKILL" in line
     assert str(killed[0]["pid"]) in line
     assert "clean" not in line
+
+
+def test_a_second_stop_joins_the_first_and_shortens_its_grace(harness: Harness) -> None:
+    h = harness
+    h.start_tree("j", "ignore_signals.py", grace=60)
+    first = subprocess.Popen(
+        [*TRAINCTL, "stop", "j", "--json"], env=h.env, stdout=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: h.state("j")["phase"] == "stopping", 20, "the first stop to begin")
+    t0 = time.monotonic()
+    second = h.tc("stop", "j", "--grace", "1", "--json", timeout=60)
+    out, _ = first.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30  # not the first stop's 60 s
+    assert second.rc == 0, second
+    assert first.returncode == 0
+    assert any("joined" in w for w in second.json()["warnings"])  # type: ignore[index]
+    assert json.loads(out)["report"]["killed"] >= 1
+    assert not h.job_pids("j")
+
+
+def test_stop_narrates_when_not_on_a_terminal_and_survives_ctrl_c(harness: Harness) -> None:
+    h = harness
+    h.start_tree("n", "ignore_signals.py", grace=60)
+    stopper = subprocess.Popen(
+        [*TRAINCTL, "stop", "n"], env=h.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    wait_for(lambda: h.state("n")["phase"] == "stopping", 20, "the stop to begin")
+    time.sleep(0.6)
+    stopper.send_signal(signal.SIGINT)  # our own child: the user's Ctrl-C
+    _, err = stopper.communicate(timeout=20)
+    assert stopper.returncode == 130
+    assert "trainctl: stopping n:" in err  # a plain progress line, not a redrawn one
+    assert "\x1b" not in err
+    assert "continues in the background" in err
+    assert h.job_pids("n")  # the stop really goes on: the job is still in its grace
+    assert h.tc("stop", "n", "--grace", "0.5").rc == 0

@@ -209,7 +209,7 @@ def test_remote_lifecycle(lab: Harness) -> None:
     # logs -f streams; Ctrl-C detaches and leaves no remote follower behind (the harness
     # would report it as a leak: it carries the test marker from the wrapper)
     follower = subprocess.Popen(
-        [*TRAINCTL, "--host", "lab", "logs", "rj", "-f"],
+        [*TRAINCTL, "--host", "lab", "logs", "rj", "-f", "-n", "all"],
         env=h.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

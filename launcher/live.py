@@ -1,0 +1,150 @@
+"""Live feedback while a stop runs: grace left, who is still alive, the newest checkpoint.
+
+A stop can take its whole grace (minutes, for a big checkpoint). On a terminal, one line
+is redrawn at most 4 times a second; elsewhere (a log, a pipe) a plain line is printed
+when the number of processes left changes, at most once a second. The first Ctrl-C does
+not abandon a stop: through the supervisor it carries on without us; run directly, it
+runs in this process, so a second Ctrl-C is needed to give it up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from trainctl.supervisor import procfs, state
+from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.proctree import alive, scan, target_of
+
+from .render import clean
+
+T = TypeVar("T")
+REDRAW_S = 0.25
+INTERRUPTED = 130
+
+
+def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: bool) -> T | int:
+    """Run ``work`` (a stop) in a thread and narrate it; return its result, or 130."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as e:  # noqa: BLE001  (handed to the main thread as it is)
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    direct = not _supervised(jdir)
+    thread.start()
+    line = _Line(jdir, name, tty=sys.stderr.isatty()) if enabled else None
+    interrupted = False
+    while thread.is_alive():
+        try:
+            thread.join(REDRAW_S)
+            if line is not None and thread.is_alive():
+                line.draw()
+        except KeyboardInterrupt:
+            if not direct or interrupted:
+                _say(line, _continues(name, direct, interrupted))
+                return INTERRUPTED
+            interrupted = True
+            _say(line, _continues(name, direct, interrupted=False))
+    if line is not None:
+        line.clear()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+def _supervised(jdir: Path) -> bool:
+    try:
+        return state.supervisor_alive(jdir, state.read_state(jdir))
+    except TrainctlError:
+        return False
+
+
+def _continues(name: str, direct: bool, interrupted: bool) -> str:
+    if not direct:
+        return f"the stop continues in the background (`trainctl status {name}`)"
+    if not interrupted:
+        return "the stop runs in this process (no supervisor): Ctrl-C again abandons it"
+    return f"stop abandoned; processes may be left (`trainctl stop {name}` again)"
+
+
+def _say(line: _Line | None, text: str) -> None:
+    if line is not None:
+        line.clear()
+    sys.stderr.write(f"\ntrainctl: {text}\n")
+    sys.stderr.flush()
+
+
+class _Line:
+    """One status line about a running stop."""
+
+    def __init__(self, jdir: Path, name: str, *, tty: bool) -> None:
+        self.jdir, self.name, self.tty = jdir, name, tty
+        self.last_count: int | None = None
+        self.last_plain = 0.0
+        self.shown = False
+        self.since = time.time() - 1.0  # a `stopping` event older than this is another stop's
+
+    def draw(self) -> None:
+        try:
+            st = state.read_state(self.jdir)
+        except TrainctlError:
+            return
+        grace = self._grace(joined=st.phase == state.Phase.STOPPING)
+        if grace is None:
+            return  # no stop is under way (yet): say nothing rather than something wrong
+        members = sorted(alive(scan(target_of(st))).values(), key=lambda m: m.stat.pid)
+        text = f"stopping {self.name}: {grace}, {len(members)} left"
+        if 0 < len(members) <= 3:
+            text += ": " + ", ".join(
+                f"{m.stat.pid} {clean(procfs.read_cmdline(m.stat.pid))[:30]}" for m in members
+            )
+        if self.tty:
+            sys.stderr.write(f"\r\x1b[K{text[:160]}")
+            self.shown = True
+        elif len(members) != self.last_count and time.monotonic() - self.last_plain >= 1:
+            sys.stderr.write(f"trainctl: {text}\n")
+            self.last_count, self.last_plain = len(members), time.monotonic()
+        sys.stderr.flush()
+
+    def _grace(self, *, joined: bool) -> str | None:
+        """Grace left, from the newest `stopping` event: ours, or the one we joined.
+
+        None while no stop is under way (e.g. the CLI is still retrying a mute supervisor).
+        """
+        try:
+            with open(self.jdir / "events.jsonl", "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 65536))
+                raw = f.read()
+        except OSError:
+            return None
+        for line in reversed(raw.splitlines()):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") not in ("stopping", "grace_shortened"):
+                continue
+            if not joined and float(ev["ts"]) < self.since:
+                return None
+            if ev["event"] == "grace_shortened":
+                return _left(float(ev["grace_left_s"]) - (time.time() - float(ev["ts"])))
+            return _left(float(ev.get("grace_s", 0)) - (time.time() - float(ev["ts"])))
+        return None
+
+    def clear(self) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _left(seconds: float) -> str:
+    return f"{seconds:.0f}s of grace left" if seconds > 0 else "grace over: SIGKILL"
