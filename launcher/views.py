@@ -176,7 +176,9 @@ def _training_view(
     prog = read_progress(jdir, st, spec)
     if prog is not None:
         out["progress"] = prog.to_doc()
-    if live:
+    if live and st.drift_checked_at is not None:
+        out["code_changed"] = list(st.code_drift)  # kept current by the supervisor
+    elif live:  # a supervisor from before this field, or one that has not looked yet
         from trainctl.supervisor.drift import drift  # noqa: PLC0415
 
         out["code_changed"] = drift(st.code, spec)

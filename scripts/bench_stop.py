@@ -13,7 +13,13 @@
 5. the `tree` stop order (the default) against `all` on that same tree, interleaved:
    until-gone time inside the supervisor (report total_s). Target: tree/all <= 1.1.
 
-Run: scripts/bench.sh [--duration 30] [--rounds 5] [--only order]
+6. the supervisor's CPU at rest for a small job, on a quiet host and with --crowd (3000)
+   extra idle processes on the host, in cgroup and in signals mode. Target: <= 1.5x.
+
+7. `trainctl status` for a job whose cwd is a git repo of 30,000 files vs a tiny repo
+   (the supervisor keeps the code drift current; status reads it). Target: <= 1.1x.
+
+Run: scripts/bench.sh [--duration 30] [--rounds 5] [--only order|crowd|repo]
 """
 
 from __future__ import annotations
@@ -166,9 +172,9 @@ command=sleep 600
         daemon.wait(20)
 
 
-def supervisor_cost(home: Path, duration_s: float) -> tuple[float, float]:
-    """Return (% of one core, RSS MB) of the bench job's supervisor over duration_s."""
-    st = json.loads((home / "jobs" / "bench" / "state.json").read_text())
+def supervisor_cost(home: Path, duration_s: float, job: str = "bench") -> tuple[float, float]:
+    """Return (% of one core, RSS MB) of the job's supervisor over duration_s."""
+    st = json.loads((home / "jobs" / job / "state.json").read_text())
     pid = st["supervisor"]["pid"]
 
     def cpu_ticks() -> int:
@@ -192,7 +198,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="stop-latency rounds per side")
     ap.add_argument("--width", type=int, default=200)
     ap.add_argument("--depth", type=int, default=40)
-    ap.add_argument("--only", choices=["order"], help="run only this part (5: stop orders)")
+    ap.add_argument("--only", choices=["order", "crowd", "repo"], help="run only part 5, 6 or 7")
+    ap.add_argument("--crowd", type=int, default=3000, help="idle host processes for part 6")
     args = ap.parse_args()
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER for the baseline
     tmp = Path(tempfile.mkdtemp(prefix="trainctl-bench-"))
@@ -201,6 +208,12 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
     if args.only == "order":
         bench_orders(tmp, env, args)
+        return
+    if args.only == "crowd":
+        bench_crowd(tmp, env, args)
+        return
+    if args.only == "repo":
+        bench_repo(tmp, env)
         return
     base, ours, inner = [], [], []
     for _ in range(args.rounds):  # interleaved so drift hits both sides alike
@@ -249,6 +262,92 @@ def main() -> None:
     )
     bench_orders(tmp, env, args)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_repo(tmp: Path, env: dict[str, str]) -> None:
+    """7. status must not pay for the size of the job's git repository."""
+    times = {}
+    for name, files in (("tiny", 3), ("big", 30_000)):
+        repo = tmp / f"repo-{name}"
+        for i in range(files):
+            sub = repo / f"d{i // 1000}"
+            sub.mkdir(parents=True, exist_ok=True)
+            (sub / f"f{i}.py").write_text(f"x = {i}\n")
+        (repo / "train.py").write_text("import time\ntime.sleep(3600)\n")
+        git = ["git", "-C", str(repo), "-c", "user.email=b@b", "-c", "user.name=b"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", "x"], check=True)
+        job = f"repo-{name}"
+        r = tc("start", "--name", job, "--cwd", str(repo), "--", "python3", "train.py", env=env)
+        if r.returncode:
+            raise SystemExit(r.stderr)
+        state_file = Path(env["TRAINCTL_HOME"]) / "jobs" / job / "state.json"
+        deadline = time.monotonic() + 60
+        while json.loads(state_file.read_text()).get("drift_checked_at") is None:
+            if time.monotonic() > deadline:
+                raise SystemExit("the supervisor never checked the drift")
+            time.sleep(0.2)
+        times[name] = median_ms([TRAINCTL, "status", job], env, 20)
+        tc("stop", job, env=env)
+    print(
+        f"7. status, job cwd a git repo of 30,000 files: {times['big']:.0f} ms vs tiny repo "
+        f"{times['tiny']:.0f} ms (median of 20) -> ratio {times['big'] / times['tiny']:.2f}x "
+        f"(target <= 1.1x)"
+    )
+
+
+def bench_crowd(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """6. Supervisor cost at rest must follow the job's size, not the host's."""
+    for mode in ("cgroup", "signals"):
+        cfg = tmp / f"{mode}.toml"
+        cfg.write_text(f"[start]\ncgroup = {'true' if mode == 'cgroup' else 'false'}\n")
+        menv = {**env, "TRAINCTL_CONFIG": str(cfg)}
+        quiet = _idle_cost(tmp, menv, args.duration)
+        crowd = _start_crowd(args.crowd)
+        try:
+            busy = _idle_cost(tmp, menv, args.duration)
+        finally:
+            _stop_crowd(crowd)
+        print(
+            f"6. supervisor at rest ({mode} mode, {args.duration:.0f} s): quiet host "
+            f"{quiet:.3f}% of a core, with {args.crowd} more host processes {busy:.3f}% -> "
+            f"ratio {busy / max(quiet, 1e-3):.2f}x (target <= 1.5x)"
+        )
+
+
+def _idle_cost(tmp: Path, env: dict[str, str], duration_s: float) -> float:
+    r = tc("start", "--name", "idle", "--", "sleep", "3600", env=env)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    try:
+        cpu, _ = supervisor_cost(Path(env["TRAINCTL_HOME"]), duration_s, job="idle")
+    finally:
+        tc("stop", "idle", env=env)
+    return cpu
+
+
+def _start_crowd(n: int) -> subprocess.Popen[bytes]:
+    """n idle processes that are not the job's (one parent forking n children that pause)."""
+    code = (
+        "import os, signal, sys\n"
+        f"for _ in range({n}):\n"
+        "    if os.fork() == 0:\n"
+        "        signal.pause(); os._exit(0)\n"
+        "sys.stdout.write('up\\n'); sys.stdout.flush(); signal.pause()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert p.stdout is not None
+    p.stdout.readline()
+    return p
+
+
+def _stop_crowd(p: subprocess.Popen[bytes]) -> None:
+    os.killpg(p.pid, signal.SIGKILL)  # our own session: every process in it is ours
+    p.wait()
+    reap_all()
 
 
 def bench_orders(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:

@@ -124,3 +124,28 @@ def drift(recorded: dict[str, Any] | None, spec: Spec) -> list[str]:
     if "entry_sha" in recorded and entry.get("entry_sha") != recorded["entry_sha"]:
         changes.append(f"{os.path.basename(recorded['entry'])} edited")
     return changes
+
+
+def fingerprint(spec: Spec) -> tuple[int, ...]:
+    """Cheap signs that the code may have changed: mtimes of git's HEAD, index and refs,
+    and of the entry script. A commit, checkout, pull, `git add` or an edit of the entry
+    script changes one of them; the supervisor recomputes the drift only then (and once a
+    minute, for edits of other tracked files, which touch no file under .git)."""
+    paths = [entry_script(spec) or ""]
+    d = os.path.abspath(spec.cwd)
+    while True:
+        git = os.path.join(d, ".git")
+        if os.path.isdir(git):
+            paths += [os.path.join(git, n) for n in ("HEAD", "index", "packed-refs", "refs/heads")]
+            break
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    out = []
+    for p in paths:
+        try:
+            out.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)

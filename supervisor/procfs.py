@@ -197,3 +197,19 @@ def read_uid(pid: int) -> int | None:
         return os.stat(f"{PROC}/{pid}").st_uid
     except OSError:
         return None
+
+
+def children(pid: int) -> list[int]:
+    """Return the children of ``pid`` from /proc/PID/task/*/children (no /proc walk)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"{PROC}/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return out
+    for tid in tids:
+        try:
+            with open(f"{PROC}/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out

@@ -184,6 +184,33 @@ def scan_cgroup(target: Target) -> dict[int, Member]:
     return out
 
 
+def scan_light(target: Target) -> dict[int, Member]:
+    """The members as the supervisor tracks them between full scans, at a cost that grows
+    with the job, not with the host: cgroup.procs in cgroup mode, else the process tree
+    below the supervisor (main, and the orphans it adopted as subreaper), followed through
+    /proc/PID/task/TID/children. The full :func:`scan` (every /proc entry, every environ)
+    still runs at start, at stop, and now and then as a safety net.
+    """
+    if target.cgroup is not None and target.cgroup.is_dir():
+        return scan_cgroup(target)
+    me = os.getpid()
+    floor = target.main.start_ticks if target.main else 0
+    out: dict[int, Member] = {}
+    stack = procfs.children(me)
+    while stack:
+        pid = stack.pop()
+        if pid in out or pid == me:
+            continue
+        st = procfs.read_stat(pid)
+        if st is None or st.start_ticks < floor:
+            continue
+        m = out[pid] = Member(st, {"subreaper" if st.ppid == me else "tree"})
+        if target.main is not None and m.ref == target.main:
+            m.nets = {"main"}
+        stack.extend(procfs.children(pid))
+    return out
+
+
 def _add_descendants(
     stats: dict[int, Stat],
     members: dict[int, Member],

@@ -28,11 +28,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import control, procfs
 from . import lifecycle as lc
+from .drift import drift, fingerprint
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
-from .proctree import Target, scan, target_of
+from .proctree import Member, Target, scan, scan_light, target_of
 from .spawn import Spawned, exit_code_of
 from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
 from .stop import run_stop
@@ -53,6 +54,11 @@ def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundL
     )
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger().bind(job=name)
     return log
+
+
+# How often the supervisor walks every /proc entry (and environ) for members that left
+# both the cgroup and the tree, e.g. a process moved out of the cgroup by root.
+FULL_SCAN_S = 60.0
 
 
 class _BestEffortFile:
@@ -116,6 +122,8 @@ class Supervisor:
         self.tokens = itertools.count(1)
         self.backoff_scope: anyio.CancelScope | None = None
         self.persist_error: str | None = None
+        self.drift_mark: tuple[int, ...] = ()
+        self.drift_at = 0.0
         self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
         self.handlers = 0  # control connections not yet answered
 
@@ -248,6 +256,13 @@ class Supervisor:
     # ------------------------------------------------------------ snapshots
 
     async def _snapshots(self) -> None:
+        """Keep state.json's member snapshot current, at a cost that follows the job's size.
+
+        Each tick reads the job's own processes only (cgroup.procs, or the tree below us:
+        see proctree.scan_light); the full scan of every /proc entry and environ, which
+        costs as much as the host has processes, runs every FULL_SCAN_S as a safety net.
+        """
+        last_full = time.monotonic()
         while True:
             await anyio.sleep(self.spec.snapshot_interval_s)
             self.reap()
@@ -255,7 +270,13 @@ class Supervisor:
             self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
-            members = await anyio.to_thread.run_sync(scan, self._target())
+            await self._check_drift()
+            full = time.monotonic() - last_full >= FULL_SCAN_S
+            if full:
+                last_full = time.monotonic()
+            members = await anyio.to_thread.run_sync(scan if full else scan_light, self._target())
+            if not full:
+                self._keep_known(members)
             snap = tuple(
                 MemberSnap(
                     pid=m.stat.pid,
@@ -274,6 +295,36 @@ class Supervisor:
                 (s.pid, s.start_ticks) for s in self.state.members
             } and self.life.stage is lc.Stage.RUNNING:
                 self._set(self.state.phase, members=snap, snapshot_at=time.time())
+
+    async def _check_drift(self) -> None:
+        """Recompute the code drift when git or the entry script changed, else once a minute.
+
+        `status` then reads the result from state.json instead of running `git diff` on
+        every call, so its cost does not grow with the repository.
+        """
+        if not self.state.code:
+            return
+        now = time.monotonic()
+        mark = await anyio.to_thread.run_sync(fingerprint, self.spec)
+        if mark == self.drift_mark and now - self.drift_at < FULL_SCAN_S:
+            return
+        self.drift_mark, self.drift_at = mark, now
+        changes = tuple(await anyio.to_thread.run_sync(drift, self.state.code, self.spec))
+        if changes != self.state.code_drift or self.state.drift_checked_at is None:
+            self._set(self.state.phase, code_drift=changes, drift_checked_at=time.time())
+
+    def _keep_known(self, members: dict[int, Member]) -> None:
+        """Between full scans, keep the snapshot's members that still live (same start time).
+
+        The light scan cannot see a member that left both the cgroup and our tree (only
+        the marker finds it); it must not drop out of the snapshot until the next full scan.
+        """
+        for snap in self.state.members:
+            if snap.pid in members:
+                continue
+            st = procfs.read_stat(snap.pid)
+            if st is not None and st.start_ticks == snap.start_ticks and st.state != "Z":
+                members[snap.pid] = Member(st, set(snap.nets))
 
     # ------------------------------------------------------------ stop
 

@@ -176,6 +176,9 @@ class JobState:
     restart_at: float | None = None  # set while waiting out the restart backoff
     stalled_since: float | None = None  # stall watchdog: no progress nor output since
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
+    # what changed on disk since then, kept current by the supervisor (status reads it)
+    code_drift: tuple[str, ...] = ()
+    drift_checked_at: float | None = None
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
     unit: str | None = None  # the run's systemd scope (systemd hosts), else None
