@@ -487,6 +487,9 @@ def ps(c: Ctx, name: str, as_json: bool) -> int:
     if as_json:
         render.emit_json([{k: getattr(r, k) for k in r.__slots__} for r in rows])
     else:
+        unit = views.job_unit(c.home, name)
+        if unit:
+            click.echo(f"unit {unit}")
         render.ps(rows)
     return ExitCode.OK
 

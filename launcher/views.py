@@ -216,6 +216,7 @@ class PsRow:
     gpu_holder: bool = False  # has a GPU open
     gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
     stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/forest.py)
+    unit: str | None = None  # the run's systemd scope (the same for every row)
 
 
 def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
@@ -263,9 +264,15 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
                 gpu_holder=pid in gpu_mem,
                 gpu_bytes=gpu_mem.get(pid),
                 stop_role=roles.get(m.ref, ""),
+                unit=st.unit,
             )
         )
     return rows
+
+
+def job_unit(home: Path, name: str) -> str | None:
+    """The systemd scope of the job's current run, if it has one."""
+    return state.read_state(existing_job(home, name)).unit
 
 
 def _stop_roles(jdir: Path, st: state.JobState, live: list[Any]) -> dict[Any, str]:

@@ -33,6 +33,19 @@ def _on_stop(_sig: int, _frame: object) -> None:
     _stop["asked"] = True
 
 
+# Set by slurmd for this very task on this node; the environment recorded at submit time
+# (on the login node) has none of them, or stale ones. CUDA_VISIBLE_DEVICES is Slurm's
+# choice of this node's allocated GPUs; the rest let a multi-node job find its rank and
+# its master (SLURM_PROCID, SLURM_NODEID, SLURM_JOB_NODELIST, SLURMD_NODENAME, ...).
+_TASK_PREFIXES = ("SLURM_", "SLURMD_")
+_TASK_VARS = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES")
+
+
+def slurm_task_env(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The per-task variables slurmd gave this agent, to pass on to the job over the spec's."""
+    return {k: v for k, v in env.items() if k.startswith(_TASK_PREFIXES) or k in _TASK_VARS}
+
+
 def main(argv: list[str]) -> int:
     """Run the job on this node until it ends or is stopped; exit with its exit code."""
     p = argparse.ArgumentParser(prog="trainctl-node")
@@ -48,7 +61,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
     set_subreaper()
     progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
-    env = job_env(spec, args.marker, args.run, progress)
+    env = {**job_env(spec, args.marker, args.run, progress), **slurm_task_env(os.environ)}
     spawned = spawn_main(spec, env, log_path(jdir, args.run), None)
     me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
     if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry

@@ -415,6 +415,8 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
+        if isinstance(d.get("code_drift"), list):
+            d["code_drift"] = tuple(d["code_drift"])
         st = JobState(**d)
     except (TypeError, KeyError, ValueError, AttributeError) as e:
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None

@@ -306,3 +306,32 @@ def test_slurm_errors_are_one_line(sl: Harness, tmp_path: Path) -> None:
     only = h.tc("start", "--name", "x", "--nodes", "2", "--", "true")
     assert only.rc == 2
     assert "only with --backend slurm" in only.err
+
+
+def test_the_job_gets_slurms_per_task_environment(sl: Harness) -> None:
+    """Multi-node training finds its rank and master in these; submit time had none."""
+    h = sl
+    names = (
+        "SLURM_JOB_ID",
+        "SLURM_PROCID",
+        "SLURM_NODEID",
+        "SLURM_JOB_NODELIST",
+        "SLURMD_NODENAME",
+    )
+    code = "import os\nprint(' '.join(f'{k}={os.environ.get(k, \"\")}' for k in %r), flush=True)\n"
+    env = {k: v for k, v in h.env.items() if k == "SLURM_CONF" or not k.startswith("SLURM")}
+    res = h.tc(
+        "start", "--name", "env", "--backend", "slurm", "--json",
+        "--", sys.executable, "-c", code % (names,), env=env,
+    )  # fmt: skip
+    assert res.rc == 0, res.err
+    job_id = str(res.json()["slurm_job_id"])  # type: ignore[index]
+    wait_for(lambda: "SLURM_JOB_ID=" in h.tc("logs", "env").out, 60, "the job's output")
+    line = next(x for x in h.tc("logs", "env").out.splitlines() if "SLURM_JOB_ID=" in x)
+    got = dict(kv.split("=", 1) for kv in line.split())
+    assert got["SLURM_JOB_ID"] == job_id
+    assert got["SLURM_PROCID"] == "0"
+    assert got["SLURM_NODEID"] == "0"
+    assert got["SLURM_JOB_NODELIST"]
+    assert got["SLURMD_NODENAME"]
+    h.tc("wait", "env", "--timeout", "60")

@@ -226,6 +226,7 @@ def test_a_job_started_from_a_login_survives_logout_and_stops_without_a_trace(be
     status = bed.ssh(f"{TC} status train --json")
     assert status.returncode == 0, (status.stdout, status.stderr)
     assert '"state": "running"' in status.stdout
+    assert "unit trainctl-train-r1-" in bed.ssh(f"{TC} ps train").stdout
     where = _job_cgroup(bed, "train")
     assert "/trainctl.slice/trainctl-train-r1-" in where
     assert "session-" not in where

@@ -10,13 +10,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_state import sample
 from trainctl.launcher.config import _apply
 from trainctl.supervisor.errors import ConfigError, StateError
 from trainctl.supervisor.state import (
     JobState,
-    MemberSnap,
-    Phase,
-    ProcRef,
     Spec,
     spec_from_doc,
     spec_to_doc,
@@ -36,19 +34,7 @@ JSON = st.recursive(
     max_leaves=10,
 )
 
-STATE = state_to_doc(
-    JobState(
-        name="job",
-        run=2,
-        phase=Phase.RUNNING,
-        marker="f" * 32,
-        started_at=1.5,
-        supervisor=ProcRef(10, 100),
-        main=ProcRef(11, 101),
-        members=(MemberSnap(11, 101, 10, 11, 11, "python train.py", ("main",)),),
-        last_stop={"ok": True},
-    )
-)
+STATE = state_to_doc(dataclasses.replace(sample(), last_stop={"ok": True}))
 SPEC = spec_to_doc(
     Spec(
         name="job",
