@@ -25,7 +25,6 @@ import functools
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -319,7 +318,7 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     file or symlink is never written through; a failed write (a full disk) leaves no
     temporary file behind and the old file intact.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, 0o600)
     try:
@@ -430,10 +429,30 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
     return st
 
 
+_read_cache: dict[Path, tuple[tuple[int, int, int, int], JobState]] = {}
+
+
 def read_state(jdir: Path) -> JobState:
-    """Read and validate state.json of a job directory."""
+    """Read and validate state.json of a job directory.
+
+    A stop reads the state several times; the file is only ever replaced (a new inode
+    each time), so an unchanged (inode, mtime, size, ctime) means the very same,
+    already-validated document. Ownership and mode are checked on every call.
+    """
     path = jdir / "state.json"
-    return state_from_doc(_read_doc(path, "state"), str(path))
+    try:
+        s = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        s = None
+    key = (s.st_ino, s.st_mtime_ns, s.st_size, s.st_ctime_ns) if s is not None else None
+    cached = _read_cache.get(path)
+    if key is not None and cached is not None and cached[0] == key:
+        check_owner(path)
+        return cached[1]
+    st = state_from_doc(_read_doc(path, "state"), str(path))
+    if key is not None:
+        _read_cache[path] = (key, st)
+    return st
 
 
 def write_state(jdir: Path, st: JobState, *, durable: bool = True) -> None:
