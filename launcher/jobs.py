@@ -99,7 +99,9 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
             st = None
         if st is not None:
             phase = current_phase(jdir, st)
-            if phase not in state.TERMINAL or live_members(st):
+            # a Slurm job that Slurm has purged (LOST) has ended: only its leftovers count
+            forgotten = st.backend == "slurm" and phase == Phase.LOST
+            if (phase not in state.TERMINAL and not forgotten) or live_members(st):
                 raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
         _refuse_if_anything_runs(jdir, name)
         import shutil  # noqa: PLC0415  (rm only)

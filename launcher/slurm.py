@@ -171,6 +171,15 @@ def query(st: JobState) -> dict[str, Any]:
     }
 
 
+def _scancel(argv: list[str]) -> None:
+    """scancel, where "Invalid job id" means the job already left the queue: not an error."""
+    try:
+        _run(argv)
+    except SlurmError as e:
+        if "invalid job id" not in str(e).lower():
+            raise
+
+
 def _sacct(job_id: str) -> dict[str, str]:
     try:
         out = _run(
@@ -196,26 +205,31 @@ def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]
     scancel = _tool("scancel")
     job_id = str((st.slurm or {})["job_id"])
     info = query(st)
-    if info["phase"] in state.TERMINAL and not alive(scan(local_target(st))):
+    ended = info["phase"] in state.TERMINAL or info["phase"] == Phase.LOST
+    if ended and not alive(scan(local_target(st))):
         return {"ok": True, "already_stopped": True, "slurm": info}
-    sig = spec.stop_signal.removeprefix("SIG")
-    # To the job's steps only: the node agents and every process of the job. Not --full:
-    # the batch shell is `exec srun`, and srun answers a SIGTERM by terminating the whole
-    # step at once, which would take the grace away from the job.
-    _run([scancel, f"--signal={sig}", job_id])
-    state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop_signal, via="scancel")
-    cancelled = not _wait_left_queue(st, grace_s)
-    if cancelled:
-        _run([scancel, job_id])
-        state.append_event(jdir, "escalated", job=st.name, via="scancel")
-        _wait_left_queue(st, 60)
+    cancelled = False
+    if not ended:
+        sig = spec.stop_signal.removeprefix("SIG")
+        # To the job's steps only: the node agents and every process of the job. Not
+        # --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
+        # terminating the whole step at once, which would take the grace away.
+        _scancel([scancel, f"--signal={sig}", job_id])
+        state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop_signal, via="scancel")
+        cancelled = not _wait_left_queue(st, grace_s)
+        if cancelled:
+            _scancel([scancel, job_id])
+            state.append_event(jdir, "escalated", job=st.name, via="scancel")
+            _wait_left_queue(st, 60)
+    # else: Slurm has ended (or forgotten) the job, but its processes outlived it here
+    # (a node agent SIGKILLed): the sweep below is all that can stop them.
     # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
     local = run_stop(
         local_target(st), dataclasses.replace(spec, kill_wait_s=5.0), grace_s=0.5, reason="stop"
     )
     final = query(st)
     report = {
-        "ok": final["phase"] in state.TERMINAL and local.ok,
+        "ok": (final["phase"] in state.TERMINAL or final["phase"] == Phase.LOST) and local.ok,
         "slurm": final,
         "cancelled_after_grace": cancelled,
         "local_leftovers": local.found,

@@ -265,7 +265,8 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
         from . import slurm  # noqa: PLC0415
 
         info = slurm.query(prev)
-        if info["phase"] not in state.TERMINAL:
+        # LOST: Slurm has purged the job (MinJobAge): it ended; the name is free again
+        if info["phase"] not in state.TERMINAL and info["phase"] != Phase.LOST:
             raise JobConflictError(
                 f"job {prev.name} is {info['state']} in Slurm (job id "
                 f"{(prev.slurm or {}).get('job_id')}); stop it first or choose another name"

@@ -8,6 +8,7 @@ down afterwards. It skips, with the reason, only if slurmctld cannot run here.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -335,3 +336,30 @@ def test_the_job_gets_slurms_per_task_environment(sl: Harness) -> None:
     assert got["SLURM_JOB_NODELIST"]
     assert got["SLURMD_NODENAME"]
     h.tc("wait", "env", "--timeout", "60")
+
+
+def test_a_job_slurm_forgot_can_be_swept_removed_and_started_again(sl: Harness) -> None:
+    """Slurm purged the job (MinJobAge) while a leftover of it still runs on this node."""
+    h = sl
+    h.tc("start", "--name", "gone", "--backend", "slurm", "--", "true", check=True)
+    wait_for(lambda: h.tc("status", "gone").rc == 3, 60, "the job to end")
+    path = h.home / "jobs" / "gone" / "state.json"
+    doc = json.loads(path.read_text())
+    doc["slurm"]["job_id"] = "987654"  # an id Slurm has never heard of: "Invalid job id"
+    path.write_text(json.dumps(doc))
+    # a leftover that outlived its node agent: it still carries the job's marker
+    leftover = subprocess.Popen(
+        ["sleep", "600"], env={**h.env, "TRAINCTL_JOB": doc["marker"]}, start_new_session=True
+    )
+    wait_for(lambda: bool(h.job_pids("gone")), 10, "the leftover to be seen")
+    stop = h.tc("stop", "gone", "--json")
+    assert stop.rc == 0, stop.out + stop.err
+    assert leftover.wait(10) is not None
+    assert not h.job_pids("gone")
+    again = h.tc("stop", "gone")
+    assert again.rc == 0
+    assert "nothing to stop" in again.out
+    assert h.tc("start", "--name", "gone", "--backend", "slurm", "--", "true").rc == 0
+    wait_for(lambda: h.tc("status", "gone").rc == 3, 60, "the new run to end")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "slurm": doc["slurm"]}))
+    assert h.tc("rm", "gone").rc == 0
