@@ -9,6 +9,7 @@ guarantees hold inside the allocation too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -199,8 +200,10 @@ def local_target(st: JobState) -> Target:
     return Target(marker=st.marker)
 
 
-def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]:
-    """scancel --signal=TERM --full, wait the grace, scancel, verify (queue + this node)."""
+def stop(
+    jdir: Path, st: JobState, spec: Spec, grace_s: float, order: str | None = None
+) -> dict[str, Any]:
+    """Ask the node agents to stop, else scancel; wait, escalate, verify (queue + node)."""
     t0 = time.monotonic()
     scancel = _tool("scancel")
     job_id = str((st.slurm or {})["job_id"])
@@ -209,10 +212,19 @@ def stop(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> dict[str, Any]
     if ended and not alive(scan(local_target(st))):
         return {"ok": True, "already_stopped": True, "slurm": info}
     cancelled = False
+    if not ended and info["phase"] == Phase.RUNNING:
+        # Ask the node agents themselves (through the job directory, as for checkpoints):
+        # each runs trainctl's own stop on its node, in the job's order, with this grace.
+        # `scancel --signal` would hit every process of the step at once, loaders too.
+        request = {"at": time.time(), "grace_s": grace_s, "order": order or spec.stop_order}
+        (jdir / "slurm" / "stop-request").write_text(json.dumps(request))
+        state.append_event(jdir, "stop_requested", job=st.name, via="node agents", **request)
+        # the agents need their grace, their escalation and a moment to report back
+        ended = _wait_left_queue(st, grace_s + spec.kill_wait_s + 15)
     if not ended:
         sig = spec.stop_signal.removeprefix("SIG")
-        # To the job's steps only: the node agents and every process of the job. Not
-        # --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
+        # Pending, or agents that did not answer: Slurm's own signal to the job's steps.
+        # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
         # terminating the whole step at once, which would take the grace away.
         _scancel([scancel, f"--signal={sig}", job_id])
         state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop_signal, via="scancel")

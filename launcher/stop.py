@@ -92,7 +92,7 @@ def stop_job(
     spec, warning = _spec_for_stop(jdir, st)
     grace = spec.grace_s if grace_s is None else grace_s
     if st.backend == "slurm":
-        return _stop_slurm(jdir, st, spec, grace)
+        return _stop_slurm(jdir, st, spec, grace, None if order is None else str(order))
     gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
     call = _Call(
         grace_s=grace,
@@ -206,10 +206,12 @@ def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopRes
     return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
 
 
-def _stop_slurm(jdir: Path, st: state.JobState, spec: Spec, grace_s: float) -> StopResult:
+def _stop_slurm(
+    jdir: Path, st: state.JobState, spec: Spec, grace_s: float, order: str | None
+) -> StopResult:
     from . import slurm  # noqa: PLC0415
 
-    report = slurm.stop(jdir, st, spec, grace_s)
+    report = slurm.stop(jdir, st, spec, grace_s, order)
     if report.get("already_stopped"):
         msg = f"job {st.name} is not running (Slurm: {report['slurm']['state']}); nothing to stop"
         return StopResult(st.name, st.run, "noop", report, report["slurm"]["exit_code"], msg)

@@ -23,10 +23,10 @@ from . import procfs, state
 from .boot import set_subreaper
 from .proctree import Target, alive, scan
 from .spawn import exit_code_of, job_env, spawn_main
-from .state import ProcRef, job_dir, log_path, mtime, read_spec
+from .state import ProcRef, StopOrder, job_dir, log_path, mtime, read_spec
 from .stop import run_stop
 
-_stop = {"asked": False}
+_stop = {"asked": False, "by_request": False}
 
 
 def _on_stop(_sig: int, _frame: object) -> None:
@@ -76,7 +76,19 @@ def main(argv: list[str]) -> int:
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.checkpoint_signal, target, spawned.pid)
     # main ended (or we were told to stop): nothing of the job may outlive this step
-    report = run_stop(target, spec, grace_s=spec.grace_s, reason="node done")
+    asked = _stop_request(jdir) if _stop["by_request"] else {}
+    order = asked.get("order")
+    grace = asked.get("grace_s")
+    report = run_stop(
+        target,
+        spec,
+        # a sane grace from the request (NaN fails both comparisons), else the job's own
+        grace_s=float(grace)
+        if isinstance(grace, int | float) and 0 <= grace <= 3e7
+        else spec.grace_s,
+        order=StopOrder(order) if isinstance(order, str) and order in tuple(StopOrder) else None,
+        reason="stop" if _stop["asked"] else "node done",
+    )
     _reap_all()
     if status is None:
         status = _wait_main(spawned.pid)
@@ -109,8 +121,12 @@ def _record(jdir: Path, run: int, target: Target) -> None:
 def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> int | None:
     """Reap and forward checkpoint requests until main exits or a stop is asked."""
     request = jdir / "slurm" / "checkpoint-request"
-    seen = mtime(request)
+    stop_file = jdir / "slurm" / STOP_REQUEST
+    seen, stop_seen = mtime(request), mtime(stop_file)
     while not _stop["asked"]:
+        if mtime(stop_file) > stop_seen:  # `trainctl stop`: our own graceful, ordered stop
+            _stop["asked"] = _stop["by_request"] = True
+            return None
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -124,6 +140,18 @@ def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> i
             _forward_checkpoint(target, signal.Signals[ckpt_signal])
         time.sleep(0.1)
     return None
+
+
+STOP_REQUEST = "stop-request"
+
+
+def _stop_request(jdir: Path) -> dict[str, object]:
+    """The grace and order the CLI asked for (it writes them as JSON), or {}."""
+    try:
+        doc = json.loads((jdir / "slurm" / STOP_REQUEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _forward_checkpoint(target: Target, sig: signal.Signals) -> None:

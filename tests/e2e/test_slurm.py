@@ -363,3 +363,21 @@ def test_a_job_slurm_forgot_can_be_swept_removed_and_started_again(sl: Harness) 
     wait_for(lambda: h.tc("status", "gone").rc == 3, 60, "the new run to end")
     path.write_text(json.dumps({**json.loads(path.read_text()), "slurm": doc["slurm"]}))
     assert h.tc("rm", "gone").rc == 0
+
+
+def test_stop_under_slurm_lets_a_rank_checkpoint_with_its_loaders(sl: Harness) -> None:
+    """scancel --signal hits every process of the step; the node agents stop in order."""
+    h = sl
+    res = h.tc(
+        "start", "--name", "ranks", "--backend", "slurm", "--grace", "20",
+        "--env", f"TREE_READY={h.tmp / 'ranks.ready'}",
+        "--", sys.executable, str(TREES / "loader_ranks.py"), str(h.tmp),
+    )  # fmt: skip
+    assert res.rc == 0, res.err
+    wait_for((h.tmp / "ranks.ready").exists, 90, "the rank and its loaders")
+    stop = h.tc("stop", "ranks", "--json", timeout=120)
+    assert stop.rc == 0, stop.out + stop.err
+    assert stop.json()["report"]["cancelled_after_grace"] is False  # type: ignore[index]
+    assert (h.tmp / "rank0.ckpt").exists(), h.tc("logs", "ranks").out
+    assert not (h.tmp / "rank0.crash").exists()
+    assert not h.job_pids("ranks")
