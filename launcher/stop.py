@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.supervisor import control, state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
+from trainctl.supervisor.errors import (
+    ConfigError,
+    JobConflictError,
+    JobNotFoundError,
+    StateError,
+    TrainctlError,
+)
 from trainctl.supervisor.proctree import target_of
 from trainctl.supervisor.state import Phase, Spec, StopOrder
 
@@ -124,7 +130,7 @@ def _spec_for_stop(jdir: Path, st: state.JobState) -> tuple[Spec, str]:
     """
     try:
         return state.read_spec(jdir), ""
-    except StateError as e:
+    except (StateError, JobNotFoundError) as e:
         from .config import load_config  # noqa: PLC0415
 
         try:
@@ -384,7 +390,7 @@ def prepare_stop(
     st = state.read_state(jdir)
     try:
         spec = state.read_spec(jdir)
-    except StateError:
+    except (StateError, JobNotFoundError):
         if checkpoint or require_within_s is not None:
             raise
         return {}  # nothing to show; the stop itself still works from state.json

@@ -137,10 +137,15 @@ def test_a_mistyped_state_is_exit_4_and_list_shows_the_others(
     assert listing.rc != 70
 
 
-def test_stop_works_from_state_when_spec_is_corrupt(harness: Harness) -> None:
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_stop_works_from_state_when_spec_is_corrupt(harness: Harness, damage: str) -> None:
     h = harness
     h.start_tree("sp", "forker.py", grace=1)
-    (h.home / "jobs" / "sp" / "spec.json").write_text("{garbage")
+    spec = h.home / "jobs" / "sp" / "spec.json"
+    if damage == "corrupt":
+        spec.write_text("{garbage")
+    else:
+        spec.unlink()
     res = h.tc("stop", "sp")
     assert res.rc == 0, res
     assert "spec.json" in res.err  # one warning says what it fell back to
