@@ -449,10 +449,22 @@ def status(c: Ctx, name: str | None, as_json: bool) -> int:
     return views.status_exit_code(s)
 
 
-def _list(c: Ctx, as_json: bool) -> int:
+# `list` shows a finished job for this long after it ended; `list --all` shows every job.
+RECENT_S = 7 * 24 * 3600
+
+
+def _list(c: Ctx, as_json: bool, show_all: bool = False) -> int:
+    import time  # noqa: PLC0415
+
     from . import render, views  # noqa: PLC0415
 
     rows = views.all_statuses(c.home)
+    if not show_all:
+        cutoff = time.time() - RECENT_S
+        kept = [r for r in rows if isinstance(r, tuple) or (r.ended_at or time.time()) >= cutoff]
+        if len(kept) < len(rows) and not as_json:
+            click.echo(f"({len(rows) - len(kept)} finished more than 7 days ago: list --all)")
+        rows = kept
     if as_json:
         render.emit_json(
             [
@@ -468,11 +480,15 @@ def _list(c: Ctx, as_json: bool) -> int:
 
 
 @cli.command(name="list")
+@click.option("--all", "show_all", is_flag=True, help="Also jobs that ended over 7 days ago.")
 @json_opt
 @pass_ctx
-def list_(c: Ctx, as_json: bool) -> int:
-    """List every job with its phase, run, main pid, members and last log line."""
-    return _list(c, as_json)
+def list_(c: Ctx, show_all: bool, as_json: bool) -> int:
+    """List the jobs with their phase, run, main pid, members and last log line.
+
+    Jobs that ended more than 7 days ago are left out (a line says how many) unless --all.
+    """
+    return _list(c, as_json, show_all)
 
 
 @cli.command()

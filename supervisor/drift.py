@@ -37,15 +37,40 @@ def _git(cwd: str, *args: str) -> str | None:
 
 
 def entry_script(spec: Spec) -> str | None:
-    """Return the script argv runs (python train.py -> train.py), or None."""
-    for arg in spec.argv[:4]:
+    """Return the script argv runs, or None.
+
+    ``python train.py`` -> train.py; ``torchrun --standalone --nproc-per-node 8 train.py``,
+    ``accelerate launch --num_processes 2 train.py`` and ``deepspeed train.py`` -> train.py
+    (the first argument that is a file, however many options come before it);
+    ``python -m pkg.train`` -> pkg/train.py (or pkg/train/__main__.py) under the cwd, and
+    ``python -m torch.distributed.run ... train.py`` -> train.py.
+    """
+    args = list(spec.argv)
+    skip = -1
+    for i, arg in enumerate(args):
+        if i == skip:
+            continue
+        if arg == "-m" and i + 1 < len(args):
+            found = _module_file(spec.cwd, args[i + 1])
+            if found is not None:
+                return found
+            skip = i + 1  # a launcher module (torch.distributed.run): its script follows
+            continue
         if arg.startswith("-"):
             continue
         path = os.path.join(spec.cwd, arg)
-        if os.path.basename(arg) in INTERPRETERS and not os.path.isfile(path):
+        name = os.path.basename(arg)
+        if name in INTERPRETERS or name.startswith("python") or not os.path.isfile(path):
             continue
-        if os.path.isfile(path) and not os.path.basename(arg).startswith("python"):
-            return os.path.abspath(path)
+        return os.path.abspath(path)
+    return None
+
+
+def _module_file(cwd: str, module: str) -> str | None:
+    base = os.path.join(cwd, *module.split("."))
+    for candidate in (f"{base}.py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
     return None
 
 

@@ -133,3 +133,19 @@ def test_stop_narrates_when_not_on_a_terminal_and_survives_ctrl_c(harness: Harne
     assert "continues in the background" in err
     assert h.job_pids("n")  # the stop really goes on: the job is still in its grace
     assert h.tc("stop", "n", "--grace", "0.5").rc == 0
+
+
+def test_list_leaves_out_long_finished_jobs_unless_all(harness: Harness) -> None:
+    h = harness
+    for name in ("old", "new"):
+        h.tc("start", "--name", name, "--", "true", check=True)
+        h.tc("wait", name, "--timeout", "20")
+    path = h.home / "jobs" / "old" / "state.json"
+    doc = json.loads(path.read_text())
+    doc["ended_at"] = doc["started_at"] = time.time() - 8 * 24 * 3600
+    path.write_text(json.dumps(doc))
+    out = h.tc("list").out
+    assert "new" in out
+    assert "old " not in out
+    assert "1 finished more than 7 days ago" in out
+    assert "old" in h.tc("list", "--all").out
