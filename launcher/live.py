@@ -22,6 +22,7 @@ from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.proctree import alive, scan, target_of
 
 from .render import clean
+from .stop import supervised
 
 T = TypeVar("T")
 REDRAW_S = 0.25
@@ -39,7 +40,7 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
             box["error"] = e
 
     thread = threading.Thread(target=target, daemon=True)
-    direct = not _supervised(jdir)
+    direct = not supervised(jdir)
     thread.start()
     line = _Line(jdir, name, tty=sys.stderr.isatty()) if enabled else None
     interrupted = False
@@ -59,13 +60,6 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
-
-
-def _supervised(jdir: Path) -> bool:
-    try:
-        return state.supervisor_alive(jdir, state.read_state(jdir))
-    except TrainctlError:
-        return False
 
 
 def _continues(name: str, direct: bool, interrupted: bool) -> str:

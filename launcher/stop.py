@@ -159,7 +159,7 @@ def _warned(res: StopResult, warning: str) -> StopResult:
 
 def _stop_once(jdir: Path, spec: Spec, call: _Call, *, lock_held: bool) -> StopResult:
     """Stop the current run once: through its supervisor if it lives, else directly."""
-    if _supervised(jdir):
+    if supervised(jdir):
         res = _stop_via_supervisor(jdir, call)
         if res is not None:
             return res
@@ -167,7 +167,7 @@ def _stop_once(jdir: Path, spec: Spec, call: _Call, *, lock_held: bool) -> StopR
         return _stop_direct(jdir, spec, call)
     with state.job_lock(jdir, call.budget_s, "another stop"):
         # A start may have held the lock while we waited: its supervisor answers now.
-        if _supervised(jdir):
+        if supervised(jdir):
             res = _stop_via_supervisor(jdir, call)
             if res is not None:
                 return res
@@ -247,7 +247,7 @@ def _ask_supervisor(
         try:
             reply = control.request(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
-            if not _supervised(jdir):
+            if not supervised(jdir):
                 return None
             if time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -281,9 +281,7 @@ def _end_supervisor(jdir: Path) -> None:
             "supervisor; not signalling it"
         )
     state.append_event(jdir, "supervisor_ended", job=st.name, pid=sup.pid, why="stop --force")
-    deadline = time.monotonic() + 5.0
-    while state.supervisor_alive(jdir, st) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_supervisor_exit(jdir, 5.0)
 
 
 def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
@@ -294,9 +292,16 @@ def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
         time.sleep(0.001)
 
 
-def _supervised(jdir: Path) -> bool:
-    """Tell whether the job's current run has a live supervisor (lock, or pid + start)."""
-    return state.supervisor_alive(jdir, state.read_state(jdir))
+def supervised(jdir: Path) -> bool:
+    """Tell whether the job's current run has a live supervisor (lock, or pid + start).
+
+    An unreadable state.json counts as no supervisor here: the direct stop that follows
+    reads it again and refuses with the reason.
+    """
+    try:
+        return state.supervisor_alive(jdir, state.read_state(jdir))
+    except TrainctlError:
+        return False
 
 
 def _stop_direct(jdir: Path, spec: Spec, call: _Call) -> StopResult:

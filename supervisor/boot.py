@@ -210,10 +210,7 @@ def _abort_main(spawned: Spawned, cgroup: Path | None) -> None:
     os.close(spawned.pidfd)
     if cgroup is not None:
         cg.kill(cgroup)  # anything it forked in its first moments
-        for _ in range(100):
-            if cg.remove(cgroup):
-                break
-            time.sleep(0.01)
+        cg.remove_when_empty(cgroup)
 
 
 def main(argv: list[str]) -> int:

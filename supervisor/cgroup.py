@@ -126,6 +126,17 @@ def remove(path: Path) -> bool:
     return True
 
 
+def remove_when_empty(path: Path, timeout_s: float = 1.0) -> bool:
+    """Remove the cgroup once the kernel has let go of its last task (a moment after the
+    last exit); True once it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while not remove(path) and path.exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _events(path: Path) -> str:
     try:
         return (path / "cgroup.events").read_text()

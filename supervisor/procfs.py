@@ -63,35 +63,24 @@ def list_pids() -> list[int]:
     return [int(name) for name in os.listdir(PROC) if name.isdigit()]
 
 
-def has_marker(pid: int, needle: bytes) -> bool:
-    """Tell whether the initial environment of ``pid`` contains ``needle`` (``b"K=V"``)."""
+def _environ(pid: int) -> list[bytes]:
+    """Return the initial environment entries of ``pid`` ([] if unreadable or gone)."""
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:
-            env = f.read()
+            return f.read().split(b"\0")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
+        return []
+
+
+def has_marker(pid: int, needle: bytes) -> bool:
+    """Tell whether the initial environment of ``pid`` contains ``needle`` (``b"K=V"``)."""
     # Entries are NUL-separated; match a whole entry, not a substring of another one.
-    return needle in env.split(b"\0")
+    return needle in _environ(pid)
 
 
 def has_env_prefix(pid: int, prefixes: tuple[bytes, ...]) -> bool:
     """Tell whether an initial environment entry of ``pid`` starts with one of ``prefixes``."""
-    try:
-        with open(f"{PROC}/{pid}/environ", "rb") as f:
-            env = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    return any(entry.startswith(prefixes) for entry in env.split(b"\0"))
-
-
-def read_cmdline(pid: int) -> str:
-    """Return the command line of ``pid`` joined by spaces ('' for zombies/kernel threads)."""
-    try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    return any(entry.startswith(prefixes) for entry in _environ(pid))
 
 
 def read_argv(pid: int) -> list[str]:
@@ -102,6 +91,11 @@ def read_argv(pid: int) -> list[str]:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def read_cmdline(pid: int) -> str:
+    """Return the command line of ``pid`` joined by spaces ('' for zombies/kernel threads)."""
+    return " ".join(read_argv(pid))
 
 
 def read_wchan(pid: int) -> str:

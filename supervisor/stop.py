@@ -10,7 +10,6 @@ stop must never depend on a writable disk.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 from . import cgroup as cg
@@ -73,9 +72,5 @@ def stop_and_verify(
 
 def remove_cgroup(group: Path) -> None:
     """Remove the run's emptied cgroup (the kernel may need a moment after the last exit)."""
-    if not cg.is_ours(group):
-        return
-    for _ in range(50):
-        if cg.remove(group) or not group.exists():
-            return
-        time.sleep(0.02)
+    if cg.is_ours(group):
+        cg.remove_when_empty(group)
