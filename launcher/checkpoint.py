@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from trainctl.supervisor import procfs
 from trainctl.supervisor.errors import JobConflictError, ProcessTreeError
-from trainctl.supervisor.state import JobState, Spec
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState
 
 from .jobs import live_members
 
@@ -37,9 +38,9 @@ class Checkpoint:
 
 def newest_checkpoint(spec: Spec) -> Checkpoint | None:
     """Return the newest file matching the spec's ``checkpoint`` glob (relative to cwd)."""
-    if not spec.checkpoint:
+    if not spec.watch.checkpoint:
         return None
-    pattern = os.path.join(spec.cwd, spec.checkpoint)
+    pattern = os.path.join(spec.cwd, spec.watch.checkpoint)
     best: Checkpoint | None = None
     for path in glob.glob(pattern, recursive=True):
         try:
@@ -53,12 +54,12 @@ def newest_checkpoint(spec: Spec) -> Checkpoint | None:
 
 def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint:
     """Signal the catching processes and wait for a new, complete checkpoint."""
-    if not spec.checkpoint:
+    if not spec.watch.checkpoint:
         raise JobConflictError(
             f"job {st.name} has no `checkpoint` glob in its spec; "
             "cannot tell when a checkpoint is written"
         )
-    sig = signal.Signals[spec.checkpoint_signal]
+    sig = signal.Signals[spec.watch.checkpoint_signal]
     members = live_members(st)
     targets = [m for m in members.values() if procfs.catches(m.stat.pid, sig)]
     if not targets:
@@ -87,17 +88,17 @@ def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkp
             last_size = -1
         time.sleep(0.5)
     raise ProcessTreeError(
-        f"no new checkpoint matching {spec.checkpoint!r} within {timeout_s:g} s after "
-        f"{spec.checkpoint_signal}; the job was left running"
+        f"no new checkpoint matching {spec.watch.checkpoint!r} within {timeout_s:g} s after "
+        f"{spec.watch.checkpoint_signal}; the job was left running"
     )
 
 
 def describe(ck: Checkpoint | None, spec: Spec) -> str:
     """One human line about the newest checkpoint."""
-    if not spec.checkpoint:
+    if not spec.watch.checkpoint:
         return ""
     if ck is None:
-        return f"no checkpoint yet (matching {spec.checkpoint!r})"
+        return f"no checkpoint yet (matching {spec.watch.checkpoint!r})"
     rel = os.path.relpath(ck.path, spec.cwd)
     mins = ck.age_s / 60
     age = (

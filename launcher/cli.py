@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.spec import BACKENDS
 
 from . import __version__
 from .config import Config, load_config, resolve_home
@@ -117,7 +118,7 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 )
 @click.option(
     "--backend",
-    type=click.Choice(["local", "slurm"]),
+    type=click.Choice(BACKENDS),
     help="local (default): run here under a supervisor; slurm: submit with sbatch.",
 )
 @click.option("--nodes", type=int, metavar="N", help="Slurm: nodes (one node agent each).")
@@ -198,11 +199,9 @@ def start(
     values["env"] = {**values.get("env", {}), **parse_env(env)}
     if (values.get("share") or values.get("force")) and not values.get("gpus"):
         raise ConfigError("--share and --force only make sense with --gpus")
-    slurm_keys = {"nodes", "gpus_per_node", "partition", "time", "sbatch_args"} & set(values)
-    if slurm_keys and values.get("backend") != "slurm":
-        raise ConfigError(f"{', '.join(sorted(slurm_keys))}: only with --backend slurm")
-    if values.get("backend") == "slurm" and values.get("gpus"):
-        raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
+    from . import backends  # noqa: PLC0415
+
+    backends.backend(values.get("backend", "local")).check_values(values)
     spec = resolve_spec(values, c.cfg, os.path.abspath(spec_file) if spec_file else None)
     request = (
         GpuRequest(values["gpus"], share=bool(values.get("share")), force=bool(values.get("force")))

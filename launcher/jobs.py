@@ -16,6 +16,8 @@ from trainctl.supervisor.errors import (
 from trainctl.supervisor.proctree import Member, alive, scan, target_of
 from trainctl.supervisor.state import JobState, Phase
 
+from . import backends
+
 
 def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
@@ -27,12 +29,8 @@ def existing_job(home: Path, name: str) -> Path:
 
 
 def current_phase(jdir: Path, st: JobState) -> Phase:
-    """The phase now: from Slurm for a Slurm job, else the state (LOST if unsupervised)."""
-    if st.backend == "slurm":
-        from .slurm import query  # noqa: PLC0415
-
-        return Phase(query(st)["phase"])
-    return state.effective_phase(jdir, st)
+    """The phase now, as the job's backend sees it (LOST: its supervisor is gone)."""
+    return backends.of(st).seen(jdir, st).phase
 
 
 def _refuse_if_anything_runs(jdir: Path, name: str) -> None:
@@ -70,14 +68,11 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         st = state.read_state(jdir)
-        phase = current_phase(jdir, st)
+        seen = backends.of(st).seen(jdir, st)
+        phase = seen.phase
         if phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
-            if st.backend == "slurm":
-                from .slurm import query  # noqa: PLC0415
-
-                # a view of Slurm's verdict, not a recorded move: no transition check
-                return dataclasses.replace(st, phase=phase, exit_code=query(st)["exit_code"])
-            return st
+            # the backend's verdict (Slurm's exit code), a view, not a recorded move
+            return dataclasses.replace(st, phase=phase, exit_code=seen.exit_code)
         if phase == Phase.LOST:
             raise StateError(f"job {name}: the supervisor is gone, so the exit code is unknown")
         if deadline is not None and time.monotonic() >= deadline:
@@ -98,11 +93,10 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
                 raise
             st = None
         if st is not None:
-            phase = current_phase(jdir, st)
-            # a Slurm job that Slurm has purged (LOST) has ended: only its leftovers count
-            forgotten = st.backend == "slurm" and phase == Phase.LOST
-            if (phase not in state.TERMINAL and not forgotten) or live_members(st):
-                raise JobConflictError(f"job {name} is {phase}: stop it before removing it")
+            seen = backends.of(st).seen(jdir, st)
+            # ended: a scheduler that purged the job counts too; only leftovers matter then
+            if not seen.ended or live_members(st):
+                raise JobConflictError(f"job {name} is {seen.phase}: stop it before removing it")
         _refuse_if_anything_runs(jdir, name)
         import shutil  # noqa: PLC0415  (rm only)
 

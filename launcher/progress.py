@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor.state import JobState, Spec, log_path
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState, log_path
 
 TAIL_BYTES = 256 * 1024
 SPARK = "▁▂▃▄▅▆▇█"
@@ -71,8 +72,8 @@ def _points(jdir: Path, st: JobState, spec: Spec) -> list[dict[str, float]]:
             nums = {k: v for k, v in ((k, _num(v)) for k, v in doc.items()) if v is not None}
             if "step" in nums:
                 points.append(nums)
-    if spec.progress_regex:
-        rx = re.compile(spec.progress_regex)
+    if spec.watch.progress_regex:
+        rx = re.compile(spec.watch.progress_regex)
         for line in _tail_lines(log_path(jdir, st.run)):
             m = rx.search(line.rsplit("\r", 1)[-1])
             if m:
@@ -94,7 +95,7 @@ def read_progress(jdir: Path, st: JobState, spec: Spec) -> Progress | None:
     last = points[-1]
     prog = Progress(
         step=last["step"],
-        total_steps=spec.total_steps,
+        total_steps=spec.watch.total_steps,
         metrics={k: v for k, v in last.items() if k not in ("step", "t")},
     )
     prog.main_metric = "loss" if "loss" in prog.metrics else next(iter(prog.metrics), None)

@@ -67,10 +67,13 @@ def start(res: StartResult) -> None:
     """Render a started run."""
     if res.gpus:
         print(f"GPUs {res.gpus} bound (CUDA_VISIBLE_DEVICES={res.gpus})")
-    print(
-        f"started {res.name} run {res.run}: main pid {res.main_pid}, mode {res.mode} "
-        f"({res.elapsed_s * 1000:.0f} ms)"
+    where = (
+        f"main pid {res.main_pid}"
+        if res.main_pid is not None
+        else f"submitted as {res.mode} job {res.slurm_job_id}"
     )
+    ms = res.elapsed_s * 1000
+    print(f"started {res.name} run {res.run}: {where}, mode {res.mode} ({ms:.0f} ms)")
     print(f"log: {res.log}")
     if res.unit:
         print(f"unit: {res.unit} (systemd scope, outside your login session)")
@@ -80,16 +83,13 @@ def start(res: StartResult) -> None:
 
 def stop(res: StopResult) -> None:
     """Render a stop report."""
-    if res.via == "noop":
+    if res.message:  # a no-op, or a backend that tells its own outcome
         print(res.message)
         _warnings(res)
         for g in res.report.get("gpus", []):
             print(f"  {gpu_line(g)}")
         return
     r = res.report
-    if res.via == "slurm":
-        _slurm_stop(res)
-        return
     if r.get("already_stopped"):
         why = r.get("reason", "")
         print(
@@ -360,29 +360,6 @@ def progress_line(p: dict[str, Any]) -> str:
     if p.get("eta_s") is not None:
         parts.append(f"ETA {duration(p['eta_s'])}")
     return "  ".join(parts)
-
-
-def _slurm_stop(res: StopResult) -> None:
-    r = res.report
-    sl = r.get("slurm", {})
-    how = (
-        "did not leave the queue within the grace: cancelled (scancel)"
-        if r.get("cancelled_after_grace")
-        else "left the queue within the grace"
-    )
-    print(
-        f"stopped {res.name} run {res.run} via slurm (job {sl.get('state')}, "
-        f"exit code {res.exit_code})"
-    )
-    print(f"  {r['signal']:<10} to every step; the job {how} ({r['grace_s']:g} s grace)")
-    print(
-        f"  this node  {r.get('local_leftovers', 0)} leftover process(es) of the job "
-        "stopped by marker (what Slurm's proctrack missed)"
-    )
-    for s in r.get("survivors", []):
-        print(survivor_line(s))
-    verdict = "nothing of the job is alive" if res.ok else "the job did NOT end cleanly"
-    print(f"  total      {r['total_s']:.2f} s — {verdict}")
 
 
 def _status_details(s: Status) -> None:

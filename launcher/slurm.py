@@ -8,7 +8,6 @@ guarantees hold inside the allocation too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -23,7 +22,8 @@ from typing import Any
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.proctree import Target, alive, scan
-from trainctl.supervisor.state import JobState, Phase, Spec
+from trainctl.supervisor.spec import Spec, spec_to_doc
+from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
 
 SLURM_PHASES = {
@@ -119,7 +119,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
     sbatch = _tool("sbatch")
     run = prev.run + 1 if prev else 1
     marker = uuid.uuid4().hex
-    state.write_json_atomic(jdir / "spec.json", state.spec_to_doc(spec))
+    state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     script = jdir / "slurm" / f"run-{run}.sbatch"
     script.parent.mkdir(mode=0o700, exist_ok=True)
     (jdir / "logs").mkdir(mode=0o700, exist_ok=True)
@@ -216,18 +216,18 @@ def stop(
         # Ask the node agents themselves (through the job directory, as for checkpoints):
         # each runs trainctl's own stop on its node, in the job's order, with this grace.
         # `scancel --signal` would hit every process of the step at once, loaders too.
-        request = {"at": time.time(), "grace_s": grace_s, "order": order or spec.stop_order}
+        request = {"at": time.time(), "grace_s": grace_s, "order": order or spec.stop.order}
         (jdir / "slurm" / "stop-request").write_text(json.dumps(request))
         state.append_event(jdir, "stop_requested", job=st.name, via="node agents", **request)
         # the agents need their grace, their escalation and a moment to report back
-        ended = _wait_left_queue(st, grace_s + spec.kill_wait_s + 15)
+        ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
     if not ended:
-        sig = spec.stop_signal.removeprefix("SIG")
+        sig = spec.stop.signal.removeprefix("SIG")
         # Pending, or agents that did not answer: Slurm's own signal to the job's steps.
         # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
         # terminating the whole step at once, which would take the grace away.
         _scancel([scancel, f"--signal={sig}", job_id])
-        state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop_signal, via="scancel")
+        state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel")
         cancelled = not _wait_left_queue(st, grace_s)
         if cancelled:
             _scancel([scancel, job_id])
@@ -236,9 +236,7 @@ def stop(
     # else: Slurm has ended (or forgotten) the job, but its processes outlived it here
     # (a node agent SIGKILLed): the sweep below is all that can stop them.
     # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
-    local = run_stop(
-        local_target(st), dataclasses.replace(spec, kill_wait_s=5.0), grace_s=0.5, reason="stop"
-    )
+    local = run_stop(local_target(st), spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="stop")
     final = query(st)
     report = {
         "ok": (final["phase"] in state.TERMINAL or final["phase"] == Phase.LOST) and local.ok,
@@ -247,7 +245,7 @@ def stop(
         "local_leftovers": local.found,
         "survivors": local.survivors,
         "total_s": round(time.monotonic() - t0, 3),
-        "signal": spec.stop_signal,
+        "signal": spec.stop.signal,
         "grace_s": grace_s,
         "mode": "slurm",
     }
@@ -270,3 +268,27 @@ def request_checkpoint(jdir: Path) -> float:
     path.write_text(str(time.time()))
     os.utime(path)
     return time.time()
+
+
+def describe_stop(name: str, run: int, report: dict[str, Any]) -> str:
+    """The human report of a Slurm stop (the CLI prints it as the stop's message)."""
+    from .render import survivor_line  # noqa: PLC0415
+
+    sl = report.get("slurm", {})
+    how = (
+        "did not leave the queue within the grace: cancelled (scancel)"
+        if report.get("cancelled_after_grace")
+        else "left the queue within the grace"
+    )
+    lines = [
+        f"stopped {name} run {run} via slurm (job {sl.get('state')}, "
+        f"exit code {sl.get('exit_code')})",
+        f"  {report['signal']:<10} through each node's agent; the job {how} "
+        f"({report['grace_s']:g} s grace)",
+        f"  this node  {report.get('local_leftovers', 0)} leftover process(es) of the job "
+        "stopped by marker (what Slurm's proctrack missed)",
+        *(survivor_line(s) for s in report.get("survivors", [])),
+        f"  total      {report['total_s']:.2f} s — "
+        + ("nothing of the job is alive" if report.get("ok") else "the job did NOT end cleanly"),
+    ]
+    return "\n".join(lines)

@@ -7,7 +7,6 @@ import dataclasses
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,18 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.launch import Handover, launch_supervisor
-from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState, Phase, Spec
+from trainctl.supervisor.spec import (
+    GpuBinding,
+    Isolation,
+    LogPolicy,
+    RestartPolicy,
+    Spec,
+    StopPolicy,
+    Watch,
+)
+from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState, Phase
 
+from . import backends
 from .config import Config
 from .gpus import gpu_env, resolve_gpus
 from .inputs import parse_env, parse_seconds, parse_signal
@@ -47,7 +56,7 @@ class StartResult:
 
     name: str
     run: int
-    main_pid: int
+    main_pid: int | None  # None: a scheduler (Slurm) starts main later, on its nodes
     mode: str
     log: str
     elapsed_s: float
@@ -94,31 +103,39 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
         argv=tuple(argv),
         cwd=workdir,
         env=full_env,
-        grace_s=values.get("grace", cfg.grace_s),
-        stop_signal=values.get("stop_signal") or parse_signal(cfg.stop_signal),
-        stop_order=values.get("stop_order", cfg.stop_order),
-        kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
-        snapshot_interval_s=cfg.snapshot_interval_s,
-        log_max_bytes=values.get("log_max_size", cfg.log_max_mib << 20),
-        log_keep=values.get("log_keep", cfg.log_keep),
-        cgroup=cfg.cgroup,
-        systemd=cfg.systemd,
-        gpu_timeout_s=values.get("gpu_timeout", cfg.gpu_timeout_s),
-        gpu_tolerance_mib=cfg.gpu_tolerance_mib,
-        checkpoint=values.get("checkpoint"),
-        checkpoint_signal=values.get("checkpoint_signal", "SIGUSR2"),
-        progress_regex=values.get("progress_regex"),
-        total_steps=values.get("total_steps"),
-        stall_timeout_s=values.get("stall_timeout"),
-        on_stall=values.get("on_stall", "mark"),
-        restart=values.get("restart", "never"),
-        max_restarts=values.get("max_restarts", 3),
-        restart_backoff_s=backoff,
-        restart_backoff_max_s=max(backoff, values.get("restart_backoff_max", 300.0)),
-        restart_exit_codes=tuple(values["restart_exit_codes"])
-        if "restart_exit_codes" in values
-        else None,
-        spec_file=spec_file,
+        stop=StopPolicy(
+            signal=values.get("stop_signal") or parse_signal(cfg.stop_signal),
+            grace_s=values.get("grace", cfg.grace_s),
+            kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
+            order=values.get("stop_order", cfg.stop_order),
+        ),
+        restart=RestartPolicy(
+            mode=values.get("restart", "never"),
+            max_restarts=values.get("max_restarts", 3),
+            backoff_s=backoff,
+            backoff_max_s=max(backoff, values.get("restart_backoff_max", 300.0)),
+            exit_codes=tuple(values["restart_exit_codes"])
+            if "restart_exit_codes" in values
+            else None,
+        ),
+        watch=Watch(
+            checkpoint=values.get("checkpoint"),
+            checkpoint_signal=values.get("checkpoint_signal", "SIGUSR2"),
+            progress_regex=values.get("progress_regex"),
+            total_steps=values.get("total_steps"),
+            stall_timeout_s=values.get("stall_timeout"),
+            on_stall=values.get("on_stall", "mark"),
+            snapshot_interval_s=cfg.snapshot_interval_s,
+        ),
+        logs=LogPolicy(
+            max_bytes=values.get("log_max_size", cfg.log_max_mib << 20),
+            keep=values.get("log_keep", cfg.log_keep),
+        ),
+        isolation=Isolation(cgroup=cfg.cgroup, systemd=cfg.systemd),
+        gpu=GpuBinding(
+            timeout_s=values.get("gpu_timeout", cfg.gpu_timeout_s),
+            tolerance_mib=cfg.gpu_tolerance_mib,
+        ),
         backend=values.get("backend", "local"),
         slurm={
             k: values[k]
@@ -126,6 +143,7 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
             if k in values
         }
         or None,
+        spec_file=spec_file,
     )
     _check_command(argv, workdir, full_env)
     return spec
@@ -166,29 +184,10 @@ def start_locked(
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         _refuse_if_live(jdir, prev)
-    if spec.backend == "slurm":
-        from . import slurm  # noqa: PLC0415
-
-        st = slurm.submit(home, jdir, spec, prev)
-        return StartResult(
-            name=spec.name,
-            run=st.run,
-            main_pid=0,
-            mode="slurm",
-            log=str(state.log_path(jdir, st.run)),
-            elapsed_s=time.monotonic() - t0,
-            slurm_job_id=(st.slurm or {}).get("job_id"),
-        )
-    run = prev.run + 1 if prev else 1
-    marker = uuid.uuid4().hex
-    try:
-        return _launch(home, jdir, spec, cfg, gpus, run, marker, t0)
-    except SpawnError as e:
-        _undo_failed_start(jdir, spec, marker, str(e))
-        raise
+    return backends.backend(spec.backend).start(home, jdir, spec, cfg, gpus, prev, t0)
 
 
-def _launch(
+def launch_local(
     home: Path,
     jdir: Path,
     spec: Spec,
@@ -212,7 +211,7 @@ def _launch(
             )
             spec = dataclasses.replace(
                 spec,
-                gpus=",".join(str(g.index) for g in leases),
+                gpu=dataclasses.replace(spec.gpu, indices=",".join(str(g.index) for g in leases)),
                 env={**spec.env, **gpu_env(leases)},
             )
             reply = launch_supervisor(
@@ -225,13 +224,13 @@ def _launch(
         mode=str(reply["mode"]),
         log=str(state.log_path(jdir, run)),
         elapsed_s=time.monotonic() - t0,
-        gpus=spec.gpus,
+        gpus=spec.gpu.indices,
         unit=reply.get("unit"),
         warnings=[f"warning: {reply['warning']}"] if reply.get("warning") else [],
     )
 
 
-def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
+def undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
     """After a failed start, make sure nothing of the run it recorded is left running.
 
     The supervisor records the run before main exists, so when it died (or hung past the
@@ -246,7 +245,7 @@ def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
         return  # the supervisor died before recording anything: nothing can be running
     for _ in range(3):  # main may be between fork and exec for a moment: look again
         res = stop_job(
-            jdir.parent.parent, spec.name, grace_s=min(spec.grace_s, 5.0), lock_held=True
+            jdir.parent.parent, spec.name, grace_s=min(spec.stop.grace_s, 5.0), lock_held=True
         )
         if res.via == "noop":
             break
@@ -261,16 +260,7 @@ def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
 
 
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:
-    if prev.backend == "slurm":
-        from . import slurm  # noqa: PLC0415
-
-        info = slurm.query(prev)
-        # LOST: Slurm has purged the job (MinJobAge): it ended; the name is free again
-        if info["phase"] not in state.TERMINAL and info["phase"] != Phase.LOST:
-            raise JobConflictError(
-                f"job {prev.name} is {info['state']} in Slurm (job id "
-                f"{(prev.slurm or {}).get('job_id')}); stop it first or choose another name"
-            )
+    backends.of(prev).refuse_if_live(jdir, prev)
     left = live_members(prev)
     if state.supervisor_alive(jdir, prev) or (left and prev.phase not in state.TERMINAL):
         main = f", main pid {prev.main.pid}" if prev.main else ""
@@ -305,7 +295,9 @@ def restart_job(
             )
             raise JobConflictError(f"not restarting {name}: {why}")
         # the same GPUs as before: they were just verified free
-        gpus = GpuRequest([int(i) for i in spec.gpus.split(",")]) if spec.gpus else None
+        gpus = (
+            GpuRequest([int(i) for i in spec.gpu.indices.split(",")]) if spec.gpu.indices else None
+        )
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         started = start_locked(home, jdir, dataclasses.replace(spec, env=env), cfg, gpus)
     return stopped, started

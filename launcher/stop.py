@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
@@ -20,11 +19,13 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.proctree import target_of
-from trainctl.supervisor.state import Phase, Spec, StopOrder
+from trainctl.supervisor.spec import Spec, StopOrder, StopPolicy
+from trainctl.supervisor.state import Phase
 
 if TYPE_CHECKING:
     from trainctl.supervisor.gpu.verify import GpuPolicy
 
+from . import backends
 from .exitcodes import ExitCode
 from .jobs import existing_job, live_members
 
@@ -96,15 +97,16 @@ def stop_job(
     jdir = existing_job(home, name)
     st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
     spec, warning = _spec_for_stop(jdir, st)
-    grace = spec.grace_s if grace_s is None else grace_s
-    if st.backend == "slurm":
-        return _stop_slurm(jdir, st, spec, grace, None if order is None else str(order))
-    gpu_wait = spec.gpu_timeout_s if gpu_timeout_s is None else gpu_timeout_s
+    grace = spec.stop.grace_s if grace_s is None else grace_s
+    done = backends.of(st).stop(jdir, st, spec, grace, None if order is None else str(order))
+    if done is not None:
+        return _warned(done, warning)
+    gpu_wait = spec.gpu.timeout_s if gpu_timeout_s is None else gpu_timeout_s
     call = _Call(
         grace_s=grace,
-        order=order or StopOrder(spec.stop_order),
+        order=order or StopOrder(spec.stop.order),
         gpu_timeout_s=gpu_wait,
-        budget_s=grace + spec.kill_wait_s + gpu_wait + 60,
+        budget_s=grace + spec.stop.kill_wait_s + gpu_wait + 60,
         force=force,
         asked_grace=grace_s,
         asked_order=order,
@@ -143,10 +145,12 @@ def _spec_for_stop(jdir: Path, st: state.JobState) -> tuple[Spec, str]:
             argv=("?",),
             cwd="/",
             env={},
-            grace_s=grace,
-            stop_signal=sig if sig.startswith("SIG") else f"SIG{sig}",
-            kill_wait_s=kill,
-            stop_order=order,
+            stop=StopPolicy(
+                signal=sig if sig.startswith("SIG") else f"SIG{sig}",
+                grace_s=grace,
+                kill_wait_s=kill,
+                order=order,
+            ),
         )
         return spec, f"warning: {e}; stopping with the configured defaults ({sig}, {grace:g} s)"
 
@@ -210,27 +214,6 @@ def _reverify_gpus(jdir: Path, st: state.JobState, policy: GpuPolicy) -> StopRes
     )
     report = {"ok": ok, "already_stopped": True, "gpus": gpus}
     return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
-
-
-def _stop_slurm(
-    jdir: Path, st: state.JobState, spec: Spec, grace_s: float, order: str | None
-) -> StopResult:
-    from . import slurm  # noqa: PLC0415
-
-    report = slurm.stop(jdir, st, spec, grace_s, order)
-    if report.get("already_stopped"):
-        msg = f"job {st.name} is not running (Slurm: {report['slurm']['state']}); nothing to stop"
-        return StopResult(st.name, st.run, "noop", report, report["slurm"]["exit_code"], msg)
-    final = report["slurm"]
-    new = dataclasses.replace(
-        st,
-        phase=Phase.STOPPED,
-        exit_code=final["exit_code"],
-        ended_at=time.time(),
-        last_stop=report,
-    )
-    state.write_state(jdir, new)
-    return StopResult(st.name, st.run, "slurm", report, final["exit_code"])
 
 
 def _ask_supervisor(
@@ -388,7 +371,7 @@ def prepare_stop(
 
     Everything here happens before any stop signal; a refusal changes nothing.
     """
-    from .checkpoint import describe, newest_checkpoint, request_checkpoint  # noqa: PLC0415
+    from .checkpoint import describe, newest_checkpoint  # noqa: PLC0415
     from .inputs import human_duration  # noqa: PLC0415
 
     jdir = existing_job(home, name)
@@ -399,7 +382,7 @@ def prepare_stop(
         if checkpoint or require_within_s is not None:
             raise
         return {}  # nothing to show; the stop itself still works from state.json
-    if not spec.checkpoint:
+    if not spec.watch.checkpoint:
         if checkpoint or require_within_s is not None:
             raise ConfigError(
                 f"job {name} has no `checkpoint` glob in its spec; "
@@ -420,23 +403,9 @@ def prepare_stop(
     info: dict[str, Any] = {
         "newest": None if ck is None else {"path": ck.path, "age_s": round(ck.age_s, 1)}
     }
-    if checkpoint and st.backend == "slurm":
-        say(f"asking every node for a checkpoint ({spec.checkpoint_signal}) ...")
-        new = _slurm_checkpoint(jdir, spec, checkpoint_timeout_s)
-        say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
-        info["written"] = {"path": new.path, "size": new.size}
-    elif checkpoint and live_members(st):
-        say(f"asking for a checkpoint ({spec.checkpoint_signal}) ...")
-        new = request_checkpoint(st, spec, checkpoint_timeout_s)
+    if checkpoint and (
+        new := backends.of(st).checkpoint(jdir, st, spec, checkpoint_timeout_s, say)
+    ):
         say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
         info["written"] = {"path": new.path, "size": new.size}
     return info
-
-
-def _slurm_checkpoint(jdir: Path, spec: Spec, timeout_s: float) -> Any:
-    """Ask the node agents (through the job directory) and wait for a new checkpoint."""
-    from . import slurm  # noqa: PLC0415
-    from .checkpoint import wait_new_checkpoint  # noqa: PLC0415
-
-    asked_at = slurm.request_checkpoint(jdir)
-    return wait_new_checkpoint(spec, asked_at, timeout_s)

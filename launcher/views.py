@@ -15,8 +15,10 @@ from typing import Any
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
+from trainctl.supervisor.spec import Spec, StopOrder
 from trainctl.supervisor.state import Phase
 
+from . import backends
 from .exitcodes import ExitCode
 from .jobs import current_phase, existing_job
 
@@ -95,18 +97,12 @@ def job_status(home: Path, name: str) -> Status:
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     try:
-        spec: state.Spec | None = state.read_spec(jdir)
+        spec: Spec | None = state.read_spec(jdir)
     except (StateError, JobNotFoundError):
         spec = None
-    slurm_info = None
-    if st.backend == "slurm":
-        from .slurm import query  # noqa: PLC0415
-
-        slurm_info = query(st)
-        st = dataclasses.replace(st, exit_code=slurm_info["exit_code"])
-    phase = Phase(slurm_info["phase"]) if slurm_info else state.effective_phase(jdir, st)
-    if slurm_info and phase in state.TERMINAL and st.phase == Phase.STOPPED:
-        phase = Phase.STOPPED  # Slurm calls a job ended by `trainctl stop` FAILED/CANCELLED
+    seen = backends.of(st).seen(jdir, st)
+    st = dataclasses.replace(st, exit_code=seen.exit_code)
+    phase = seen.phase
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
     target = target_of(st)
     # cgroup.procs is cheap and complete unless root moved a process out; use it for the
@@ -132,8 +128,8 @@ def job_status(home: Path, name: str) -> Status:
         supervisor_alive=sup_alive,
         exit_code=st.exit_code,
         members=len(live),
-        escaped=0 if slurm_info else sum(1 for m in live if m.escaped),
-        mode="slurm" if slurm_info else st.mode,
+        escaped=sum(1 for m in live if m.escaped) if seen.whole_job_here else 0,
+        mode=seen.mode,
         cgroup=st.cgroup,
         started_at=st.started_at,
         ended_at=st.ended_at,
@@ -150,18 +146,13 @@ def job_status(home: Path, name: str) -> Status:
         last_failure=st.last_failure,
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
-        slurm=None
-        if slurm_info is None
-        else {
-            **{k: v for k, v in slurm_info.items() if k != "phase"},
-            "job_id": (st.slurm or {}).get("job_id"),
-        },
+        slurm=seen.details,
         **training,
     )
 
 
 def _training_view(
-    jdir: Path, st: state.JobState, spec: state.Spec | None, *, live: bool
+    jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool
 ) -> dict[str, Any]:
     """Checkpoint, progress and code drift for `status` (cheap: tails and one git diff)."""
     if spec is None:
@@ -285,8 +276,8 @@ def _stop_roles(jdir: Path, st: state.JobState, live: list[Any]) -> dict[Any, st
         spec = state.read_spec(jdir)
     except TrainctlError:
         return {}  # ps still shows the tree; only the stop column stays empty
-    order = state.StopOrder(spec.stop_order)
-    return stop_roles(live, order, signal.Signals[spec.stop_signal], st.main)
+    order = StopOrder(spec.stop.order)
+    return stop_roles(live, order, signal.Signals[spec.stop.signal], st.main)
 
 
 def _tree_order(members: dict[int, Any]) -> list[tuple[int, int]]:

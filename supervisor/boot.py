@@ -27,19 +27,17 @@ from .drift import code_version
 from .errors import SpawnError, TrainctlError
 from .launch import Handover
 from .spawn import Spawned, job_env, spawn_main
+from .spec import Spec, spec_from_doc, spec_to_doc
 from .state import (
     GpuLease,
     JobState,
     Phase,
     ProcRef,
-    Spec,
     append_event,
     check_not_symlink,
     current_boot_id,
     job_dir,
     log_path,
-    spec_from_doc,
-    spec_to_doc,
     write_bytes_atomic,
     write_json_atomic,
     write_state,
@@ -89,7 +87,9 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     is killed before the error is answered.
     """
     run, marker = ho.run, ho.marker
-    cgroup = cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.cgroup else None
+    cgroup = (
+        cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.isolation.cgroup else None
+    )
     before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
     try:
         starting = _record_starting(jdir, spec, ho, cgroup)

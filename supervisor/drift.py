@@ -12,7 +12,7 @@ import os
 import subprocess
 from typing import Any
 
-from .state import Spec
+from .spec import Spec
 
 INTERPRETERS = {
     "python",

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from . import procfs
 from .errors import ConfigError
 from .proctree import Member
-from .state import ProcRef, StopOrder
+from .spec import StopOrder
+from .state import ProcRef
 
 
 def parse_order(raw: object, what: str = "stop order") -> StopOrder:

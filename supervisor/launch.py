@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import control, state, systemd
+from . import control, systemd
 from .errors import SpawnError
-from .state import GpuLease, Spec
+from .spec import Spec, spec_to_doc
+from .state import GpuLease
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ def launch_supervisor(
 ) -> dict[str, Any]:
     """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
     ours, theirs = socket.socketpair()
-    sd = systemd.detect() if spec.systemd else None
+    sd = systemd.detect() if spec.isolation.systemd else None
     unit = systemd.unit_name(spec.name, handover.run, handover.marker)
     argv = [
         *(systemd.scope_argv(sd, unit) if sd is not None else []),
@@ -78,7 +79,7 @@ def launch_supervisor(
         )
         theirs.close()
         ours.settimeout(timeout_s)
-        ours.sendall(control.encode({"spec": state.spec_to_doc(spec), **handover.to_doc()}))
+        ours.sendall(control.encode({"spec": spec_to_doc(spec), **handover.to_doc()}))
         reply = _read_reply(ours)
     finally:
         ours.close()

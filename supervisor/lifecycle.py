@@ -31,7 +31,8 @@ from enum import StrEnum
 from typing import Any
 
 from .policy import backoff_s, restart_refusal
-from .state import Phase, Spec
+from .spec import Spec
+from .state import Phase
 
 
 class Stage(StrEnum):
@@ -203,7 +204,7 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
 def _timer(life: Life, ev: Stalled | BackoffElapsed, spec: Spec) -> Outcome:
     """The watchdog and the backoff: each matters in one stage only."""
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
-        return _begin_stop(life, "stalled", RunStop("stalled", spec.grace_s, None))
+        return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
         failure = {"run": life.run, "exit_code": life.main_code, "reason": life.stop_reason}
         return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
@@ -229,14 +230,14 @@ def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
         return life, []  # a stop is running (it made main exit) or the run is over
     # Whatever main left behind (orphaned workers holding GPUs) is cleaned up now, with
     # the grace a stop would give.
-    return _begin_stop(life, "main exited", RunStop("main exited", spec.grace_s, None))
+    return _begin_stop(life, "main exited", RunStop("main exited", spec.stop.grace_s, None))
 
 
 def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     stage = life.stage
     if stage is Stage.RUNNING:
         life = dataclasses.replace(life, user_stop=True, waiters=(ev.token,))
-        grace = spec.grace_s if ev.grace_s is None else ev.grace_s
+        grace = spec.stop.grace_s if ev.grace_s is None else ev.grace_s
         return _begin_stop(life, "stop", RunStop("stop", grace, ev.order, ev.gpu_timeout_s))
     if stage in (Stage.STOPPING, Stage.RELAUNCHING):
         # Join the running stop (or the launch); from now on nothing relaunches this run.

@@ -23,7 +23,8 @@ from . import procfs, state
 from .boot import set_subreaper
 from .proctree import Target, alive, scan
 from .spawn import exit_code_of, job_env, spawn_main
-from .state import ProcRef, StopOrder, job_dir, log_path, mtime, read_spec
+from .spec import StopOrder
+from .state import ProcRef, job_dir, log_path, mtime, read_spec
 from .stop import run_stop
 
 _stop = {"asked": False, "by_request": False}
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
         sid=spawned.pid,
     )
     _record(jdir, args.run, target)
-    status = _supervise(jdir, spec.checkpoint_signal, target, spawned.pid)
+    status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid)
     # main ended (or we were told to stop): nothing of the job may outlive this step
     asked = _stop_request(jdir) if _stop["by_request"] else {}
     order = asked.get("order")
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
         # a sane grace from the request (NaN fails both comparisons), else the job's own
         grace_s=float(grace)
         if isinstance(grace, int | float) and 0 <= grace <= 3e7
-        else spec.grace_s,
+        else spec.stop.grace_s,
         order=StopOrder(order) if isinstance(order, str) and order in tuple(StopOrder) else None,
         reason="stop" if _stop["asked"] else "node done",
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .state import Spec
+from .spec import Spec
 
 
 def restart_refusal(
@@ -13,16 +13,16 @@ def restart_refusal(
     ``reason``: "stop" (a user stopped it: never restarted), "main exited" (main ended on
     its own), "stalled" (the watchdog stopped it because ``on_stall = "restart"``).
     """
-    applies = (reason == "main exited" and code != 0 and spec.restart == "on-failure") or (
-        reason == "stalled" and spec.on_stall == "restart"
+    applies = (reason == "main exited" and code != 0 and spec.restart.mode == "on-failure") or (
+        reason == "stalled" and spec.watch.on_stall == "restart"
     )
     if not applies:
         return ""
-    codes = spec.restart_exit_codes
+    codes = spec.restart.exit_codes
     if reason == "main exited" and codes is not None and code not in codes:
         return f"exit code {code} is not in restart_exit_codes {list(codes)}"
-    if restarts >= spec.max_restarts:
-        return f"restarts exhausted ({restarts} of {spec.max_restarts})"
+    if restarts >= spec.restart.max_restarts:
+        return f"restarts exhausted ({restarts} of {spec.restart.max_restarts})"
     if not cleaned_up:
         return "the failed run left processes or GPU memory behind; not relaunching"
     return None
@@ -30,4 +30,4 @@ def restart_refusal(
 
 def backoff_s(spec: Spec, restarts: int) -> float:
     """Exponential backoff before relaunch number ``restarts + 1``, capped."""
-    return float(min(spec.restart_backoff_s * 2**restarts, spec.restart_backoff_max_s))
+    return float(min(spec.restart.backoff_s * 2**restarts, spec.restart.backoff_max_s))

@@ -35,7 +35,8 @@ from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
 from .proctree import Member, Target, scan, scan_light, target_of
 from .spawn import Spawned, exit_code_of
-from .state import JobState, MemberSnap, Phase, Spec, StopOrder, log_path, mtime, write_state
+from .spec import Spec, StopOrder
+from .state import JobState, MemberSnap, Phase, log_path, mtime, write_state
 from .stop import run_stop
 from .terminate import Grace
 
@@ -264,7 +265,7 @@ class Supervisor:
         """
         last_full = time.monotonic()
         while True:
-            await anyio.sleep(self.spec.snapshot_interval_s)
+            await anyio.sleep(self.spec.watch.snapshot_interval_s)
             self.reap()
             self._check_stall()
             self._bound_log()
@@ -389,17 +390,17 @@ class Supervisor:
     def _bound_log(self) -> None:
         log = log_path(self.jdir, self.state.run)
         try:
-            size = rotate_if_big(log, self.spec.log_max_bytes, self.spec.log_keep)
+            size = rotate_if_big(log, self.spec.logs.max_bytes, self.spec.logs.keep)
         except OSError as e:
             self.log.warning("log_rotation_failed", error=e.strerror)
             return
         if size:
-            self.log.info("log_rotated", bytes=size, keep=self.spec.log_keep)
+            self.log.info("log_rotated", bytes=size, keep=self.spec.logs.keep)
 
     # ------------------------------------------------------------ stall watchdog
 
     def _check_stall(self) -> None:
-        timeout = self.spec.stall_timeout_s
+        timeout = self.spec.watch.stall_timeout_s
         if not timeout or self.life.stage is not lc.Stage.RUNNING:
             return
         st = self.state
@@ -413,8 +414,8 @@ class Supervisor:
             return
         if st.stalled_since is None:
             self._set(st.phase, stalled_since=last)
-            self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.on_stall)
-        if self.spec.on_stall == "restart":
+            self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
+        if self.spec.watch.on_stall == "restart":
             self.send(lc.Stalled())
 
     # ------------------------------------------------------------ control socket

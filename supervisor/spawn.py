@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpawnError
-from .state import TRAINCTL_VARS, TRANSPORT_VARS, Spec
+from .spec import Spec
+from .state import TRAINCTL_VARS, TRANSPORT_VARS
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.

@@ -35,21 +35,13 @@ from typing import Any
 
 from . import procfs
 from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
+from .spec import SCHEMA, Spec, spec_from_doc
 
-SCHEMA = 1
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
 TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
 # Set by `--host` on the remote side for one call; never part of a job's environment.
 TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class StopOrder(StrEnum):
-    """The order in which a stop signals the job's members (see supervisor/forest.py)."""
-
-    TREE = "tree"  # top of the process forest first; children once their parent exited
-    ALL = "all"  # every member at once
-    MAIN = "main"  # main alone; the rest once main has exited
 
 
 class Phase(StrEnum):
@@ -108,44 +100,6 @@ class GpuLease:
     uuid: str
     name: str
     baseline_used_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Spec:
-    """What to run; the resolved form that `restart` reuses."""
-
-    name: str
-    argv: tuple[str, ...]
-    cwd: str
-    env: dict[str, str]  # the whole environment of the job, minus trainctl's own variables
-    grace_s: float
-    stop_signal: str  # a name such as "SIGTERM"
-    kill_wait_s: float = 10.0
-    stop_order: str = StopOrder.TREE  # a StopOrder value
-    snapshot_interval_s: float = 3.0
-    log_max_bytes: int = 1 << 30  # rotate logs/run-N.log beyond this (0: never)
-    log_keep: int = 3  # rotated copies kept: run-N.log.1 ... run-N.log.KEEP
-    cgroup: bool = True  # try cgroup v2 placement
-    systemd: bool = True  # on systemd hosts, run the supervisor in its own delegated scope
-    gpus: str | None = None  # resolved GPU indices ("0,3"); None = no binding
-    gpu_timeout_s: float = 30.0
-    gpu_tolerance_mib: int = 512
-    # training-aware keys (job spec files): checkpoints, progress, stall, restart policy
-    checkpoint: str | None = None  # glob relative to cwd
-    checkpoint_signal: str = "SIGUSR2"
-    progress_regex: str | None = None
-    total_steps: int | None = None
-    stall_timeout_s: float | None = None
-    on_stall: str = "mark"  # "mark" | "restart"
-    restart: str = "never"  # "never" | "on-failure"
-    max_restarts: int = 3
-    restart_backoff_s: float = 5.0
-    restart_backoff_max_s: float = 300.0
-    restart_exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
-    spec_file: str | None = None
-    backend: str = "local"  # "local" | "slurm"
-    slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
-    schema: int = SCHEMA
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,34 +316,6 @@ def _read_doc(path: Path, what: str) -> dict[str, Any]:
     if doc.get("schema") != SCHEMA:
         raise StateError(f"{path} has unknown schema {doc.get('schema')!r} (expected {SCHEMA})")
     return doc
-
-
-def spec_to_doc(spec: Spec) -> dict[str, Any]:
-    """Serialise a spec for spec.json (and the supervisor handshake)."""
-    return dataclasses.asdict(spec)
-
-
-def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
-    """Build a Spec from its JSON form, rejecting missing or mistyped fields."""
-    try:
-        codes = doc.get("restart_exit_codes")
-        spec = Spec(
-            **{
-                **doc,
-                "argv": tuple(doc["argv"]),
-                "restart_exit_codes": None if codes is None else tuple(codes),
-            }
-        )
-    except (TypeError, KeyError, ValueError) as e:
-        raise StateError(f"{where} is incomplete or malformed: {e}") from None
-    from .schema import check_document  # noqa: PLC0415
-
-    check_document(spec, where)
-    if not spec.argv:
-        raise StateError(f"{where} has an empty argv")
-    if spec.stop_order not in tuple(StopOrder):
-        raise StateError(f"{where} has an unknown stop_order {spec.stop_order!r}")
-    return spec
 
 
 def read_spec(jdir: Path) -> Spec:

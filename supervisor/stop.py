@@ -9,36 +9,43 @@ stop must never depend on a writable disk.
 
 from __future__ import annotations
 
-import signal
+import dataclasses
 from pathlib import Path
 
 from . import cgroup as cg
 from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
 from .proctree import Target
-from .state import GpuLease, Spec, StopOrder
-from .terminate import Emit, Grace, StopPolicy, StopReport, stop_tree
+from .spec import Spec, StopOrder, StopPolicy
+from .state import GpuLease
+from .terminate import Emit, Grace, StopReport, stop_tree
 
 
 def run_stop(
     target: Target,
     spec: Spec,
     *,
-    grace_s: float,
     reason: str,
+    grace_s: float | None = None,
     order: StopOrder | None = None,
     leases: tuple[GpuLease, ...] = (),
     gpu_timeout_s: float | None = None,
     emit: Emit | None = None,
     grace: Grace | None = None,
 ) -> StopReport:
-    """Stop every process of the run and nothing else, prove its GPUs free; return the proof."""
+    """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
+
+    The spec's stop policy applies, with this stop's ``grace_s`` and ``order`` if given.
+    """
+    policy = dataclasses.replace(
+        spec.stop,
+        grace_s=spec.stop.grace_s if grace_s is None else grace_s,
+        order=spec.stop.order if order is None else str(order),
+    )
     report = stop_and_verify(
         target,
-        signal.Signals[spec.stop_signal],
-        StopPolicy(grace_s=grace_s, kill_wait_s=spec.kill_wait_s),
+        policy,
         leases=leases,
         gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
-        order=order or StopOrder(spec.stop_order),
         emit=emit,
         grace=grace,
     )
@@ -50,19 +57,17 @@ def run_stop(
 
 def stop_and_verify(
     target: Target,
-    sig: int,
     policy: StopPolicy,
     *,
     leases: tuple[GpuLease, ...] = (),
     gpu_policy: GpuPolicy | None = None,
-    order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
     grace: Grace | None = None,
 ) -> StopReport:
     """Stop the tree, then prove its GPUs were released; return the combined report."""
     emit = emit or (lambda *_a, **_k: None)
     pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, sig, policy, order=order, emit=emit, grace=grace)
+    report = stop_tree(target, policy, emit=emit, grace=grace)
     if leases:
         report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
         report.ok = report.ok and all(g["ok"] for g in report.gpus)

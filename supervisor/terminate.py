@@ -30,22 +30,10 @@ from . import cgroup as cg
 from . import procfs
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup
-from .state import ProcRef, StopOrder
+from .spec import StopOrder, StopPolicy
+from .state import ProcRef
 
 Emit = Callable[..., None]
-
-
-@dataclass(frozen=True, slots=True)
-class StopPolicy:
-    """Every duration of the stop sequence, in one place (tests pass small values)."""
-
-    grace_s: float = 60.0
-    kill_wait_s: float = 10.0
-    freeze_timeout_s: float = 2.0
-    max_poll_s: float = 0.05  # poll interval for members without a pidfd (fd limit hit)
-    rescan_s: float = 0.1  # how often the full /proc scan repeats while waiting
-    stop_rounds: int = 200  # SIGSTOP-and-rescan rounds before giving up on quiescence
-    launcher_linger_s: float = 2.0  # a launcher whose workers are gone may exit by itself
 
 
 # How many processes a report names one by one (the counts always cover everyone).
@@ -277,15 +265,14 @@ def _signal_members(members: list[Member], target: Target, sig: int, *, group: b
 
 def stop_tree(
     target: Target,
-    sig: int,
     policy: StopPolicy,
     *,
-    order: StopOrder = StopOrder.TREE,
     emit: Emit | None = None,
     grace: Grace | None = None,
 ) -> StopReport:
     """Stop every process of the job and nothing else; return the proof."""
     emit = emit or (lambda *_a, **_k: None)
+    sig, order = policy.signum, StopOrder(policy.order)
     t0 = time.monotonic()
     report = StopReport(
         signal=signal.Signals(sig).name,

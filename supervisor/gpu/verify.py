@@ -13,7 +13,8 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.procfs import read_cmdline
-from trainctl.supervisor.state import GpuLease, Spec
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import GpuLease
 
 from . import GIB, MIB, Gpu, GpuBackend, open_backend
 from .holders import classify_pid, find_holders, read_env_var
@@ -31,8 +32,8 @@ class GpuPolicy:
 def gpu_policy_of(spec: Spec, timeout_s: float | None = None) -> GpuPolicy:
     """Return the release policy of a job (``timeout_s`` overrides the spec's)."""
     return GpuPolicy(
-        timeout_s=spec.gpu_timeout_s if timeout_s is None else timeout_s,
-        tolerance_bytes=spec.gpu_tolerance_mib * MIB,
+        timeout_s=spec.gpu.timeout_s if timeout_s is None else timeout_s,
+        tolerance_bytes=spec.gpu.tolerance_mib * MIB,
     )
 
 

@@ -96,7 +96,7 @@ def test_stop_order_from_spec_and_config(harness: Harness) -> None:
     spec = h.tmp / "job.toml"
     spec.write_text('stop_order = "all"\n')
     h.start_tree("job", "loader_ranks.py", str(h.tmp), extra=("-c", str(spec)))
-    assert json.loads((h.home / "jobs" / "job" / "spec.json").read_text())["stop_order"] == "all"
+    assert json.loads((h.home / "jobs" / "job" / "spec.json").read_text())["stop"]["order"] == "all"
     doc = stop_and_check(h, "job")
     assert doc["report"]["order"] == "all"
     cfg = h.tmp / "config.toml"

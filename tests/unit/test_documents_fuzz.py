@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 from tests.unit.test_state import sample
 from trainctl.launcher.config import _apply
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.state import (
-    JobState,
-    Spec,
-    spec_from_doc,
-    spec_to_doc,
-    state_from_doc,
-    state_to_doc,
-)
+from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, spec_from_doc, spec_to_doc
+from trainctl.supervisor.state import JobState, state_from_doc, state_to_doc
 
 JSON = st.recursive(
     st.none()
@@ -41,8 +35,8 @@ SPEC = spec_to_doc(
         argv=("python", "t.py"),
         cwd="/",
         env={"A": "1"},
-        grace_s=5.0,
-        stop_signal="SIGTERM",
+        stop=StopPolicy(grace_s=5.0),
+        restart=RestartPolicy(exit_codes=(1, 2)),
     )
 )
 
@@ -56,7 +50,11 @@ def _one_line(e: Exception) -> None:
 def _mutated(base: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
     doc = json.loads(json.dumps(base))
     for key in data.draw(st.lists(st.sampled_from(sorted(doc)), min_size=1, max_size=3)):
-        doc[key] = data.draw(JSON)
+        if isinstance(doc[key], dict) and doc[key] and data.draw(st.booleans()):
+            inner = data.draw(st.sampled_from(sorted(doc[key])))  # a key inside a section
+            doc[key][inner] = data.draw(JSON)
+        else:
+            doc[key] = data.draw(JSON)
     if data.draw(st.booleans()):
         doc[data.draw(st.text(max_size=8))] = data.draw(JSON)
     return doc

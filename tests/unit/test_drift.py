@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.supervisor.drift import entry_script
-from trainctl.supervisor.state import Spec
+from trainctl.supervisor.spec import Spec
 
 
 @pytest.mark.parametrize(
@@ -32,8 +32,6 @@ def test_entry_script(tmp_path: Path, argv: list[str], expected: str | None) -> 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "train.py").write_text("")
     (tmp_path / "pkg" / "__main__.py").write_text("")
-    spec = Spec(
-        name="j", argv=tuple(argv), cwd=str(tmp_path), env={}, grace_s=1.0, stop_signal="SIGTERM"
-    )
+    spec = Spec(name="j", argv=tuple(argv), cwd=str(tmp_path), env={})
     got = entry_script(spec)
     assert got == (None if expected is None else str(tmp_path / expected))

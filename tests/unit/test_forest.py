@@ -12,7 +12,7 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.forest import Planner, launcher_by_cmdline, parse_order
 from trainctl.supervisor.procfs import Stat
 from trainctl.supervisor.proctree import Member
-from trainctl.supervisor.state import StopOrder
+from trainctl.supervisor.spec import StopOrder
 
 PY = "/venv/bin/python3"
 

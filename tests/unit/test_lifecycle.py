@@ -7,18 +7,16 @@ import dataclasses
 import pytest
 
 from trainctl.supervisor import lifecycle as lc
-from trainctl.supervisor.state import Phase, Spec
+from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, Watch
+from trainctl.supervisor.state import Phase
 
 SPEC = Spec(
     name="j",
     argv=("true",),
     cwd="/",
     env={},
-    grace_s=5.0,
-    stop_signal="SIGTERM",
-    restart="on-failure",
-    max_restarts=2,
-    restart_backoff_s=1.0,
+    stop=StopPolicy(grace_s=5.0),
+    restart=RestartPolicy(mode="on-failure", max_restarts=2, backoff_s=1.0),
 )
 CLEAN = {"ok": True, "killed": 0}
 
@@ -139,7 +137,7 @@ def test_leftovers_that_survived_block_the_relaunch() -> None:
 
 
 def test_stall_restarts_only_while_running() -> None:
-    spec = dataclasses.replace(SPEC, on_stall="restart")
+    spec = dataclasses.replace(SPEC, watch=Watch(on_stall="restart"))
     life, actions = run([lc.Stalled()], spec=spec)
     assert life.stage is lc.Stage.STOPPING
     assert actions[0] == lc.RunStop("stalled", 5.0, None)

@@ -1,0 +1,169 @@
+"""What to run and how to treat it: the resolved job spec (spec.json), in sections.
+
+A spec is what `restart` reuses. Each concern is its own frozen section, owned by the code
+that acts on it: the stop sequence takes :class:`StopPolicy` as it is, the restart policy
+:class:`RestartPolicy`, the log writer :class:`LogPolicy`, the watchers :class:`Watch`, GPU
+verification :class:`GpuBinding`. spec.json stores the same sections as JSON objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from signal import Signals
+from typing import Any
+
+from .errors import StateError
+
+SCHEMA = 1
+BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends.py)
+
+
+class StopOrder(StrEnum):
+    """The order in which a stop signals the job's members (see supervisor/forest.py)."""
+
+    TREE = "tree"  # top of the process forest first; children once their parent exited
+    ALL = "all"  # every member at once
+    MAIN = "main"  # main alone; the rest once main has exited
+
+
+@dataclass(frozen=True, slots=True)
+class StopPolicy:
+    """How a stop ends the job: its signal, its order and every duration of the sequence."""
+
+    signal: str = "SIGTERM"  # a name such as "SIGTERM"
+    grace_s: float = 60.0
+    kill_wait_s: float = 10.0
+    order: str = StopOrder.TREE  # a StopOrder value
+    freeze_timeout_s: float = 2.0
+    max_poll_s: float = 0.05  # poll interval for members without a pidfd (fd limit hit)
+    rescan_s: float = 0.1  # how often the full /proc scan repeats while waiting
+    stop_rounds: int = 200  # SIGSTOP-and-rescan rounds before giving up on quiescence
+    launcher_linger_s: float = 2.0  # a launcher whose workers are gone may exit by itself
+
+    @property
+    def signum(self) -> Signals:
+        """The stop signal as a number."""
+        return Signals[self.signal]
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """When the supervisor relaunches a failed run (see supervisor/policy.py)."""
+
+    mode: str = "never"  # "never" | "on-failure"
+    max_restarts: int = 3
+    backoff_s: float = 5.0
+    backoff_max_s: float = 300.0
+    exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What the supervisor watches in a training job: checkpoints, progress, stalls."""
+
+    checkpoint: str | None = None  # glob relative to cwd
+    checkpoint_signal: str = "SIGUSR2"
+    progress_regex: str | None = None
+    total_steps: int | None = None
+    stall_timeout_s: float | None = None
+    on_stall: str = "mark"  # "mark" | "restart"
+    snapshot_interval_s: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogPolicy:
+    """How logs/run-N.log is bounded."""
+
+    max_bytes: int = 1 << 30  # rotate beyond this (0: never)
+    keep: int = 3  # rotated copies kept: run-N.log.1 ... run-N.log.KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """Where the supervisor and the job are placed on a local host."""
+
+    cgroup: bool = True  # try cgroup v2 placement
+    systemd: bool = True  # on systemd hosts, run the supervisor in its own delegated scope
+
+
+@dataclass(frozen=True, slots=True)
+class GpuBinding:
+    """The GPUs bound to the job, and how their release is proven after a stop."""
+
+    indices: str | None = None  # resolved GPU indices ("0,3"); None = no binding
+    timeout_s: float = 30.0
+    tolerance_mib: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What to run; the resolved form that `restart` reuses."""
+
+    name: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]  # the whole environment of the job, minus trainctl's own variables
+    stop: StopPolicy = field(default_factory=StopPolicy)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    watch: Watch = field(default_factory=Watch)
+    logs: LogPolicy = field(default_factory=LogPolicy)
+    isolation: Isolation = field(default_factory=Isolation)
+    gpu: GpuBinding = field(default_factory=GpuBinding)
+    backend: str = "local"  # "local" | "slurm" (see launcher/backends.py)
+    slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
+    spec_file: str | None = None
+    schema: int = SCHEMA
+
+    def with_stop(self, **changes: Any) -> Spec:
+        """Return a copy whose stop policy has ``changes``."""
+        return dataclasses.replace(self, stop=dataclasses.replace(self.stop, **changes))
+
+
+_SECTIONS: dict[str, type] = {
+    "stop": StopPolicy,
+    "restart": RestartPolicy,
+    "watch": Watch,
+    "logs": LogPolicy,
+    "isolation": Isolation,
+    "gpu": GpuBinding,
+}
+
+
+def spec_to_doc(spec: Spec) -> dict[str, Any]:
+    """Serialise a spec for spec.json (and the supervisor handshake)."""
+    return dataclasses.asdict(spec)
+
+
+def _object(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{key} must be an object")
+    return value
+
+
+def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
+    """Build a Spec from its JSON form, rejecting missing, unknown or mistyped fields."""
+    try:
+        d = dict(doc)
+        for key, cls in _SECTIONS.items():
+            d[key] = cls(**_object(d.get(key, {}), key))
+        d["argv"] = tuple(d["argv"])
+        codes = d["restart"].exit_codes
+        if isinstance(codes, list):
+            d["restart"] = dataclasses.replace(d["restart"], exit_codes=tuple(codes))
+        spec = Spec(**d)
+    except (TypeError, KeyError, ValueError) as e:
+        raise StateError(f"{where} is incomplete or malformed: {e}") from None
+    from .schema import check_document  # noqa: PLC0415  (imports typing machinery)
+
+    check_document(spec, where)
+    if not spec.argv:
+        raise StateError(f"{where} has an empty argv")
+    if spec.stop.order not in tuple(StopOrder):
+        raise StateError(f"{where} has an unknown stop order {spec.stop.order!r}")
+    if spec.backend not in BACKENDS:
+        raise StateError(f"{where} has an unknown backend {spec.backend!r}")
+    if spec.stop.signal not in Signals.__members__:
+        raise StateError(f"{where} has an unknown stop signal {spec.stop.signal!r}")
+    return spec
