@@ -353,3 +353,83 @@ def test_stop_works_on_a_read_only_home_with_a_dead_supervisor(harness: Harness)
         assert all(not alive(p, s) for p, s in before.items())
     finally:
         subprocess.run(["umount", "-l", home], check=False)
+
+
+# ---------------------------------------------------------------- the supervisor killed
+
+
+def test_a_supervisor_killed_during_the_backoff_never_relaunches(harness: Harness) -> None:
+    h = harness
+    args = ("--set", "restart=on-failure", "--set", "restart_backoff=2")
+    h.tc("start", "--name", "bk", *args, "--", "sh", "-c", "exit 3", check=True)
+    wait_for(lambda: h.state("bk").get("restart_at") is not None, what="backoff")
+    _kill_supervisor(h, "bk")
+    time.sleep(2.5)  # past the backoff: nothing may have relaunched the job
+    st = h.state("bk")
+    assert st["run"] == 1
+    assert not h.job_pids("bk")
+    status = h.tc("status", "bk", "--json")
+    doc = status.json()
+    assert isinstance(doc, dict)
+    assert doc["state"] == "lost", doc
+    assert doc["members"] == 0
+    stop = h.tc("stop", "bk")
+    assert stop.rc == 0, stop
+    assert h.state("bk")["phase"] == "stopped"
+    # the name is usable again, and the next run starts from run 2
+    h.tc("start", "--name", "bk", "--", "sleep", "600", check=True)
+    assert h.state("bk")["run"] == 2
+    assert h.tc("stop", "bk").rc == 0
+
+
+def test_a_supervisor_killed_in_the_middle_of_a_stop_is_finished_by_the_cli(
+    harness: Harness,
+) -> None:
+    h = harness
+    # a child that needs 1.5 s to exit on SIGTERM keeps the supervisor's stop busy
+    script = (
+        "import os, signal, time\n"
+        "if os.fork() == 0:\n"
+        "    signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), os._exit(0)))\n"
+        f"    open({str(h.tmp / 'child')!r}, 'w').close()\n"
+        "    while True: time.sleep(1)\n"
+        "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+        "while True: time.sleep(1)\n"
+    )
+    h.tc("start", "--name", "mid", "--", sys.executable, "-c", script, check=True)
+    wait_for(lambda: (h.tmp / "child").exists(), what="the child")
+    stopper = subprocess.Popen(
+        [*TRAINCTL, "stop", "mid", "--grace", "20", "--json"],
+        env=h.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: any(e["event"] == "signal_sent" for e in _events(h, "mid")), what="stop")
+    _kill_supervisor(h, "mid")
+    out, err = stopper.communicate(timeout=60)
+    assert stopper.returncode == 0, (out, err)
+    assert not h.job_pids("mid")
+    st = h.state("mid")
+    assert st["phase"] == "stopped", st
+    assert h.tc("status", "mid").rc == 3
+
+
+@pytest.mark.parametrize("head_start_s", [0.0, 0.05, 0.3])
+def test_restart_racing_stop_always_ends_stopped(harness: Harness, head_start_s: float) -> None:
+    """Whichever comes first, a stop that returned 0 leaves nothing running, even a run
+    that a racing restart started after the stop had begun."""
+    h = harness
+    h.start_tree("rs", "forker.py", grace=2)
+    restart = subprocess.Popen(
+        [*TRAINCTL, "restart", "rs"], env=h.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    time.sleep(head_start_s)
+    stop = h.tc("stop", "rs", timeout=90)
+    restart.communicate(timeout=90)
+    assert stop.rc == 0, stop
+    time.sleep(0.3)
+    st = h.state("rs")
+    assert st["phase"] == "stopped", st
+    assert not h.job_pids("rs")
+    assert h.tc("status", "rs").rc == 3
