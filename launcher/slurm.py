@@ -8,8 +8,6 @@ guarantees hold inside the allocation too.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -123,7 +121,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
     script = jdir / "slurm" / f"run-{run}.sbatch"
     script.parent.mkdir(mode=0o700, exist_ok=True)
     (jdir / "logs").mkdir(mode=0o700, exist_ok=True)
-    script.write_text(batch_script(home, jdir, spec, run, marker))
+    state.write_bytes_atomic(script, batch_script(home, jdir, spec, run, marker).encode())
     out = _run([sbatch, "--parsable", str(script)], env=spec.env)
     job_id = out.strip().split(";")[0]
     st = JobState(
@@ -217,7 +215,7 @@ def stop(
         # each runs trainctl's own stop on its node, in the job's order, with this grace.
         # `scancel --signal` would hit every process of the step at once, loaders too.
         request = {"at": time.time(), "grace_s": grace_s, "order": order or spec.stop.order}
-        (jdir / "slurm" / "stop-request").write_text(json.dumps(request))
+        state.write_json_atomic(jdir / "slurm" / "stop-request", request)
         state.append_event(jdir, "stop_requested", job=st.name, via="node agents", **request)
         # the agents need their grace, their escalation and a moment to report back
         ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
@@ -264,9 +262,7 @@ def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
 
 def request_checkpoint(jdir: Path) -> float:
     """Ask every node agent to forward the checkpoint signal to its catching processes."""
-    path = jdir / "slurm" / "checkpoint-request"
-    path.write_text(str(time.time()))
-    os.utime(path)
+    state.write_bytes_atomic(jdir / "slurm" / "checkpoint-request", str(time.time()).encode())
     return time.time()
 
 

@@ -38,6 +38,7 @@ from .state import (
     current_boot_id,
     job_dir,
     log_path,
+    open_in,
     write_bytes_atomic,
     write_json_atomic,
     write_state,
@@ -55,8 +56,7 @@ def set_subreaper() -> bool:
 
 def hold_supervisor_lock(jdir: Path) -> int:
     """Take supervisor.lock for this process's whole life; the CLI tests it for liveness."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(jdir / "supervisor.lock", flags, 0o600)
+    fd = open_in(jdir / "supervisor.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 

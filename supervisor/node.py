@@ -24,7 +24,7 @@ from .boot import set_subreaper
 from .proctree import Target, alive, scan
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import StopOrder
-from .state import ProcRef, job_dir, log_path, mtime, read_spec
+from .state import ProcRef, job_dir, log_path, mtime, read_spec, write_json_atomic
 from .stop import run_stop
 
 _stop = {"asked": False, "by_request": False}
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     state.append_event(
         jdir,
         "node_done",
-        node=socket.gethostname(),
+        node=node_name(),
         run=args.run,
         found=report.found,
         killed=report.killed,
@@ -106,17 +106,19 @@ def main(argv: list[str]) -> int:
     return exit_code_of(status) if status is not None else 143
 
 
+def node_name() -> str:
+    """This node's Slurm name (several slurmd may share one host), else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _record(jdir: Path, run: int, target: Target) -> None:
-    path = jdir / "slurm" / f"run-{run}.{socket.gethostname()}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                "agent": target.supervisor and target.supervisor.pid,
-                "main": target.main and target.main.pid,
-            }
-        )
-    )
+    path = jdir / "slurm" / f"run-{run}.{node_name()}.json"
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    doc = {
+        "agent": target.supervisor and target.supervisor.pid,
+        "main": target.main and target.main.pid,
+    }
+    write_json_atomic(path, doc, durable=False)
 
 
 def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> int | None:

@@ -29,14 +29,14 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from . import control, procfs
 from . import lifecycle as lc
 from .drift import drift, fingerprint
-from .errors import TrainctlError
+from .errors import StateError, TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
 from .proctree import Member, Target, scan, scan_light, target_of
 from .spawn import Spawned, exit_code_of
 from .spec import Spec, StopOrder
-from .state import JobState, MemberSnap, Phase, log_path, mtime, write_state
+from .state import JobState, MemberSnap, Phase, log_path, mtime, open_in, write_state
 from .stop import run_stop
 from .terminate import Grace
 
@@ -72,9 +72,9 @@ class _BestEffortFile:
     def __init__(self, path: Path) -> None:
         self.failures = 0
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-            self.f: Any = os.fdopen(os.open(path, flags, 0o600), "a", buffering=1)
-        except OSError:
+            fd = open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self.f: Any = os.fdopen(fd, "a", buffering=1)
+        except (OSError, StateError):
             self.f = None
             self.failures += 1
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpawnError
+from .errors import SpawnError, StateError
 from .spec import Spec
-from .state import TRAINCTL_VARS, TRANSPORT_VARS
+from .state import TRAINCTL_VARS, TRANSPORT_VARS, open_in
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
@@ -62,12 +61,12 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
             # "0" moves the writing process: the job is inside its cgroup before it can fork.
             os.write(cgroup_procs_fd, b"0")
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        log_fd = os.open(log, flags, 0o600)
+    try:  # relative to the logs directory's descriptor: no symlink on the way
+        log_fd = open_in(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except StateError as e:
+        raise SpawnError(str(e)) from None
     except OSError as e:
-        why = "is a symlink; refusing to write through it" if e.errno == errno.ELOOP else e.strerror
-        raise SpawnError(f"log file {log}: {why}") from None
+        raise SpawnError(f"log file {log}: {e.strerror}") from None
     try:
         proc = subprocess.Popen(
             list(spec.argv),

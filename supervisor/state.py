@@ -192,6 +192,37 @@ def check_not_symlink(path: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def dir_fd(path: Path) -> Iterator[int]:
+    """Hold a descriptor of directory ``path``, refusing it if it is a symlink.
+
+    Every file of a job is opened relative to this descriptor (``dir_fd=``), so a job
+    directory swapped for a symlink after a check is never written through: the check and
+    the use are the same ``open``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and path.is_symlink():
+            raise StateError(f"{path} is a symlink; refusing to follow it") from None
+        raise
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_in(path: Path, flags: int, mode: int = 0o600) -> int:
+    """Open ``path`` relative to its directory's descriptor; neither may be a symlink."""
+    with dir_fd(path.parent) as dfd:
+        try:
+            return os.open(path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(f"{path} is a symlink; refusing to follow it") from None
+            raise
+
+
 def log_path(jdir: Path, run: int) -> Path:
     """Return the log file of run ``run``."""
     return jdir / "logs" / f"run-{run}.log"
@@ -237,6 +268,10 @@ def check_owner(path: Path) -> None:
         st = path.stat()
     except FileNotFoundError:
         return
+    _check_owner_stat(path, st)
+
+
+def _check_owner_stat(path: Path, st: os.stat_result) -> None:
     if st.st_uid != os.geteuid():
         raise StateError(f"{path} is owned by uid {st.st_uid}, not by you; refusing to use it")
     if st.st_mode & 0o022:
@@ -272,39 +307,36 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     file or symlink is never written through; a failed write (a full disk) leaves no
     temporary file behind and the old file intact.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
-    try:
+    with dir_fd(path.parent) as dfd:
+        fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if not durable:
-        return
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        if durable:
+            os.fsync(dfd)
 
 
 def _read_doc(path: Path, what: str) -> dict[str, Any]:
-    check_not_symlink(path)
-    check_owner(path)
     try:
-        text = path.read_text(errors="replace")
+        fd = open_in(path, os.O_RDONLY)
     except FileNotFoundError:
         raise JobNotFoundError(f"no {what} at {path}") from None
+    with os.fdopen(fd, "rb") as f:
+        _check_owner_stat(path, os.fstat(f.fileno()))  # the very file that is read
+        text = f.read().decode(errors="replace")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -398,7 +430,7 @@ def append_event(jdir: Path, event: str, **fields: Any) -> None:
     """Append one JSON line to events.jsonl (O_APPEND: concurrent writers never interleave)."""
     line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(jdir / "events.jsonl", flags, 0o600)
+    fd = open_in(jdir / "events.jsonl", flags)
     try:
         os.write(fd, line.encode() + b"\n")
     finally:
@@ -426,10 +458,10 @@ def flock_file(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
     ConfigError, since everything that takes this lock also writes beside it.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = open_in(path, os.O_RDWR | os.O_CREAT)
     except OSError as e:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_in(path, os.O_RDONLY)
         except OSError:
             raise ConfigError(f"cannot lock {path}: {e.strerror}") from None
     try:
@@ -450,7 +482,7 @@ def flock_file(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
 def is_locked(jdir: Path, lockname: str) -> bool:
     """Tell whether some process holds ``lockname`` in the job directory."""
     try:
-        fd = os.open(jdir / lockname, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_in(jdir / lockname, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:

@@ -397,7 +397,7 @@ def test_a_supervisor_killed_in_the_middle_of_a_stop_is_finished_by_the_cli(
         "while True: time.sleep(1)\n"
     )
     h.tc("start", "--name", "mid", "--", sys.executable, "-c", script, check=True)
-    wait_for(lambda: (h.tmp / "child").exists(), what="the child")
+    wait_for((h.tmp / "child").exists, what="the child")
     stopper = subprocess.Popen(
         [*TRAINCTL, "stop", "mid", "--grace", "20", "--json"],
         env=h.env,

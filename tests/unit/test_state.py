@@ -103,3 +103,37 @@ def test_lock_is_exclusive(tmp_path: Path) -> None:
         with pytest.raises(JobConflictError, match="busy"), state.job_lock(tmp_path, 0.1):
             pass
     assert not state.is_locked(tmp_path, "lock")
+
+
+def test_files_are_opened_relative_to_a_directory_that_is_not_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "victim").write_text("keep")
+    jdir = tmp_path / "job"
+    jdir.symlink_to(real)  # a job directory swapped for a symlink after any check
+    with pytest.raises(StateError, match="symlink"):
+        state.write_bytes_atomic(jdir / "victim", b"overwritten")
+    with pytest.raises(StateError, match="symlink"):
+        state.append_event(jdir, "x")
+    with pytest.raises(StateError, match="symlink"):
+        state.read_state(jdir)
+    assert (real / "victim").read_text() == "keep"
+    assert sorted(p.name for p in real.iterdir()) == ["victim"]
+
+
+def test_a_file_that_is_a_symlink_is_never_followed(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (tmp_path / "events.jsonl").symlink_to(target)
+    (tmp_path / "state.json").symlink_to(target)
+    (tmp_path / "lock").symlink_to(target)
+    with pytest.raises(StateError, match="symlink"):
+        state.append_event(tmp_path, "x")
+    with pytest.raises(StateError, match="symlink"):
+        state.read_state(tmp_path)
+    with pytest.raises(StateError, match="symlink"), state.job_lock(tmp_path, 1.0):
+        pass
+    assert target.read_text() == "keep"
+    state.write_state(tmp_path, sample())  # replacing a planted symlink is safe: rename
+    assert target.read_text() == "keep"
+    assert not (tmp_path / "state.json").is_symlink()
