@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -240,24 +241,83 @@ def _useradd(user: str) -> bool:
     return os.system(f"useradd -m {user} >/dev/null 2>&1") == 0  # noqa: S605
 
 
+def _runtime_for_anyone(h: Harness) -> tuple[str, Path]:
+    """A Python and a copy of trainctl with its dependencies that another user can run.
+
+    This checkout, its venv or its interpreter may live under a private directory (/root,
+    a `mktemp -d`); a system Python of the same version runs a world-readable copy.
+    """
+    import importlib.util  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/bin")
+    if python is None:
+        pytest.skip(
+            f"no /usr/bin/python{sys.version_info[0]}.{sys.version_info[1]} to run as a second user"
+        )
+    lib = Path("/tmp") / f"trainctl-eperm-{h.mark}"
+    lib.mkdir(mode=0o755)
+    for mod in (
+        "trainctl",
+        "anyio",
+        "click",
+        "psutil",
+        "structlog",
+        "sniffio",
+        "idna",
+        "pynvml",
+        "typing_extensions",
+    ):
+        spec = importlib.util.find_spec(mod)
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            src = Path(next(iter(spec.submodule_search_locations)))
+            shutil.copytree(src, lib / mod, ignore=shutil.ignore_patterns("__pycache__"))
+        elif spec.origin:
+            shutil.copy(spec.origin, lib / Path(spec.origin).name)
+    if Path(h.env["TRAINCTL_CONFIG"]).exists():  # the test's config, if it has one
+        shutil.copy(h.env["TRAINCTL_CONFIG"], lib / "config.toml")
+    os.system(f"chmod -R a+rX {lib}")  # noqa: S605
+    return python, lib
+
+
 def _check_as_other_user(h: Harness) -> None:
+    import shutil  # noqa: PLC0415
+
     by = h.bystander("forker.py")  # root's process: a stranger to the other user
     start = int(Path(f"/proc/{by.pid}/stat").read_text().rpartition(")")[2].split()[19])
     home = Path("/home/tctest/tchome")
-    env = {**h.env, "TRAINCTL_HOME": str(home), "HOME": "/home/tctest"}
-    as_user = ["runuser", "-u", "tctest", "--", sys.executable, "-m", "trainctl.launcher"]
-    import subprocess  # noqa: PLC0415
+    python, lib = _runtime_for_anyone(h)
+    env = {
+        **h.env,
+        "TRAINCTL_HOME": str(home),
+        "TRAINCTL_CONFIG": str(lib / "config.toml"),
+        "HOME": "/home/tctest",
+        "PYTHONPATH": str(lib),
+    }
+    as_user = ["runuser", "-u", "tctest", "--", python, "-m", "trainctl.launcher"]
+    try:
+        _eperm_stop(h, by, start, home, env, as_user)
+    finally:
+        shutil.rmtree(lib, ignore_errors=True)
 
+
+def _eperm_stop(
+    h: Harness,
+    by: subprocess.Popen[bytes],
+    start: int,
+    home: Path,
+    env: dict[str, str],
+    as_user: list[str],
+) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*as_user, *args], env=env, capture_output=True, text=True, timeout=60, check=False
         )
 
-    if run("start", "--name", "f", "--set", "kill_wait=1", "--", "true").returncode != 0:
-        pytest.skip(
-            "the second user cannot execute this checkout's Python (here it lives under a "
-            "private /root); the EPERM path is then unreachable as root"
-        )
+    started = run("start", "--name", "f", "--set", "kill_wait=1", "--", "true")
+    assert started.returncode == 0, started
     run("wait", "f", "--timeout", "20")
     path = home / "jobs" / "f" / "state.json"
     doc = json.loads(path.read_text())
