@@ -258,7 +258,11 @@ def _end_supervisor(jdir: Path) -> None:
 
     st = state.read_state(jdir)
     sup = st.supervisor
-    if sup is None or not procfs.send_signal(sup.pid, sup.start_ticks, signal.SIGKILL):
+    if (
+        sup is None
+        or not procfs.is_supervisor(sup.pid, sup.start_ticks)
+        or not procfs.send_signal(sup.pid, sup.start_ticks, signal.SIGKILL)
+    ):
         raise JobConflictError(
             f"job {jdir.name}: the process holding supervisor.lock is not the recorded "
             "supervisor; not signalling it"

@@ -8,6 +8,7 @@ must stay well under 80 ms.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from dataclasses import dataclass
@@ -91,6 +92,20 @@ def read_argv(pid: int) -> list[str]:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def is_supervisor(pid: int, start_ticks: int) -> bool:
+    """Tell whether (pid, start_ticks) is a live trainctl supervisor or Slurm node agent.
+
+    A state file names its supervisor by pid and start time; a forged or stale one could
+    name any process. Its children are members (the subreaper net) and `stop --force`
+    kills it, so it must also *be* a supervisor: `python -m trainctl.supervisor[.node]`.
+    """
+    if not is_alive(pid, start_ticks):
+        return False
+    argv = read_argv(pid)
+    modules = ("trainctl.supervisor", "trainctl.supervisor.node")
+    return any(a == "-m" and b in modules for a, b in itertools.pairwise(argv))
 
 
 def read_cmdline(pid: int) -> str:

@@ -141,7 +141,9 @@ def _add_by_fields(
     needle = f"TRAINCTL_JOB={target.marker}".encode()
     # The supervisor started before main, so it is not among the candidates: check it alone.
     sup = target.supervisor
-    sup_pid = sup.pid if sup is not None and procfs.exists(sup.pid, sup.start_ticks) else None
+    sup_pid = (
+        sup.pid if sup is not None and procfs.is_supervisor(sup.pid, sup.start_ticks) else None
+    )
     # pgid/sid numbers cannot be recycled while main holds them (the kernel keeps the
     # struct pid alive), so they identify the job only while main is verified.
     pgid = target.pgid if main_ok else None

@@ -384,6 +384,11 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
         raise StateError(f"{where} has no valid marker/run; refusing to act on it")
     if st.phase == Phase.LOST:
         raise StateError(f"{where}: phase 'lost' is derived, never stored; refusing to act on it")
+    # main is started as the leader of its own session and group: any other number would
+    # make the group and session nets take in processes that are not the job's
+    for key, value in (("pgid", st.pgid), ("sid", st.sid)):
+        if value is not None and (st.main is None or value != st.main.pid):
+            raise StateError(f"{where}: {key} {value} is not main's; refusing to act on it")
     return st
 
 
@@ -509,7 +514,7 @@ def supervisor_alive(jdir: Path, st: JobState | None = None) -> bool:
         return True
     if st is None or st.supervisor is None or st.from_other_boot():
         return False
-    return procfs.is_alive(st.supervisor.pid, st.supervisor.start_ticks)
+    return procfs.is_supervisor(st.supervisor.pid, st.supervisor.start_ticks)
 
 
 def effective_phase(jdir: Path, st: JobState) -> Phase:
