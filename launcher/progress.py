@@ -15,8 +15,10 @@ from typing import Any
 
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, log_path
+from trainctl.supervisor.steps import steps_path
 
 TAIL_BYTES = 256 * 1024
+RATE_WINDOW = 20  # supervisor samples (about 15 s apart) in the ETA's window: ~5 min
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -108,17 +110,42 @@ def read_progress(jdir: Path, st: JobState, spec: Spec) -> Progress | None:
 
 
 def _rate(points: list[dict[str, float]], st: JobState, jdir: Path, spec: Spec) -> float | None:
+    """Steps per second over a recent window: steps and times of the same points."""
     timed = [p for p in points if "t" in p][-50:]
+    if len(timed) < 2:
+        # log-reported progress has no times: the supervisor's timed samples of it
+        timed = _samples(log_path(jdir, st.run))[-RATE_WINDOW:]
     if len(timed) >= 2 and timed[-1]["t"] > timed[0]["t"]:
-        return (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["t"] - timed[0]["t"])
-    # regex progress has no timestamps: steps since start over time since start
+        steps = timed[-1]["step"] - timed[0]["step"]
+        return steps / (timed[-1]["t"] - timed[0]["t"]) if steps > 0 else None
+    # Too early for two samples. Only when the log's tail is the whole log is its first
+    # step the run's first, so that steps since start over time since start is a rate.
+    log = log_path(jdir, st.run)
     try:
-        last_t = log_path(jdir, st.run).stat().st_mtime
+        s = log.stat()
     except OSError:
         return None
-    elapsed = last_t - st.started_at
+    if s.st_size > TAIL_BYTES:
+        return None  # no ETA rather than a wrong one
+    elapsed = s.st_mtime - st.started_at
     steps = points[-1]["step"] - min(p["step"] for p in points)
     return steps / elapsed if elapsed > 0 and steps > 0 else None
+
+
+def _samples(log: Path) -> list[dict[str, float]]:
+    out = []
+    for line in _tail_lines(steps_path(log)):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(doc, dict)
+            and (t := _num(doc.get("t")))
+            and (s := _num(doc.get("step"))) is not None
+        ):
+            out.append({"t": t, "step": s})
+    return out
 
 
 def sparkline(values: list[float]) -> str:

@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import time
@@ -26,7 +27,7 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import control, procfs
+from . import control, procfs, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import StateError, TrainctlError
@@ -60,6 +61,8 @@ def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundL
 # How often the supervisor walks every /proc entry (and environ) for members that left
 # both the cgroup and the tree, e.g. a process moved out of the cgroup by root.
 FULL_SCAN_S = 60.0
+# How often, at most, the newest step of a log-reported progress is sampled for the ETA.
+STEP_SAMPLE_S = 15.0
 
 
 class _BestEffortFile:
@@ -127,6 +130,8 @@ class Supervisor:
         self.drift_at = 0.0
         self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
         self.handlers = 0  # control connections not yet answered
+        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/steps.py)
+        self._sampled_step: tuple[int, float] | None = None  # (run, step)
 
     # ------------------------------------------------------------ state
 
@@ -268,6 +273,7 @@ class Supervisor:
             await anyio.sleep(self.spec.watch.snapshot_interval_s)
             self.reap()
             self._check_stall()
+            self._sample_steps()
             self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
@@ -417,6 +423,26 @@ class Supervisor:
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
         if self.spec.watch.on_stall == "restart":
             self.send(lc.Stalled())
+
+    def _sample_steps(self) -> None:
+        """Record (time, newest step) now and then, for an ETA over a recent window."""
+        regex = self.spec.watch.progress_regex
+        if not regex or self.life.stage is not lc.Stage.RUNNING:
+            return
+        now = time.time()
+        every = self.spec.watch.snapshot_interval_s
+        if now - self._sampled_at < max(min(STEP_SAMPLE_S, 5 * every), every):
+            return
+        log = log_path(self.jdir, self.state.run)
+        written = mtime(log)
+        if written <= self._sampled_at:
+            return  # nothing new since the last sample
+        self._sampled_at = now
+        step = steps.newest_step(log, re.compile(regex))
+        if step is not None and (self.state.run, step) != self._sampled_step:
+            self._sampled_step = (self.state.run, step)
+            with contextlib.suppress(OSError, TrainctlError):  # a full disk costs the ETA only
+                steps.append_sample(log, written, step)
 
     # ------------------------------------------------------------ control socket
 

@@ -272,3 +272,45 @@ def test_stall_restart(harness: Harness) -> None:
     assert h.state("sr")["last_failure"]["reason"] == "stalled"
     assert h.tc("logs", "sr").out == "run 2\n"
     h.tc("stop", "sr", check=True)
+
+
+def test_eta_of_log_reported_progress_uses_a_recent_window(harness: Harness) -> None:
+    """A run whose first minutes print no step must not look slow once it prints them.
+
+    Steps come only from log lines (progress_regex), at a rate set by the clock (50/s) so
+    that a loaded machine cannot change it, after an idle start. Dividing the steps seen
+    by the time since start (the old ETA) gives about half the real rate here.
+    """
+    h = harness
+    script = (
+        "import time\n"
+        "time.sleep(4)\n"
+        "t0 = time.time()\n"
+        "while True:\n"
+        "    print(f'step {int((time.time() - t0) * 50)} loss 1.0', flush=True)\n"
+        "    time.sleep(0.05)\n"
+    )
+    # samples every 5 snapshot intervals: 1 s here instead of 15 s
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.2\n")
+    h.tc(
+        "start",
+        "--name",
+        "eta",
+        "--set",
+        "progress_regex=step (?P<step>\\d+)",
+        "--set",
+        "total_steps=100000",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        check=True,
+    )
+    samples = h.home / "jobs" / "eta" / "logs" / "run-1.steps.jsonl"
+    wait_for(lambda: samples.exists() and len(samples.read_text().splitlines()) >= 3, 30)
+    doc = h.tc("status", "eta", "--json").json()
+    assert isinstance(doc, dict)
+    rate = doc["progress"]["steps_per_s"]
+    assert 35 < rate < 70, doc["progress"]
+    assert doc["progress"]["eta_s"] < 100000 / 35
+    h.tc("stop", "eta", check=True)
