@@ -17,14 +17,19 @@ _pip() {  # quiet unless it fails
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
+# Strict editable installs link each packaged file: a new or removed module needs a
+# re-link. The list of packaged files (and pyproject.toml) is the install's signature;
+# when it is unchanged, pip is skipped altogether.
+files_sig="$(cd "$ROOT" && { find supervisor launcher conf -name '*.py' -o -name '*.toml' \
+  -o -name py.typed | sort; sha1sum pyproject.toml; } | sha1sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   spec="$ROOT"; [ -n "$extras" ] && spec="$ROOT[$extras]"
   # strict editable install: exactly the packaged files, as mypy and users see them
   _pip -e "$spec" --config-settings editable_mode=strict
-  touch "$stamp"
-else
-  # strict editable installs link files: re-link in case modules were added
+  echo "$files_sig" >"$stamp"
+elif [ "$(cat "$stamp")" != "$files_sig" ]; then
   _pip --no-deps -e "$ROOT" --config-settings editable_mode=strict
+  echo "$files_sig" >"$stamp"
 fi
 # PyTorch for the real-framework tests, but only its CPU build from this machine's disk
 # (--no-index): from PyPI, torch==2.13.0 is a CUDA build of several GB.
