@@ -505,7 +505,7 @@ def ps(c: Ctx, name: str, as_json: bool) -> int:
         unit = views.job_unit(c.home, name)
         if unit:
             click.echo(f"unit {unit}")
-        render.ps(rows)
+        render.ps(rows, views.job_cwd(c.home, name))
     return ExitCode.OK
 
 

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import term
+
 if TYPE_CHECKING:
     from .gpus import GpuView
     from .start import StartResult
@@ -213,7 +215,7 @@ def status(s: Status) -> None:
     """Render one job's status."""
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
     boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
-    print(f"{s.name}: {s.state}{code}, run {s.run}{boot}")
+    print(f"{s.name}: {term.phase(s.state, s.state)}{code}, run {s.run}{boot}")
     if s.slurm is None:
         sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
         print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
@@ -224,10 +226,11 @@ def status(s: Status) -> None:
         print(f"  unit {s.unit}")
     _status_details(s)
     if s.argv:
-        print(f"  cmd  {clean(' '.join(s.argv))[:150]}")
+        cmd = clean(term.short_cmd(" ".join(s.argv), s.cwd))
+        print(f"  cmd  {term.middle(cmd, term.width() - 7)}")
     print(f"  log  {s.log}")
     if s.last_log_line:
-        print(f"  last {clean(s.last_log_line)}")
+        print(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ls = s.last_stop
         print(
@@ -237,41 +240,61 @@ def status(s: Status) -> None:
 
 
 def job_table(rows: list[Status | tuple[str, str]]) -> None:
-    """Render `trainctl list`."""
+    """Render `trainctl list`: columns sized to their content, the table to the terminal."""
     if not rows:
         print("no jobs")
         return
-    print(
-        f"{'NAME':<20} {'STATE':<9} {'RUN':>4} {'MAIN':>8} {'MEMBERS':>7} {'UPTIME':>8}  "
-        "LAST LOG LINE"
-    )
+    cells = []
     for row in rows:
         if isinstance(row, tuple):
-            print(f"{row[0]:<20} {'?':<9} {'':>4} {'':>8} {'':>7} {'':>8}  {row[1]}")
+            cells.append((row[0], "?", "?", "", "", "", "", row[1]))
             continue
         code = f"({row.exit_code})" if row.exit_code is not None else ""
+        main = str(row.main_pid) if row.main_pid else "-"
+        up = duration(row.uptime_s)
+        last = clean(row.last_log_line)
+        cells.append(
+            (row.name, row.state + code, row.state, str(row.run), main, str(row.members), up, last)
+        )
+    heads = ("NAME", "STATE", "", "RUN", "MAIN", "MEMBERS", "UPTIME")
+    w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    left = term.width() - (sum(w) - w[2] + 2 * 5 + 2)  # what the last log line may take
+    print(
+        f"{'NAME':<{w[0]}}  {'STATE':<{w[1]}}  {'RUN':>{w[3]}}  {'MAIN':>{w[4]}}  "
+        f"{'MEMBERS':>{w[5]}}  {'UPTIME':>{w[6]}}  LAST LOG LINE"
+    )
+    for name, shown, ph, run, main, members, up, last in cells:
+        state_cell = term.phase(f"{shown:<{w[1]}}", ph)
         print(
-            f"{row.name:<20} {row.state + code:<9} {row.run:>4} {row.main_pid or '-':>8} "
-            f"{row.members:>7} {duration(row.uptime_s):>8}  {clean(row.last_log_line)[:60]}"
+            f"{name:<{w[0]}}  {state_cell}  {run:>{w[3]}}  {main:>{w[4]}}  "
+            f"{members:>{w[5]}}  {up:>{w[6]}}  {term.middle(last, max(0, left))}".rstrip()
         )
 
 
-def ps(rows: list[PsRow]) -> None:
-    """Render `trainctl ps` as an indented tree (a GPU column when any process holds one)."""
+def ps(rows: list[PsRow], cwd: str | None = None) -> None:
+    """Render `trainctl ps` as an indented tree (a GPU column when any process holds one).
+
+    Commands are shown relative to the job's cwd and without their bin/ directories, and
+    cut in the middle to fit the terminal; `ps --json` keeps them whole.
+    """
     if not rows:
         print("no live process")
         return
     with_gpu = any(r.gpu_holder for r in rows)
     gpu_head = f" {'GPU MEM':>9}" if with_gpu else ""
-    print(f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  CMD")
+    head = f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  "
+    print(f"{head}CMD")
     for r in rows:
         flag = "  [escaped]" if r.escaped else ""
         if r.stop_role.startswith("launcher"):
             flag += f"  [{r.stop_role}]"
         gpu = f" {gib(r.gpu_bytes) if r.gpu_holder else '-':>9}" if with_gpu else ""
+        indent = "  " * r.depth
+        room = max(20, term.width() - len(head) - len(indent) - len(flag))
+        cmd = term.middle(clean(term.short_cmd(r.cmd, cwd)), room)
         print(
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
-            f"{size(r.rss_bytes):>7}{gpu}  {'  ' * r.depth}{clean(r.cmd)[:100]}{flag}"
+            f"{size(r.rss_bytes):>7}{gpu}  {indent}{cmd}{term.paint(flag, 'yellow')}"
         )
 
 

@@ -47,6 +47,7 @@ class Status:
     log: str
     last_log_line: str
     argv: list[str] = field(default_factory=list)
+    cwd: str | None = None  # the job's working directory (spec), for shorter commands
     last_stop: dict[str, Any] | None = None
     error: str | None = None
     previous_boot: bool = False  # recorded before the machine last booted
@@ -137,6 +138,7 @@ def job_status(home: Path, name: str) -> Status:
         log=str(log),
         last_log_line=last_line(log),
         argv=list(spec.argv) if spec else [],
+        cwd=spec.cwd if spec else None,
         last_stop=st.last_stop,
         error=st.error,
         previous_boot=st.from_other_boot(),
@@ -259,6 +261,14 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
             )
         )
     return rows
+
+
+def job_cwd(home: Path, name: str) -> str | None:
+    """The job's working directory, when its spec is readable (for shorter commands)."""
+    try:
+        return state.read_spec(existing_job(home, name)).cwd
+    except (StateError, JobNotFoundError):
+        return None
 
 
 def job_unit(home: Path, name: str) -> str | None:

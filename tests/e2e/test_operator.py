@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -149,3 +150,41 @@ def test_list_leaves_out_long_finished_jobs_unless_all(harness: Harness) -> None
     assert "old " not in out
     assert "1 finished more than 7 days ago" in out
     assert "old" in h.tc("list", "--all").out
+
+
+def test_tables_fit_the_terminal_and_colour_only_on_one(harness: Harness) -> None:
+    h = harness
+    long_arg = "x" * 300
+    h.tc(
+        "start",
+        "--name",
+        "a-rather-long-job-name",
+        "--",
+        "sh",
+        "-c",
+        f"echo {long_arg}; sleep 600",
+        check=True,
+    )
+    h.tc("start", "--name", "f", "--", "sh", "-c", "exit 3", check=True)
+    h.tc("wait", "f", "--timeout", "20")
+    wait_for(lambda: "x" * 50 in h.tc("status", "a-rather-long-job-name").out)
+    env = {**h.env, "COLUMNS": "80"}
+    for verb in (("list",), ("ps", "a-rather-long-job-name"), ("status", "a-rather-long-job-name")):
+        out = h.tc(*verb, env=env).out
+        # file paths are never cut (they are there to be copied): status's log line
+        lines = [ln for ln in out.splitlines() if not ln.startswith("  log  ")]
+        assert all(len(line) <= 80 for line in lines), (verb, out)
+        assert "…" in out, (verb, out)  # the long part was cut in the middle, not dropped
+        assert "\x1b[" not in out  # piped: no colour
+    # list's columns line up whatever the state's width ("failed(3)" vs "running")
+    rows = h.tc("list", env=env).out.splitlines()
+    assert len({line.index(" 1 ") for line in rows[1:]}) == 1, rows
+    # on a terminal (script(1) gives a pty): colour, unless NO_COLOR
+    tty = ["script", "-qc", shlex.join([*TRAINCTL, "list"]), "/dev/null"]
+    coloured = subprocess.run(tty, env=h.env, capture_output=True, text=True, check=True).stdout
+    assert "\x1b[31mfailed(3)" in coloured
+    plain = subprocess.run(
+        tty, env={**h.env, "NO_COLOR": "1"}, capture_output=True, text=True, check=True
+    ).stdout
+    assert "\x1b[" not in plain
+    assert h.tc("stop", "a-rather-long-job-name").rc == 0
