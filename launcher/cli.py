@@ -510,6 +510,38 @@ def ps(c: Ctx, name: str, as_json: bool) -> int:
 
 
 @cli.command()
+@click.option(
+    "--interval",
+    default="1s",
+    metavar="DURATION",
+    show_default=True,
+    help="How often the screen refreshes.",
+)
+@click.option("--once", is_flag=True, help="Print one frame as plain text and exit.")
+@pass_ctx
+def top(c: Ctx, interval: str, once: bool) -> int:
+    """A live full-screen view of every job and GPU; q quits.
+
+    Each job shows its phase, processes, uptime, and its progress (step, metric
+    sparkline, rate, ETA) or else its last log line; each GPU its memory, utilisation,
+    lease and holders. Works over --host (ssh gives it a terminal).
+    """
+    from . import top as top_view  # noqa: PLC0415
+    from .inputs import parse_duration  # noqa: PLC0415
+
+    every = parse_duration(interval, "--interval")
+    if every < 0.1:
+        raise ConfigError("--interval must be at least 0.1s")
+    if once:
+        top_view.print_once(c.home)
+    elif not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise ConfigError("top needs a terminal; use `top --once`, `list` or `status --json`")
+    else:
+        top_view.run(c.home, every)
+    return ExitCode.OK
+
+
+@cli.command()
 @json_opt
 @pass_ctx
 def gpus(c: Ctx, as_json: bool) -> int:

@@ -36,6 +36,10 @@ WRAPPER = (
     f'echo {READY} >&2; command -v "$0" >/dev/null 2>&1 || {{ echo {MISSING} >&2; exit 127; }}; '
     'TRAINCTL_CLIENT_VERSION="$TCV" exec "$0" "$@"'
 )
+WRAPPER_TTY = (
+    'command -v "$0" >/dev/null 2>&1 || { echo "trainctl: not found on this host" >&2; '
+    'exit 127; }; TRAINCTL_CLIENT_VERSION="$TCV" exec "$0" "$@"'
+)
 SSH_ERRORS = (
     ("Permission denied", "authentication refused"),
     ("Connection refused", "connection refused"),
@@ -130,11 +134,15 @@ def resolve_host(name: str) -> Host:
     return load_hosts().get(name) or Host(name=name, target=name)
 
 
-def ssh_argv(host: Host, remote_args: list[str]) -> list[str]:
-    """Build the ssh command line that runs ``trainctl REMOTE_ARGS`` on the host."""
+def ssh_argv(host: Host, remote_args: list[str], *, tty: bool = False) -> list[str]:
+    """Build the ssh command line that runs ``trainctl REMOTE_ARGS`` on the host.
+
+    ``tty``: a full-screen verb (`top`) gets a remote terminal (``ssh -t``); its stderr is
+    then part of the screen, so the wrapper's markers are left out.
+    """
     argv = [
         "ssh",
-        "-T",
+        "-t" if tty else "-T",
         "-o",
         "BatchMode=yes",
         "-o",
@@ -151,14 +159,16 @@ def ssh_argv(host: Host, remote_args: list[str]) -> list[str]:
     if host.identity:
         argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
     argv += list(host.ssh_options)
-    inner = [*host.prefix, "env", f"TCV={__version__}", "sh", "-c", WRAPPER, host.trainctl]
+    wrapper = WRAPPER_TTY if tty else WRAPPER
+    inner = [*host.prefix, "env", f"TCV={__version__}", "sh", "-c", wrapper, host.trainctl]
     globals_given = remote_args[: global_options_end(remote_args)]
     if host.home and not any(a == "--home" or a.startswith("--home=") for a in globals_given):
         inner += ["--home", host.home]
     # ssh joins its arguments with spaces for the remote shell: quote each one ourselves.
     # The login shell first says it is there, so that an exit 255 after that comes from
     # the container prefix, not from ssh.
-    return [*argv, "--", host.target, f"echo {CONNECTED} >&2; " + shlex.join(inner + remote_args)]
+    hello = "" if tty else f"echo {CONNECTED} >&2; "
+    return [*argv, "--", host.target, hello + shlex.join(inner + remote_args)]
 
 
 @dataclass
@@ -189,6 +199,10 @@ class _Stderr:
 def run_remote(host_name: str, remote_args: list[str]) -> int:
     """Run ``trainctl REMOTE_ARGS`` on the host; stream its output; return its exit code."""
     host = resolve_host(host_name)
+    end = global_options_end(remote_args)
+    verb = remote_args[end] if end < len(remote_args) else ""
+    if verb == "top" and "--once" not in remote_args[end:] and sys.stdin.isatty():
+        return _run_tty(host, remote_args)
     argv = ssh_argv(host, remote_args)
     err = _Stderr()
     try:
@@ -210,6 +224,19 @@ def run_remote(host_name: str, remote_args: list[str]) -> int:
         return 130
     pump.join(5)
     return _classify(host, code, err)
+
+
+def _run_tty(host: Host, remote_args: list[str]) -> int:
+    """A full-screen verb: ssh -t, with the user's terminal as its stdin and stdout."""
+    try:
+        code = subprocess.call(ssh_argv(host, remote_args, tty=True))
+    except FileNotFoundError:
+        raise RemoteError("ssh is not installed (install openssh-client)") from None
+    if code == 255:
+        raise RemoteError(f"{host.name} unreachable, or its session failed (ssh exit 255)")
+    if code == 127:
+        raise RemoteError(f"trainctl not found on {host.name} (or its container prefix)")
+    return code
 
 
 def _classify(host: Host, code: int, err: _Stderr) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,83 @@ def test_tables_fit_the_terminal_and_colour_only_on_one(harness: Harness) -> Non
     ).stdout
     assert "\x1b[" not in plain
     assert h.tc("stop", "a-rather-long-job-name").rc == 0
+
+
+class Pane:
+    """A command on a real terminal: a private tmux server's pane (send-keys, capture)."""
+
+    def __init__(self, h: Harness, argv: list[str], width: int = 120, height: int = 30) -> None:
+        self.tmux = [
+            "tmux",
+            "-S",
+            str(h.tmp / f"pane-{uuid.uuid4().hex[:6]}.sock"),
+            "-f",
+            "/dev/null",
+        ]
+        # a new tmux server passes its own environment (the test's) on to the pane
+        cmd = [*self.tmux, "new-session", "-d", "-x", str(width), "-y", str(height)]
+        subprocess.run([*cmd, shlex.join(argv)], env=h.env, check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(
+            [*self.tmux, "capture-pane", "-p"], capture_output=True, text=True, check=False
+        ).stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", *keys], check=True)
+
+    def ended(self) -> bool:
+        done = subprocess.run([*self.tmux, "has-session"], capture_output=True, check=False)
+        return done.returncode != 0
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
+def test_top_is_a_live_screen_driven_by_keys(harness: Harness) -> None:
+    """Driven for real in a tmux pane: it shows the jobs, their progress and the GPUs,
+    refreshes by itself, and quits on q."""
+    from tests.e2e.test_gpus import fake_gpus  # noqa: PLC0415
+
+    h = harness
+    fake_gpus(h, n=2)
+    script = (
+        "import time\nfor i in range(10**6):\n    print(f'step {i}', flush=True); time.sleep(0.1)\n"
+    )
+    h.tc(
+        "start",
+        "--name",
+        "trainer",
+        "--set",
+        "progress_regex=step (?P<step>\\d+)",
+        "--set",
+        "total_steps=100000",
+        "--gpus",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        check=True,
+    )
+    pane = Pane(h, [*TRAINCTL, "top", "--interval", "0.3"])
+    try:
+        wait_for(lambda: "trainer" in pane.screen() and "steps/s" in pane.screen(), 20, "top")
+        first = pane.screen()
+        assert "running" in first
+        assert "GPUS" in first, first
+        assert "job trainer" in first, first
+        wait_for(lambda: pane.screen() != first, 10, "a refresh")  # the clock and the step move
+        pane.keys("q")
+        wait_for(pane.ended, 10, "top to quit on q")
+    finally:
+        pane.close()
+    assert h.tc("stop", "trainer").rc == 0
+    # without a terminal: one line, exit 2, and --once prints one plain frame
+    res = h.tc("top")
+    assert res.rc == 2
+    assert "top --once" in res.err
+    once = h.tc("top", "--once")
+    assert once.rc == 0
+    assert "trainer" in once.out

@@ -8,6 +8,7 @@ the test's marker into it, so the harness still sees every remote process).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -225,6 +226,22 @@ def test_remote_lifecycle(lab: Harness) -> None:
     assert stop.json()["ok"] is True  # type: ignore[index]
     assert not h.job_pids("rj")
     assert h.tc("--host", "lab", "status", "rj").rc == 3  # exit codes come back
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
+def test_top_over_ssh_gets_a_terminal(lab: Harness) -> None:
+    from tests.e2e.test_operator import Pane  # noqa: PLC0415
+
+    h = lab
+    h.tc("--host", "lab", "start", "--name", "far", "--", "sleep", "600", check=True)
+    pane = Pane(h, [*TRAINCTL, "--host", "lab", "top", "--interval", "0.3"])
+    try:
+        wait_for(lambda: "far" in pane.screen() and "running" in pane.screen(), 30, "remote top")
+        pane.keys("q")
+        wait_for(pane.ended, 15, "remote top to quit on q")
+    finally:
+        pane.close()
+    assert h.tc("--host", "lab", "stop", "far").rc == 0
 
 
 def test_argv_survives_quoting(lab: Harness) -> None:
