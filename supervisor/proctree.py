@@ -51,11 +51,11 @@ class Member:
 
     stat: Stat
     nets: set[str] = field(default_factory=set)
+    # the trusted identity (pid + start time), made once: a stop plan asks for it often
+    ref: ProcRef = field(init=False)
 
-    @property
-    def ref(self) -> ProcRef:
-        """Return the trusted identity of this member."""
-        return ProcRef(self.stat.pid, self.stat.start_ticks)
+    def __post_init__(self) -> None:
+        self.ref = ProcRef(self.stat.pid, self.stat.start_ticks)
 
     @property
     def escaped(self) -> bool:
