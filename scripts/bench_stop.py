@@ -230,26 +230,7 @@ def main() -> None:
     if args.only == "list":
         bench_list(tmp, env)
         return
-    base, ours, inner, firsts, gones = [], [], [], [], []
-    for _ in range(args.rounds):  # interleaved so drift hits both sides alike
-        base.append(baseline_stop(tmp, args.width, args.depth))
-        wall, seq, first, gone = trainctl_stop(tmp, env, args.width, args.depth)
-        ours.append(wall)
-        inner.append(seq)
-        firsts.append(first)
-        gones.append(gone)
-    b, o = statistics.median(base) * 1000, statistics.median(ours) * 1000
-    i = statistics.median(inner) * 1000
-    f, g = statistics.median(firsts) * 1000, statistics.median(gones) * 1000
-    print(
-        f"1. stop {n}-process tree (median of {args.rounds}): baseline killpg->gone {b:.0f} ms\n"
-        f"   inside the supervisor: request->last member gone {g:.0f} ms -> ratio {g / b:.2f}x "
-        f"(target <= 1.25x); of which request->first signal {f:.1f} ms (collect + plan: the "
-        f"floor is one /proc/PID/stat per member) and first signal->gone {g - f:.0f} ms -> "
-        f"{(g - f) / b:.2f}x; with the final verification scan {i:.0f} ms -> {i / b:.2f}x\n"
-        f"   `trainctl stop` wall (a new Python process, imports, report) {o:.0f} ms -> "
-        f"ratio {o / b:.2f}x"
-    )
+    bench_latency(tmp, env, args)
 
     trainctl_tree(tmp, env, args.width, args.depth)
     ms = median_ms([TRAINCTL, "status", "bench"], env, 20)
@@ -288,6 +269,31 @@ def main() -> None:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_latency(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """1. The stop of the big tree against a bare killpg, interleaved."""
+    n = args.width + args.depth
+    base, ours, inner, firsts, gones = [], [], [], [], []
+    for _ in range(args.rounds):  # interleaved so drift hits both sides alike
+        base.append(baseline_stop(tmp, args.width, args.depth))
+        wall, seq, first, gone = trainctl_stop(tmp, env, args.width, args.depth)
+        ours.append(wall)
+        inner.append(seq)
+        firsts.append(first)
+        gones.append(gone)
+    b, o = statistics.median(base) * 1000, statistics.median(ours) * 1000
+    i = statistics.median(inner) * 1000
+    f, g = statistics.median(firsts) * 1000, statistics.median(gones) * 1000
+    print(
+        f"1. stop {n}-process tree (median of {args.rounds}): baseline killpg->gone {b:.0f} ms\n"
+        f"   inside the supervisor: request->last member gone {g:.0f} ms -> ratio {g / b:.2f}x "
+        f"(target <= 1.25x); of which request->first signal {f:.1f} ms (collect + plan: the "
+        f"floor is one /proc/PID/stat per member) and first signal->gone {g - f:.0f} ms -> "
+        f"{(g - f) / b:.2f}x; with the final verification scan {i:.0f} ms -> {i / b:.2f}x\n"
+        f"   `trainctl stop` wall (a new Python process, imports, report) {o:.0f} ms -> "
+        f"ratio {o / b:.2f}x"
+    )
 
 
 def bench_list(tmp: Path, env: dict[str, str]) -> None:
