@@ -8,6 +8,7 @@ it (:meth:`Backend.check_values`). A new backend is one more class here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
+from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError, TrainctlError
 from trainctl.supervisor.spec import BACKENDS, Spec
 from trainctl.supervisor.state import JobState, Phase
 
@@ -42,6 +43,11 @@ class Seen:
     # members found on this host are the whole job (so an escape from its group is news)
     whole_job_here: bool = True
     details: dict[str, Any] | None = None  # the backend's own facts, for `status`
+    # live processes counted by the backend where they run (Slurm: by the node agents);
+    # None: count them here
+    members: int | None = None
+    # every live process, by node, as the node agents published them (for `ps`)
+    processes: list[dict[str, Any]] | None = None
 
 
 class Backend(Protocol):
@@ -148,20 +154,53 @@ class Slurm:
     kind = "slurm"
 
     def check_values(self, values: dict[str, Any]) -> None:
-        """--gpus binds this host's GPUs; Slurm allocates its own."""
+        """--gpus binds this host's GPUs; Slurm allocates its own. A line break in any
+        sbatch setting would start a new line of the batch script: a shell command."""
         if values.get("gpus"):
             raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
+        for key in ("partition", "time", "sbatch_args"):
+            value = values.get(key)
+            for item in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(item, str) and ("\n" in item or "\r" in item):
+                    raise ConfigError(f"{key}: a line break is not allowed ({item!r})")
 
     def seen(self, jdir: Path, st: JobState) -> Seen:
-        """Slurm's verdict; a job ended by `trainctl stop` stays STOPPED."""
-        from .slurm import query  # noqa: PLC0415
+        """Slurm's verdict, recorded the moment it is final; plus what each node reports.
 
-        info = query(st)
+        A run recorded as ended is not asked about again: Slurm forgets jobs (MinJobAge),
+        and a forgotten job must stay `exited` or `failed`, not turn `lost`.
+        """
+        from .slurm import STALE_S, node_records, query  # noqa: PLC0415
+
+        job_id = (st.slurm or {}).get("job_id")
+        if st.phase in state.TERMINAL:
+            info: dict[str, Any] = {"state": "ENDED", "exit_code": st.exit_code, "phase": st.phase}
+        else:
+            info = query(st)
         phase = Phase(info["phase"])
-        if phase in state.TERMINAL and st.phase == Phase.STOPPED:
-            phase = Phase.STOPPED  # Slurm calls a job ended by `trainctl stop` FAILED/CANCELLED
+        if phase in state.TERMINAL and st.phase not in state.TERMINAL:
+            final = dataclasses.replace(
+                st, phase=phase, exit_code=info["exit_code"], ended_at=time.time()
+            )
+            with contextlib.suppress(OSError, TrainctlError):  # a view; recording is a bonus
+                state.write_state(jdir, final)
+        nodes = node_records(jdir, st.run)
+        live = [n for n in nodes if n.get("stop") is None and n["age_s"] < STALE_S]
+        running = phase not in state.TERMINAL and phase != Phase.LOST
         details = {k: v for k, v in info.items() if k != "phase"}
-        details["job_id"] = (st.slurm or {}).get("job_id")
+        details["job_id"] = job_id
+        details["agents"] = [
+            {
+                "node": n["node"],
+                "host": n.get("host"),
+                "rank": n.get("rank"),
+                "members": n.get("member_count", 0),
+                "age_s": n["age_s"],
+                "stale": n.get("stop") is None and n["age_s"] >= STALE_S,
+                "stopped": n.get("stop") is not None,
+            }
+            for n in nodes
+        ]
         return Seen(
             phase,
             info["exit_code"],
@@ -170,6 +209,10 @@ class Slurm:
             ended=phase in state.TERMINAL or phase == Phase.LOST,
             whole_job_here=False,
             details=details,
+            members=sum(int(n.get("member_count", 0)) for n in live) if running else 0,
+            processes=[{**m, "node": n["node"]} for n in live for m in n.get("members", [])]
+            if running
+            else [],
         )
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:

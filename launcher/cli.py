@@ -589,16 +589,27 @@ def gpus(c: Ctx, as_json: bool) -> int:
     metavar="R",
     help="Show run R instead of the current one.",
 )
+@click.option(
+    "--node",
+    default=None,
+    metavar="NODE",
+    help="Slurm: the log of node NODE (each node past the first writes its own).",
+)
 @pass_ctx
-def logs(c: Ctx, name: str, follow: bool, lines: str | None, run: int | None) -> int:
+def logs(
+    c: Ctx, name: str, follow: bool, lines: str | None, run: int | None, node: str | None
+) -> int:
     """Print the log (stdout+stderr) of job NAME.
 
     `-n N` reads only the end of the file, however big the log is. `-f` starts with the
     last 10 lines (`-n all` for everything) and follows across restarts and rotations.
+    A multi-node Slurm job has one log per node: the first node's by default, the others
+    with `--node NODE` (`status` lists the nodes).
     """
     from . import render, views  # noqa: PLC0415
 
-    path, text = views.log_lines(c.home, name, run, _tail_of(lines, follow, c.cfg.tail_lines))
+    tail = _tail_of(lines, follow, c.cfg.tail_lines)
+    path, text = views.log_lines(c.home, name, run, tail, node=node)
     render.write("".join(text))
     if follow:
         try:

@@ -280,6 +280,14 @@ def ps(rows: list[PsRow], cwd: str | None = None) -> None:
     if not rows:
         print("no live process")
         return
+    if any(r.node for r in rows):  # published by node agents: where, who, what
+        node_w = max(4, *(len(r.node or "") for r in rows))
+        print(f"{'NODE':<{node_w}} {'PID':>7} {'PPID':>7} S  CMD")
+        for r in rows:
+            room = max(20, term.width() - node_w - 21)
+            cmd = term.middle(clean(term.short_cmd(r.cmd, cwd)), room)
+            print(f"{r.node or '-':<{node_w}} {r.pid:>7} {r.ppid:>7} {r.state}  {cmd}")
+        return
     with_gpu = any(r.gpu_holder for r in rows)
     gpu_head = f" {'GPU MEM':>9}" if with_gpu else ""
     head = f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  "
@@ -393,6 +401,15 @@ def _status_details(s: Status) -> None:
             f"  slurm job {s.slurm['job_id']}: {s.slurm['state']}{reason} on "
             f"{s.slurm.get('nodes') or '-'}"
         )
+        for a in s.slurm.get("agents", []):
+            how = (
+                "stopped"
+                if a["stopped"]
+                else f"NOT REPORTING for {a['age_s']:.0f} s"
+                if a["stale"]
+                else f"{a['members']} process(es)"
+            )
+            print(f"    node {a['node']} (rank {a['rank']}, {a['host']}): {how}")
     if s.gpus:
         print(f"  gpus {','.join(map(str, s.gpus))}")
     if s.restarts or s.restart_in_s is not None:

@@ -8,8 +8,11 @@ guarantees hold inside the allocation too.
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
 from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.spec import Spec, spec_to_doc
 from trainctl.supervisor.state import JobState, Phase
@@ -41,6 +44,15 @@ class SlurmError(TrainctlError):
     """A Slurm command failed; the message carries Slurm's own reason."""
 
 
+class SlurmUnreachableError(StateError):
+    """The controller does not answer: the job's state is unknown (exit 4), not wrong."""
+
+
+# How long a query of the controller may take before trainctl says it is unreachable:
+# scontrol itself retries for tens of seconds, and every verb must answer in a few.
+QUERY_TIMEOUT_S = 5.0
+
+
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -56,20 +68,40 @@ def _run(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 
             argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{Path(argv[0]).name} timed out: is slurmctld reachable?") from None
+        raise SlurmUnreachableError(
+            f"Slurm controller {controller()} did not answer {Path(argv[0]).name} within "
+            f"{timeout_s:g} s; the job's state is unknown until it does"
+        ) from None
     if p.returncode != 0:
         raise SlurmError(_reason(p.stderr) or f"{Path(argv[0]).name} failed ({p.returncode})")
     return p.stdout
 
 
 def _reason(stderr: str) -> str:
+    """Slurm's own reason, in one line (not the `Try "sbatch --help"` that may follow it)."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("Try ")] or lines
     for ln in reversed(lines):
         if "Unable to contact slurm controller" in ln:
-            return "Slurm controller unreachable (Unable to contact slurm controller)"
+            return (
+                f"Slurm controller {controller()} unreachable (Unable to contact slurm controller)"
+            )
         if "failed:" in ln or "error:" in ln:
             return "Slurm: " + ln.split("error:", 1)[-1].strip()
-    return lines[-1] if lines else ""
+    return "Slurm: " + lines[-1] if lines else ""
+
+
+def controller() -> str:
+    """The controller's host as slurm.conf names it (for error lines), else 'slurmctld'."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        for line in conf.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip().lower() in ("slurmctldhost", "controlmachine") and value.strip():
+                return value.split("(")[0].split()[0].strip()
+    except OSError:
+        pass
+    return "slurmctld"
 
 
 def batch_script(home: Path, jdir: Path, spec: Spec, run: int, marker: str) -> str:
@@ -105,6 +137,8 @@ def batch_script(home: Path, jdir: Path, spec: Spec, run: int, marker: str) -> s
         marker,
     ]
     lines += [
+        "# the batch host is the allocation's first node: the rendezvous host (MASTER_ADDR)",
+        'export TRAINCTL_MASTER_ADDR="$(hostname)"',
         "# one trainctl node agent per node; it runs and supervises the job's argv",
         f"exec srun --kill-on-bad-exit=1 {shlex.join(agent)}",
         "",
@@ -122,7 +156,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
     script.parent.mkdir(mode=0o700, exist_ok=True)
     (jdir / "logs").mkdir(mode=0o700, exist_ok=True)
     state.write_bytes_atomic(script, batch_script(home, jdir, spec, run, marker).encode())
-    out = _run([sbatch, "--parsable", str(script)], env=spec.env)
+    out = _run([sbatch, "--parsable", str(script)], env=spec.env, timeout_s=30)
     job_id = out.strip().split(";")[0]
     st = JobState(
         name=spec.name,
@@ -144,9 +178,11 @@ def query(st: JobState) -> dict[str, Any]:
     if not job_id:
         raise ConfigError(f"job {st.name} has no Slurm job id")
     try:
-        out = _run([_tool("scontrol"), "show", "job", "-o", str(job_id)], timeout_s=30)
-    except SlurmError:
-        out = ""
+        out = _run([_tool("scontrol"), "show", "job", "-o", str(job_id)], timeout_s=QUERY_TIMEOUT_S)
+    except SlurmError as e:
+        if "unreachable" in str(e):
+            raise SlurmUnreachableError(str(e)) from None
+        out = ""  # "Invalid job id": Slurm has purged it; accounting may still know
     fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
     if not fields:
         fields = _sacct(str(job_id))
@@ -173,7 +209,7 @@ def query(st: JobState) -> dict[str, Any]:
 def _scancel(argv: list[str]) -> None:
     """scancel, where "Invalid job id" means the job already left the queue: not an error."""
     try:
-        _run(argv)
+        _run(argv, timeout_s=2 * QUERY_TIMEOUT_S)
     except SlurmError as e:
         if "invalid job id" not in str(e).lower():
             raise
@@ -182,7 +218,8 @@ def _scancel(argv: list[str]) -> None:
 def _sacct(job_id: str) -> dict[str, str]:
     try:
         out = _run(
-            [_tool("sacct"), "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"], timeout_s=30
+            [_tool("sacct"), "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"],
+            timeout_s=QUERY_TIMEOUT_S,
         )
     except SlurmError:
         return {}
@@ -236,8 +273,13 @@ def stop(
     # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
     local = run_stop(local_target(st), spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="stop")
     final = query(st)
+    nodes, unverified = _verify_nodes(jdir, st.run, local.ok)
     report = {
-        "ok": (final["phase"] in state.TERMINAL or final["phase"] == Phase.LOST) and local.ok,
+        "ok": (final["phase"] in state.TERMINAL or final["phase"] == Phase.LOST)
+        and local.ok
+        and not unverified,
+        "nodes": nodes,
+        "unverified": unverified,
         "slurm": final,
         "cancelled_after_grace": cancelled,
         "local_leftovers": local.found,
@@ -249,6 +291,33 @@ def stop(
     }
     state.append_event(jdir, "stop_report", job=st.name, **report)
     return report
+
+
+def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each node's own stop report; the nodes none of which proves the job gone there.
+
+    A node agent that was killed reports nothing: its node counts as verified only when it
+    is this host, where the marker sweep just ran.
+    """
+    here = socket.gethostname()
+    nodes, unverified = [], []
+    for rec in node_records(jdir, run):
+        stop = rec.get("stop") if isinstance(rec.get("stop"), dict) else None
+        swept_here = rec.get("host") == here and local_ok
+        ok = bool(stop and stop.get("ok")) or swept_here
+        nodes.append(
+            {
+                "node": rec["node"],
+                "ok": ok,
+                "found": stop.get("found") if stop else None,
+                "killed": stop.get("killed") if stop else None,
+                "survivors": stop.get("survivors", []) if stop else [],
+                "by": "its agent" if stop else ("this host's sweep" if swept_here else None),
+            }
+        )
+        if not ok:
+            unverified.append(rec["node"])
+    return nodes, unverified
 
 
 def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
@@ -283,8 +352,37 @@ def describe_stop(name: str, run: int, report: dict[str, Any]) -> str:
         f"({report['grace_s']:g} s grace)",
         f"  this node  {report.get('local_leftovers', 0)} leftover process(es) of the job "
         "stopped by marker (what Slurm's proctrack missed)",
+        *(
+            f"  node {n['node']:<8} "
+            + (
+                f"nothing left ({n['by']}: {n['found']} found, {n['killed']} SIGKILLed)"
+                if n["ok"] and n["found"] is not None
+                else f"nothing left ({n['by']})"
+                if n["ok"]
+                else "NOT VERIFIED: its agent sent no stop report"
+            )
+            for n in report.get("nodes", [])
+        ),
         *(survivor_line(s) for s in report.get("survivors", [])),
         f"  total      {report['total_s']:.2f} s — "
         + ("nothing of the job is alive" if report.get("ok") else "the job did NOT end cleanly"),
     ]
     return "\n".join(lines)
+
+
+# A node's record older than this is stale: its agent stopped publishing (gone, or hung).
+STALE_S = 10.0
+
+
+def node_records(jdir: Path, run: int) -> list[dict[str, Any]]:
+    """What each node agent published about run ``run`` (members, stop report), by node."""
+    out = []
+    for path in sorted((jdir / "slurm").glob(f"run-{run}.*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("node"), str):
+            doc["age_s"] = round(max(0.0, time.time() - float(doc.get("at") or 0)), 1)
+            out.append(doc)
+    return out

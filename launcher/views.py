@@ -111,7 +111,10 @@ def job_status(home: Path, name: str) -> Status:
     scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
     members = (
         scan_fn(target)
-        if phase not in state.TERMINAL or st.last_stop is None or not st.last_stop.get("ok", True)
+        if seen.members is None
+        and (
+            phase not in state.TERMINAL or st.last_stop is None or not st.last_stop.get("ok", True)
+        )
         else {}
     )
     live = [m for m in members.values() if m.alive]
@@ -128,7 +131,7 @@ def job_status(home: Path, name: str) -> Status:
         supervisor_pid=st.supervisor.pid if st.supervisor else None,
         supervisor_alive=sup_alive,
         exit_code=st.exit_code,
-        members=len(live),
+        members=len(live) if seen.members is None else seen.members,
         escaped=sum(1 for m in live if m.escaped) if seen.whole_job_here else 0,
         mode=seen.mode,
         cgroup=st.cgroup,
@@ -210,6 +213,7 @@ class PsRow:
     gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
     stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/forest.py)
     unit: str | None = None  # the run's systemd scope (the same for every row)
+    node: str | None = None  # Slurm: the node it runs on, as its agent published it
 
 
 def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
@@ -220,6 +224,9 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
 
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
+    elsewhere = backends.of(st).seen(jdir, st).processes
+    if elsewhere is not None:  # on the nodes that run them, as their agents published them
+        return [_remote_row(p) for p in elsewhere]
     members = {pid: m for pid, m in scan(target_of(st)).items() if m.alive}
     roles = _stop_roles(jdir, st, list(members.values()))
     procs: dict[int, psutil.Process] = {}
@@ -261,6 +268,23 @@ def job_ps(home: Path, name: str, sample_s: float = 0.2) -> list[PsRow]:
             )
         )
     return rows
+
+
+def _remote_row(p: dict[str, Any]) -> PsRow:
+    return PsRow(
+        pid=int(p["pid"]),
+        ppid=int(p.get("ppid", 0)),
+        pgid=0,
+        sid=0,
+        state=str(p.get("state", "?")),
+        cpu_percent=0.0,
+        rss_bytes=0,
+        escaped=False,
+        nets=["agent"],
+        cmd=str(p.get("cmd", "")),
+        depth=0,
+        node=str(p["node"]),
+    )
 
 
 def job_cwd(home: Path, name: str) -> str | None:
@@ -310,10 +334,13 @@ def _tree_order(members: dict[int, Any]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- logs
 
 
-def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple[Path, list[str]]:
+def log_lines(
+    home: Path, name: str, run: int | None, tail: int | None, *, node: str | None = None
+) -> tuple[Path, list[str]]:
     """Return the log path of run ``run`` (default: current) and its last ``tail`` lines.
 
-    ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``).
+    ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``). ``node``: the
+    log of that node of a multi-node Slurm job (the first node's is the run's own log).
     """
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
@@ -321,6 +348,8 @@ def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple
     if run < 1 or run > st.run:
         raise ConfigError(f"job {name} has runs 1..{st.run}, not {run}")
     path = state.log_path(jdir, run)
+    if node is not None:
+        path = _node_log(jdir, run, node, path)
     try:
         data = path.read_bytes() if tail is None else _tail_bytes(path, tail)
     except FileNotFoundError:
@@ -329,6 +358,19 @@ def log_lines(home: Path, name: str, run: int | None, tail: int | None) -> tuple
     if tail is None:
         return path, lines
     return path, lines[len(lines) - tail :] if tail else []
+
+
+def _node_log(jdir: Path, run: int, node: str, first: Path) -> Path:
+    """The log file node ``node`` writes (see supervisor/node.py: node_log)."""
+    from .slurm import node_records  # noqa: PLC0415
+
+    records = {r["node"]: r for r in node_records(jdir, run)}
+    if node not in records:
+        known = ", ".join(sorted(records)) or "none reported yet"
+        raise ConfigError(f"run {run} of job {jdir.name} has no node {node!r} (nodes: {known})")
+    if records[node].get("rank") in (None, "", "0"):
+        return first
+    return first.with_name(f"run-{run}.{node}.log")
 
 
 def _tail_bytes(path: Path, lines: int, block: int = 1 << 16) -> bytes:

@@ -11,6 +11,7 @@ that catch the checkpoint signal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from . import procfs, state
 from .boot import set_subreaper
-from .proctree import Target, alive, scan
+from .errors import StateError
+from .proctree import Member, Target, alive, scan, scan_light
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import StopOrder
 from .state import ProcRef, job_dir, log_path, mtime, read_spec, write_json_atomic
@@ -43,8 +45,24 @@ _TASK_VARS = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICE
 
 
 def slurm_task_env(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """The per-task variables slurmd gave this agent, to pass on to the job over the spec's."""
-    return {k: v for k, v in env.items() if k.startswith(_TASK_PREFIXES) or k in _TASK_VARS}
+    """The per-task variables slurmd gave this agent, to pass on to the job over the spec's.
+
+    Also what launchers need to form a multi-node job, derived from them: MASTER_ADDR (the
+    batch host, the allocation's first node, exported by the batch script), MASTER_PORT
+    (from the job id, so that two jobs on a node do not collide), NNODES and NODE_RANK;
+    `torchrun --nnodes $NNODES --node-rank $NODE_RANK --rdzv-endpoint
+    $MASTER_ADDR:$MASTER_PORT ...` then works as written.
+    """
+    out = {k: v for k, v in env.items() if k.startswith(_TASK_PREFIXES) or k in _TASK_VARS}
+    job_id = env.get("SLURM_JOB_ID", "")
+    derived = {
+        "MASTER_ADDR": env.get("TRAINCTL_MASTER_ADDR"),
+        "MASTER_PORT": str(20000 + int(job_id) % 20000) if job_id.isdigit() else None,
+        "NNODES": env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES"),
+        "NODE_RANK": env.get("SLURM_NODEID"),
+    }
+    out.update({k: v for k, v in derived.items() if v})
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +81,8 @@ def main(argv: list[str]) -> int:
     set_subreaper()
     progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
     env = {**job_env(spec, args.marker, args.run, progress), **slurm_task_env(os.environ)}
-    spawned = spawn_main(spec, env, log_path(jdir, args.run), None)
+    env.pop("TRAINCTL_MASTER_ADDR", None)
+    spawned = spawn_main(spec, env, node_log(jdir, args.run), None)
     me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
     if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry
         raise SystemExit(f"trainctl-node: {spec.argv[0]} vanished right after exec")
@@ -75,7 +94,7 @@ def main(argv: list[str]) -> int:
         sid=spawned.pid,
     )
     _record(jdir, args.run, target)
-    status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid)
+    status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid, args.run)
     # main ended (or we were told to stop): nothing of the job may outlive this step
     asked = _stop_request(jdir) if _stop["by_request"] else {}
     order = asked.get("order")
@@ -93,6 +112,7 @@ def main(argv: list[str]) -> int:
     _reap_all()
     if status is None:
         status = _wait_main(spawned.pid)
+    _record(jdir, args.run, target, stop=report.to_doc())
     state.append_event(
         jdir,
         "node_done",
@@ -111,22 +131,64 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def _record(jdir: Path, run: int, target: Target) -> None:
+def node_log(jdir: Path, run: int) -> Path:
+    """The first node writes logs/run-N.log; every other node its own run-N.NODE.log.
+
+    One file per node keeps each node's lines apart (`trainctl logs --node NODE`), and
+    the first node's log, where rank 0 reports its progress, stays where it always is.
+    """
+    log = log_path(jdir, run)
+    if os.environ.get("SLURM_NODEID", "0") in ("", "0"):
+        return log
+    return log.with_name(f"run-{run}.{node_name()}.log")
+
+
+PUBLISH_S = 2.0  # how often an agent publishes its members for `status` and `ps` anywhere
+
+
+def _record(jdir: Path, run: int, target: Target, stop: dict[str, object] | None = None) -> None:
+    """Publish this node's view in the job directory (a shared file system under Slurm):
+    its agent and main, its live members, and, at the end, its own stop report."""
     path = jdir / "slurm" / f"run-{run}.{node_name()}.json"
     path.parent.mkdir(mode=0o700, exist_ok=True)
+    members = [] if stop is not None else sorted(alive(scan_light(target)).values(), key=_pid)
     doc = {
+        "node": node_name(),
+        "host": socket.gethostname(),
+        "rank": os.environ.get("SLURM_NODEID"),
+        "at": time.time(),
         "agent": target.supervisor and target.supervisor.pid,
         "main": target.main and target.main.pid,
+        "members": [
+            {
+                "pid": m.stat.pid,
+                "ppid": m.stat.ppid,
+                "state": m.stat.state,
+                "cmd": procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]",
+            }
+            for m in members[:256]
+        ],
+        "member_count": len(members),
+        "stop": stop,
     }
     write_json_atomic(path, doc, durable=False)
 
 
-def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int) -> int | None:
-    """Reap and forward checkpoint requests until main exits or a stop is asked."""
+def _pid(m: Member) -> int:
+    return m.stat.pid
+
+
+def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int, run: int) -> int | None:
+    """Reap, publish, forward checkpoint requests until main exits or a stop is asked."""
     request = jdir / "slurm" / "checkpoint-request"
     stop_file = jdir / "slurm" / STOP_REQUEST
     seen, stop_seen = mtime(request), mtime(stop_file)
+    published = time.monotonic()
     while not _stop["asked"]:
+        if time.monotonic() - published >= PUBLISH_S:
+            published = time.monotonic()
+            with contextlib.suppress(OSError, StateError):  # a full disk costs the view only
+                _record(jdir, run, target)
         if mtime(stop_file) > stop_seen:  # `trainctl stop`: our own graceful, ordered stop
             _stop["asked"] = _stop["by_request"] = True
             return None
