@@ -87,7 +87,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     yield from _run_cluster(tmp, conf, key, sock)
 
 
-def _run_cluster(tmp: Path, conf: Path, key: Path, sock: Path) -> Iterator[Path]:
+def _run_cluster(
+    tmp: Path, conf: Path, key: Path, sock: Path, nodes: tuple[str, ...] = ()
+) -> Iterator[Path]:
+    """munged, slurmctld and one slurmd (or one per name in ``nodes``: multiple-slurmd)."""
     procs: list[subprocess.Popen[bytes]] = []
     munged = subprocess.run(
         [
@@ -106,11 +109,14 @@ def _run_cluster(tmp: Path, conf: Path, key: Path, sock: Path) -> Iterator[Path]
     if munged.returncode != 0:
         pytest.skip(f"munged cannot run here: {munged.stderr.strip()[:200]}")
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    for daemon in ("slurmctld", "slurmd"):
-        with open(tmp / "log" / f"{daemon}.out", "wb") as out:
+    daemons: list[tuple[str, list[str]]] = [("slurmctld", [])]
+    daemons += [("slurmd", ["-N", n]) for n in nodes] if nodes else [("slurmd", [])]
+    for daemon, extra in daemons:
+        name = "-".join([daemon, *extra[1:]])
+        with open(tmp / "log" / f"{name}.out", "wb") as out:
             procs.append(
                 subprocess.Popen(
-                    [str(_which(daemon)), "-D", "-f", str(conf)],
+                    [str(_which(daemon)), "-D", "-f", str(conf), *extra],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

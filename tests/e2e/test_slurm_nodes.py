@@ -1,0 +1,196 @@
+"""The Slurm backend on two nodes: a real cluster in Slurm's multiple-slurmd mode.
+
+Two slurmd (`slurmd -N n1`, `-N n2`) on this host, each its own node to slurmctld, with
+private ports and a private munge: what a login node and two compute nodes see, on one
+machine. Every job here spans both nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TREES, Harness, wait_for
+from tests.e2e.test_slurm import DAEMONS, _free_port, _run_cluster, _which
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+NODES = ("n1", "n2")
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    missing = [d for d in (*DAEMONS, "sbatch", "scancel", "scontrol") if not _which(d)]
+    if missing:
+        pytest.skip(f"Slurm not installed ({', '.join(missing)} missing)")
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster runs as root (SlurmUser=root)")
+    tmp = tmp_path_factory.mktemp("slurm2")
+    for d in ("munge", "state", "spool", "log"):
+        (tmp / d).mkdir()
+    key = tmp / "munge" / "key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    sock = tmp / "munge" / "sock"
+    host = socket.gethostname().split(".")[0]
+    cpus = max(1, (os.cpu_count() or 2) // 2)
+    node_lines = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus}"
+        for n in NODES
+    )
+    conf = tmp / "slurm.conf"
+    conf.write_text(f"""ClusterName=trainctltest2
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+StateSaveLocation={tmp}/state
+SlurmdSpoolDir={tmp}/spool/%n
+SlurmctldPidFile={tmp}/ctld.pid
+SlurmdPidFile={tmp}/d-%n.pid
+SlurmctldPort={_free_port()}
+SlurmctldLogFile={tmp}/log/ctld.log
+SlurmdLogFile={tmp}/log/d-%n.log
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+KillWait=3
+MinJobAge=600
+InactiveLimit=0
+{node_lines}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+    yield from _run_cluster(tmp, conf, key, sock, NODES)
+
+
+@pytest.fixture
+def sl2(harness: Harness, two_nodes: Path) -> Harness:
+    harness.env["SLURM_CONF"] = str(two_nodes)
+    return harness
+
+
+def _status(h: Harness, name: str) -> dict:  # type: ignore[type-arg]
+    doc = h.tc("status", name, "--json").json()
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_each_node_gets_its_rank_and_the_rendezvous_and_is_seen_and_stopped(sl2: Harness) -> None:
+    h = sl2
+    report = (
+        "echo node=$SLURMD_NODENAME rank=$NODE_RANK nnodes=$NNODES procid=$SLURM_PROCID "
+        "master=$MASTER_ADDR:$MASTER_PORT job=$SLURM_JOB_ID; exec sleep 600"
+    )
+    h.tc(
+        "start",
+        "--name",
+        "env",
+        "--backend",
+        "slurm",
+        "--nodes",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        report,
+        check=True,
+    )
+    logs = h.home / "jobs" / "env" / "logs"
+    first, second = logs / "run-1.log", logs / "run-1.n2.log"
+    wait_for(
+        lambda: (
+            "node=" in (first.read_text() if first.exists() else "")
+            and second.exists()
+            and "node=" in second.read_text()
+        ),
+        60,
+        "both nodes' output",
+    )
+    lines = {}
+    for path in (first, second):
+        line = next(ln for ln in path.read_text().splitlines() if ln.startswith("node="))
+        lines[path.name] = dict(kv.split("=", 1) for kv in line.split())
+    a, b = lines["run-1.log"], lines["run-1.n2.log"]
+    assert (a["node"], a["rank"], b["node"], b["rank"]) == ("n1", "0", "n2", "1")
+    assert a["nnodes"] == b["nnodes"] == "2"
+    assert a["master"] == b["master"] != ":"
+    assert a["master"].split(":")[0] == socket.gethostname()
+    assert a["job"] == b["job"] != ""
+    # the view from anywhere: both agents publish their members
+    wait_for(
+        lambda: (
+            len(_status(h, "env")["slurm"]["agents"]) == 2 and _status(h, "env")["members"] >= 2
+        ),
+        20,
+        "both agents' members",
+    )
+    human = h.tc("status", "env").out
+    assert "node n1" in human
+    assert "node n2" in human
+    ps = h.tc("ps", "env").out
+    assert "NODE" in ps
+    assert "n1" in ps
+    assert "n2" in ps
+    node_log = h.tc("logs", "env", "--node", "n2")
+    assert "node=n2" in node_log.out
+    assert h.tc("logs", "env", "--node", "n9").rc == 2
+    stop = h.tc("stop", "env", "--json")
+    assert stop.rc == 0, stop
+    doc = stop.json()
+    assert isinstance(doc, dict)
+    nodes = {n["node"]: n for n in doc["report"]["nodes"]}
+    assert set(nodes) == {"n1", "n2"}
+    assert all(n["ok"] and n["by"] == "its agent" for n in nodes.values()), nodes
+    assert doc["report"]["unverified"] == []
+    assert not h.job_pids("env")
+
+
+def test_a_real_two_node_torchrun_checkpoints_on_a_plain_stop(sl2: Harness) -> None:
+    pytest.importorskip("torch", reason="no CPU build of torch here (pip install torch==2.13.0)")
+    h = sl2
+    out = h.tmp / "ckpt"
+    out.mkdir()
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = (
+        f"exec {torchrun} --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 "
+        "--rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT "
+        f"{TREES / 'torch_train.py'} {out}"
+    )
+    h.tc(
+        "start",
+        "--name",
+        "ddp",
+        "--backend",
+        "slurm",
+        "--nodes",
+        "2",
+        "--grace",
+        "60",
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--",
+        "sh",
+        "-c",
+        cmd,
+        check=True,
+    )
+    ready = [out / f"rank{r}.ready" for r in range(2)]
+    wait_for(lambda: all(p.exists() for p in ready), 100, "both ranks to train")
+    stop = h.tc("stop", "ddp", "--json", timeout=120)
+    logs = (h.tc("logs", "ddp").out, h.tc("logs", "ddp", "--node", "n2").out)
+    assert stop.rc == 0, (stop, logs)
+    assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
+    assert not h.job_pids("ddp")
