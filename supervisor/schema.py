@@ -39,13 +39,34 @@ def _hints(cls: Any) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _check(value: Any, hint: Any, where: str, path: str) -> None:
+@functools.cache
+def _kind(hint: Any) -> tuple[str, Any]:
+    """How a hint is checked, worked out once per hint (`list` reads dozens of specs)."""
     if hint is Any:
-        return
+        return "any", None
     origin = typing.get_origin(hint)
+    if origin is dict and typing.get_args(hint) == (str, str):
+        return "str-dict", None  # a job's environment: hundreds of strings, one pass
     if origin is not None or dataclasses.is_dataclass(hint):
+        return "compound", origin
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return "enum", None
+    return "scalar", None
+
+
+def _check(value: Any, hint: Any, where: str, path: str) -> None:
+    kind, origin = _kind(hint)
+    if kind == "any":
+        return
+    if kind == "str-dict":
+        ok = isinstance(value, dict) and all(
+            type(k) is str and type(v) is str for k, v in value.items()
+        )
+        if not ok:  # find and name the offending entry
+            _check_compound(value, hint, dict, where, path)
+    elif kind == "compound":
         _check_compound(value, hint, origin, where, path)
-    elif isinstance(hint, type) and issubclass(hint, Enum):
+    elif kind == "enum":
         _need(isinstance(value, hint), value, f"one of {[e.value for e in hint]}", where, path)
     else:
         _check_scalar(value, hint, where, path)
