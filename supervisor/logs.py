@@ -10,13 +10,21 @@ microseconds, is the only loss, the known price of copytruncate.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 from pathlib import Path
+
+from .errors import StateError
+from .state import open_in
 
 
 def rotate_if_big(path: Path, max_bytes: int, keep: int) -> int:
-    """Rotate ``path`` once it is bigger than ``max_bytes`` (0: never); return its old size."""
+    """Rotate ``path`` once it is bigger than ``max_bytes`` (0: never); return its old size.
+
+    The copy goes to a fresh temporary file (random name, O_EXCL|O_NOFOLLOW: nothing
+    planted is written through), and the older copies move up by hard link + rename, so
+    ``run-N.log.1`` ... never disappear, not even for a moment, from a reader's view.
+    """
     try:
         size = os.stat(path, follow_symlinks=False).st_size
     except OSError:
@@ -24,13 +32,44 @@ def rotate_if_big(path: Path, max_bytes: int, keep: int) -> int:
     if not max_bytes or size <= max_bytes:
         return 0
     try:
-        for i in range(keep - 1, 0, -1):
-            older = path.with_name(f"{path.name}.{i}")
-            if older.exists():
-                os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
         if keep > 0:
-            shutil.copyfile(path, path.with_name(f"{path.name}.1"), follow_symlinks=False)
-    except OSError:
+            fresh = _copy_aside(path)
+            for i in range(keep - 1, 0, -1):
+                older = path.with_name(f"{path.name}.{i}")
+                if os.path.lexists(older):
+                    _replace_by_link(older, path.with_name(f"{path.name}.{i + 1}"))
+            os.replace(fresh, path.with_name(f"{path.name}.1"))
+    except (OSError, StateError):
         pass  # a full disk (often this very log's doing): the cap matters more than the copy
     os.truncate(path, 0)
     return size
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+
+
+def _copy_aside(path: Path) -> Path:
+    tmp = _temp_name(path)
+    out = open_in(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        src = open_in(path, os.O_RDONLY)
+        try:
+            while os.sendfile(out, src, None, 1 << 20):
+                pass
+        finally:
+            os.close(src)
+    except BaseException:
+        os.close(out)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(out)
+    return tmp
+
+
+def _replace_by_link(src: Path, dst: Path) -> None:
+    """Make ``dst`` the file ``src`` is, while ``src`` stays: link aside, then rename."""
+    tmp = _temp_name(dst)
+    os.link(src, tmp, follow_symlinks=False)
+    os.replace(tmp, dst)

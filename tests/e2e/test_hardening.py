@@ -312,8 +312,14 @@ def _eperm_stop(
     as_user: list[str],
 ) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*as_user, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        return subprocess.run(  # from /: this checkout may be in a private directory
+            [*as_user, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
         )
 
     started = run("start", "--name", "f", "--set", "kill_wait=1", "--", "true")

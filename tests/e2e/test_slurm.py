@@ -39,6 +39,20 @@ def _which(name: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    host = socket.gethostname().split(".")[0]
+    yield from cluster(
+        tmp_path_factory,
+        "trainctltest",
+        f"SlurmdPort={_free_port()}\nNodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
+    )
+
+
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, name: str, nodes: str, slurmds: tuple[str, ...] = ()
+) -> Iterator[Path]:
+    """A private Slurm cluster on this host: its slurm.conf (``nodes``: the node lines),
+    munge key and socket, state and logs in a temp dir; one slurmd, or one per name in
+    ``slurmds`` (multiple-slurmd mode, with %n in the per-node paths)."""
     missing = [d for d in (*DAEMONS, "sbatch", "scancel", "scontrol") if not _which(d)]
     if missing:
         pytest.skip(
@@ -46,7 +60,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         )
     if os.geteuid() != 0:
         pytest.skip("the test cluster runs as root (SlurmUser=root)")
-    tmp = tmp_path_factory.mktemp("slurm")
+    tmp = tmp_path_factory.mktemp(name)
     for d in ("munge", "state", "spool", "log"):
         (tmp / d).mkdir()
     key = tmp / "munge" / "key"
@@ -54,8 +68,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     key.chmod(0o600)
     sock = tmp / "munge" / "sock"
     host = socket.gethostname().split(".")[0]
+    per_node = "/%n" if slurmds else ""
     conf = tmp / "slurm.conf"
-    conf.write_text(f"""ClusterName=trainctltest
+    conf.write_text(f"""ClusterName={name}
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
@@ -66,14 +81,14 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
 StateSaveLocation={tmp}/state
-SlurmdSpoolDir={tmp}/spool
+SlurmdSpoolDir={tmp}/spool{per_node}
 SlurmctldPidFile={tmp}/ctld.pid
-SlurmdPidFile={tmp}/d.pid
+SlurmdPidFile={tmp}/d{per_node.replace("/", "-")}.pid
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 SlurmctldLogFile={tmp}/log/ctld.log
-SlurmdLogFile={tmp}/log/d.log
+SlurmdLogFile={tmp}/log/d{per_node.replace("/", "-")}.log
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
@@ -81,10 +96,10 @@ ReturnToService=2
 KillWait=3
 MinJobAge=600
 InactiveLimit=0
-NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
-    yield from _run_cluster(tmp, conf, key, sock)
+    yield from _run_cluster(tmp, conf, key, sock, slurmds)
 
 
 def _run_cluster(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TREES, Harness, wait_for
-from tests.e2e.test_slurm import DAEMONS, _free_port, _run_cluster, _which
+from tests.e2e.test_slurm import _free_port, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,55 +25,13 @@ NODES = ("n1", "n2")
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    missing = [d for d in (*DAEMONS, "sbatch", "scancel", "scontrol") if not _which(d)]
-    if missing:
-        pytest.skip(f"Slurm not installed ({', '.join(missing)} missing)")
-    if os.geteuid() != 0:
-        pytest.skip("the test cluster runs as root (SlurmUser=root)")
-    tmp = tmp_path_factory.mktemp("slurm2")
-    for d in ("munge", "state", "spool", "log"):
-        (tmp / d).mkdir()
-    key = tmp / "munge" / "key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o600)
-    sock = tmp / "munge" / "sock"
     host = socket.gethostname().split(".")[0]
     cpus = max(1, (os.cpu_count() or 2) // 2)
     node_lines = "\n".join(
         f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus}"
         for n in NODES
     )
-    conf = tmp / "slurm.conf"
-    conf.write_text(f"""ClusterName=trainctltest2
-SlurmctldHost={host}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={sock}
-CredType=cred/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-StateSaveLocation={tmp}/state
-SlurmdSpoolDir={tmp}/spool/%n
-SlurmctldPidFile={tmp}/ctld.pid
-SlurmdPidFile={tmp}/d-%n.pid
-SlurmctldPort={_free_port()}
-SlurmctldLogFile={tmp}/log/ctld.log
-SlurmdLogFile={tmp}/log/d-%n.log
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-ReturnToService=2
-KillWait=3
-MinJobAge=600
-InactiveLimit=0
-{node_lines}
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-    yield from _run_cluster(tmp, conf, key, sock, NODES)
+    yield from cluster(tmp_path_factory, "trainctltest2", node_lines, NODES)
 
 
 @pytest.fixture

@@ -103,7 +103,9 @@ def test_order_all_kills_the_loaders_before_the_checkpoint(harness: Harness, sha
     stop_and_check(h, "t", "--order", "all")
     log = h.tc("logs", "t").out
     assert not list(out.glob("rank*.pt")), log
-    assert "is killed by signal" in log
+    # the rank died of its loaders' deaths: PyTorch's own words, or, when the signal lands
+    # while the rank is reading from a worker, the worker's pipe closing under it
+    assert "is killed by signal" in log or "EOFError" in log, log
 
 
 def test_shielded_workers_survive_an_everyone_at_once_stop(harness: Harness) -> None:
