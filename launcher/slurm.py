@@ -244,7 +244,8 @@ def stop(
     job_id = str((st.slurm or {})["job_id"])
     info = query(st)
     ended = info["phase"] in state.TERMINAL or info["phase"] == Phase.LOST
-    if ended and not alive(scan(local_target(st))):
+    silent = any(not isinstance(r.get("stop"), dict) for r in node_records(jdir, st.run))
+    if ended and not silent and not alive(scan(local_target(st))):
         return {"ok": True, "already_stopped": True, "slurm": info}
     cancelled = False
     if not ended and info["phase"] == Phase.RUNNING:
@@ -268,9 +269,10 @@ def stop(
             _scancel([scancel, job_id])
             state.append_event(jdir, "escalated", job=st.name, via="scancel")
             _wait_left_queue(st, 60)
-    # else: Slurm has ended (or forgotten) the job, but its processes outlived it here
-    # (a node agent SIGKILLed): the sweep below is all that can stop them.
-    # Slurm's proctrack may miss escapers (setsid): the marker finds them on this node.
+    # else: Slurm has ended (or forgotten) the job, but its processes outlived it
+    # (a node agent SIGKILLed). A node whose agent left no report gets a sweep job; then
+    # this host's own sweep: Slurm's proctrack may miss escapers (setsid), the marker not.
+    swept = _sweep_silent_nodes(jdir, st)
     local = run_stop(local_target(st), spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="stop")
     final = query(st)
     nodes, unverified = _verify_nodes(jdir, st.run, local.ok)
@@ -283,6 +285,7 @@ def stop(
         "slurm": final,
         "cancelled_after_grace": cancelled,
         "local_leftovers": local.found,
+        "sweep_jobs": swept,
         "survivors": local.survivors,
         "total_s": round(time.monotonic() - t0, 3),
         "signal": spec.stop.signal,
@@ -291,6 +294,55 @@ def stop(
     }
     state.append_event(jdir, "stop_report", job=st.name, **report)
     return report
+
+
+SWEEP_WAIT_S = 60.0  # for a sweep job's allocation, its stop and its report, per node
+
+
+def _sweep_silent_nodes(jdir: Path, st: JobState) -> list[str]:
+    """Sweep, in a fresh one-node allocation each, the nodes whose agent sent no report.
+
+    Only once Slurm has ended the job (the allocation is gone with it). Returns the nodes
+    swept; a node whose sweep job could not run stays unverified in the report.
+    """
+    silent = [r["node"] for r in node_records(jdir, st.run) if not isinstance(r.get("stop"), dict)]
+    if not silent:
+        return []
+    srun = _tool("srun")
+    home = jdir.parent.parent
+    agent = [
+        sys.executable,
+        "-m",
+        "trainctl.supervisor.node",
+        "--home",
+        str(home),
+        "--name",
+        st.name,
+        "--run",
+        str(st.run),
+        "--marker",
+        st.marker,
+        "--sweep",
+    ]
+    done = []
+    for node in silent:
+        argv = [
+            srun,
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--immediate=30",
+            f"--job-name=trainctl-sweep-{st.name}",
+            "--time=5",
+            *agent,
+        ]
+        try:
+            _run(argv, timeout_s=SWEEP_WAIT_S)
+        except TrainctlError as e:
+            state.append_event(jdir, "sweep_failed", job=st.name, node=node, error=str(e))
+            continue
+        done.append(node)
+    return done
 
 
 def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> tuple[list[dict[str, Any]], list[str]]:
@@ -305,6 +357,11 @@ def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> tuple[list[dict[str, 
         stop = rec.get("stop") if isinstance(rec.get("stop"), dict) else None
         swept_here = rec.get("host") == here and local_ok
         ok = bool(stop and stop.get("ok")) or swept_here
+        by = None
+        if stop:
+            by = "a sweep job" if stop.get("swept") else "its agent"
+        elif swept_here:
+            by = "this host's sweep"
         nodes.append(
             {
                 "node": rec["node"],
@@ -312,7 +369,7 @@ def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> tuple[list[dict[str, 
                 "found": stop.get("found") if stop else None,
                 "killed": stop.get("killed") if stop else None,
                 "survivors": stop.get("survivors", []) if stop else [],
-                "by": "its agent" if stop else ("this host's sweep" if swept_here else None),
+                "by": by,
             }
         )
         if not ok:

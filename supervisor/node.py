@@ -25,7 +25,7 @@ from .boot import set_subreaper
 from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
 from .spawn import exit_code_of, job_env, spawn_main
-from .spec import StopOrder
+from .spec import Spec, StopOrder
 from .state import ProcRef, job_dir, log_path, mtime, read_spec, write_json_atomic
 from .stop import run_stop
 
@@ -72,9 +72,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", required=True)
     p.add_argument("--run", type=int, required=True)
     p.add_argument("--marker", required=True)
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run nothing: stop what carries the marker on this node, report, exit",
+    )
     args = p.parse_args(argv)
     jdir = job_dir(Path(args.home), args.name)
     spec = read_spec(jdir)
+    if args.sweep:
+        return sweep(jdir, spec, args.run, args.marker)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_stop)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
@@ -124,6 +131,23 @@ def main(argv: list[str]) -> int:
         survivors=report.survivors,
     )
     return exit_code_of(status) if status is not None else 143
+
+
+def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:
+    """Stop the leftovers of a run on this node, by marker, and publish the node's report.
+
+    Run by `trainctl stop` in a fresh allocation on a node whose agent died without a
+    report, once Slurm has ended or forgotten the job: the agent's processes may still
+    run there, and this host's own sweep cannot reach another host.
+    """
+    target = Target(marker=marker)
+    report = run_stop(target, spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="sweep")
+    _reap_all()
+    _record(jdir, run, target, stop={**report.to_doc(), "swept": True})
+    state.append_event(
+        jdir, "node_swept", node=node_name(), run=run, found=report.found, ok=report.ok
+    )
+    return 0 if report.ok else 1
 
 
 def node_name() -> str:

@@ -7,8 +7,10 @@ machine. Every job here spans both nodes.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +154,32 @@ def test_a_real_two_node_torchrun_checkpoints_on_a_plain_stop(sl2: Harness) -> N
     assert stop.rc == 0, (stop, logs)
     assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
     assert not h.job_pids("ddp")
+
+
+def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> None:
+    """Slurm ended the job, but one node's agent died without reporting, and a process of
+    the job outlived it: `stop` runs a sweep job on that node, which finds and stops it."""
+    h = sl2
+    h.tc("start", "--name", "sw", "--backend", "slurm", "--nodes", "2", "--", "true", check=True)
+    wait_for(lambda: h.tc("status", "sw").rc == 3, 60, "the job to end")
+    jdir = h.home / "jobs" / "sw"
+    record = jdir / "slurm" / "run-1.n2.json"
+    wait_for(record.exists, 10, "n2's record")
+    doc = json.loads(record.read_text())
+    doc["stop"] = None  # as if n2's agent had been SIGKILLed before its report
+    record.write_text(json.dumps(doc))
+    marker = json.loads((jdir / "state.json").read_text())["marker"]
+    leftover = subprocess.Popen(  # ours: it carries the test's mark and the job's marker
+        ["sleep", "600"], env={**h.env, "TRAINCTL_JOB": marker}, start_new_session=True
+    )
+    wait_for(lambda: bool(h.job_pids("sw")), 10, "the leftover to be seen")
+    stop = h.tc("stop", "sw", "--json", timeout=120)
+    assert stop.rc == 0, stop
+    report = stop.json()["report"]  # type: ignore[index]
+    assert report["sweep_jobs"] == ["n2"]
+    n2 = next(n for n in report["nodes"] if n["node"] == "n2")
+    assert n2["by"] == "a sweep job"
+    assert n2["found"] == 1  # the sweep job, not this host's own sweep, found it
+    assert leftover.wait(10) is not None
+    assert not h.job_pids("sw")
+    assert "nothing to stop" in h.tc("stop", "sw").out
