@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TREES, Harness, wait_for
+from tests.conftest import TREES, Harness, kill_verified, wait_for
 from tests.e2e.test_slurm import _free_port, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -183,3 +183,44 @@ def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> Non
     assert leftover.wait(10) is not None
     assert not h.job_pids("sw")
     assert "nothing to stop" in h.tc("stop", "sw").out
+
+
+def test_both_agents_sigkilled_then_stop_leaves_nothing(sl2: Harness) -> None:
+    h = sl2
+    h.tc(
+        "start",
+        "--name",
+        "k",
+        "--backend",
+        "slurm",
+        "--nodes",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 600 & exec sleep 600",
+        check=True,
+    )
+    jdir = h.home / "jobs" / "k"
+    records = [jdir / "slurm" / f"run-1.{n}.json" for n in NODES]
+    wait_for(lambda: all(r.exists() for r in records), 60, "both agents")
+    wait_for(lambda: len(h.job_pids("k")) >= 4, 30, "both nodes' processes")
+    marker = json.loads((jdir / "state.json").read_text())["marker"]
+    for r in records:
+        pid = int(json.loads(r.read_text())["agent"])
+        start, is_ours = _ours(h, pid, marker)
+        assert is_ours  # started by this test (its mark), and the agent of this job
+        kill_verified(pid, start)
+    stop = h.tc("stop", "k", "--json", timeout=150)
+    assert stop.rc == 0, stop
+    assert not h.job_pids("k")
+    report = stop.json()["report"]  # type: ignore[index]
+    assert all(n["ok"] for n in report["nodes"]), report["nodes"]
+
+
+def _ours(h: Harness, pid: int, marker: str) -> tuple[int, bool]:
+    start = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    ours = f"TCTEST_MARK={h.mark}".encode() in env and marker.encode() in argv
+    return start, ours
