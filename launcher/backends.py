@@ -179,11 +179,7 @@ class Slurm:
             info = query(st)
         phase = Phase(info["phase"])
         if phase in state.TERMINAL and st.phase not in state.TERMINAL:
-            final = dataclasses.replace(
-                st, phase=phase, exit_code=info["exit_code"], ended_at=time.time()
-            )
-            with contextlib.suppress(OSError, TrainctlError):  # a view; recording is a bonus
-                state.write_state(jdir, final)
+            _record_final(jdir, phase, info["exit_code"])
         nodes = node_records(jdir, st.run)
         live = [n for n in nodes if n.get("stop") is None and n["age_s"] < STALE_S]
         running = phase not in state.TERMINAL and phase != Phase.LOST
@@ -283,6 +279,16 @@ class Slurm:
         say(f"asking every node for a checkpoint ({spec.watch.checkpoint_signal}) ...")
         asked_at = slurm.request_checkpoint(jdir)
         return wait_new_checkpoint(spec, asked_at, timeout_s)
+
+
+def _record_final(jdir: Path, phase: Phase, exit_code: int | None) -> None:
+    """Record Slurm's final verdict, under the job lock and only if nobody holds it (a
+    `stop` in progress records its own outcome); a view never waits, nor fails, for it."""
+    with contextlib.suppress(OSError, TrainctlError), state.job_lock(jdir, 0.0):
+        now = state.read_state(jdir)
+        if now.phase not in state.TERMINAL:
+            ended = dataclasses.replace(now, phase=phase, exit_code=exit_code, ended_at=time.time())
+            state.write_state(jdir, ended)
 
 
 _BACKENDS: dict[str, Backend] = {"local": Local(), "slurm": Slurm()}
