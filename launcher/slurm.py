@@ -104,6 +104,17 @@ def controller() -> str:
     return "slurmctld"
 
 
+def agent_argv(home: Path, name: str, run: int, marker: str, *extra: str) -> list[str]:
+    """The node agent's command line (see supervisor/node.py)."""
+    return [
+        sys.executable,
+        "-m",
+        "trainctl.supervisor.node",
+        *("--home", str(home), "--name", name, "--run", str(run), "--marker", marker),
+        *extra,
+    ]
+
+
 def batch_script(home: Path, jdir: Path, spec: Spec, run: int, marker: str) -> str:
     """Return the sbatch script of one run."""
     opts = spec.slurm or {}
@@ -123,19 +134,7 @@ def batch_script(home: Path, jdir: Path, spec: Spec, run: int, marker: str) -> s
     if opts.get("gpus_per_node"):
         lines.append(f"#SBATCH --gpus-per-node={opts['gpus_per_node']}")
     lines += [f"#SBATCH {arg}" for arg in opts.get("sbatch_args", ())]
-    agent = [
-        sys.executable,
-        "-m",
-        "trainctl.supervisor.node",
-        "--home",
-        str(home),
-        "--name",
-        spec.name,
-        "--run",
-        str(run),
-        "--marker",
-        marker,
-    ]
+    agent = agent_argv(home, spec.name, run, marker)
     lines += [
         "# the batch host is the allocation's first node: the rendezvous host (MASTER_ADDR)",
         'export TRAINCTL_MASTER_ADDR="$(hostname)"',
@@ -310,20 +309,7 @@ def _sweep_silent_nodes(jdir: Path, st: JobState) -> list[str]:
         return []
     srun = _tool("srun")
     home = jdir.parent.parent
-    agent = [
-        sys.executable,
-        "-m",
-        "trainctl.supervisor.node",
-        "--home",
-        str(home),
-        "--name",
-        st.name,
-        "--run",
-        str(st.run),
-        "--marker",
-        st.marker,
-        "--sweep",
-    ]
+    agent = agent_argv(home, st.name, st.run, st.marker, "--sweep")
     done = []
     for node in silent:
         argv = [
