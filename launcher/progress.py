@@ -15,7 +15,7 @@ from typing import Any
 
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, log_path
-from trainctl.supervisor.steps import steps_path
+from trainctl.supervisor.steps import number, numbers, progress_of, steps_path, tail_lines
 
 TAIL_BYTES = 256 * 1024
 RATE_WINDOW = 20  # supervisor samples (about 15 s apart) in the ETA's window: ~5 min
@@ -39,53 +39,20 @@ class Progress:
         return asdict(self)
 
 
-def _tail_lines(path: Path) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.decode(errors="replace").splitlines()
-    return lines[1:] if size > TAIL_BYTES else lines  # the first one may be cut
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        return float(str(value))
-    except ValueError:
-        return None
-
-
 def _points(jdir: Path, st: JobState, spec: Spec) -> list[dict[str, float]]:
     points: list[dict[str, float]] = []
-    for line in _tail_lines(jdir / "logs" / f"run-{st.run}.progress.jsonl"):
+    for line in tail_lines(jdir / "logs" / f"run-{st.run}.progress.jsonl", TAIL_BYTES):
         try:
             doc = json.loads(line)
         except ValueError:
             continue
-        if isinstance(doc, dict):
-            nums = {k: v for k, v in ((k, _num(v)) for k, v in doc.items()) if v is not None}
-            if "step" in nums:
-                points.append(nums)
+        if isinstance(doc, dict) and (nums := numbers(doc)) is not None:
+            points.append(nums)
     if spec.watch.progress_regex:
         rx = re.compile(spec.watch.progress_regex)
-        for line in _tail_lines(log_path(jdir, st.run)):
-            m = rx.search(line.rsplit("\r", 1)[-1])
-            if m:
-                nums = {
-                    k: v
-                    for k, v in ((k, _num(v)) for k, v in m.groupdict().items())
-                    if v is not None
-                }
-                if "step" in nums:
-                    points.append(nums)
+        for line in tail_lines(log_path(jdir, st.run), TAIL_BYTES):
+            if (nums := progress_of(line, rx)) is not None:
+                points.append(nums)
     return points
 
 
@@ -134,15 +101,15 @@ def _rate(points: list[dict[str, float]], st: JobState, jdir: Path, spec: Spec) 
 
 def _samples(log: Path) -> list[dict[str, float]]:
     out = []
-    for line in _tail_lines(steps_path(log)):
+    for line in tail_lines(steps_path(log), TAIL_BYTES):
         try:
             doc = json.loads(line)
         except ValueError:
             continue
         if (
             isinstance(doc, dict)
-            and (t := _num(doc.get("t")))
-            and (s := _num(doc.get("step"))) is not None
+            and (t := number(doc.get("t")))
+            and (s := number(doc.get("step"))) is not None
         ):
             out.append({"t": t, "step": s})
     return out

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from .errors import StateError
 from .state import open_in
 
 TAIL_BYTES = 64 * 1024  # the newest step is near the end of the log
@@ -24,23 +25,48 @@ def steps_path(log: Path) -> Path:
     return log.with_name(log.name.removesuffix(".log") + ".steps.jsonl")
 
 
-def newest_step(log: Path, rx: re.Pattern[str]) -> float | None:
-    """Return the step of the last log line that ``rx`` matches (group ``step``)."""
+def tail_lines(path: Path, nbytes: int) -> list[str]:
+    """The whole lines within the last ``nbytes`` of ``path`` ([] when it cannot be read)."""
     try:
-        fd = open_in(log, os.O_RDONLY)
-    except OSError:
-        return None
+        fd = open_in(path, os.O_RDONLY)
+    except (OSError, StateError):
+        return []
     with os.fdopen(fd, "rb") as f:
         size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - TAIL_BYTES))
+        f.seek(max(0, size - nbytes))
         lines = f.read().decode(errors="replace").splitlines()
-    for line in reversed(lines):
-        m = rx.search(line.rsplit("\r", 1)[-1])
-        if m and "step" in m.groupdict():
-            try:
-                return float(m.group("step"))
-            except (TypeError, ValueError):
-                continue
+    return lines[1:] if size > nbytes else lines  # the first one may be cut
+
+
+def number(value: object) -> float | None:
+    """A progress value as a number (JSON numbers, numeric strings), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def numbers(fields: dict[str, object]) -> dict[str, float] | None:
+    """The numeric fields of one progress report, if it has a ``step``."""
+    nums = {k: v for k, v in ((k, number(v)) for k, v in fields.items()) if v is not None}
+    return nums if "step" in nums else None
+
+
+def progress_of(line: str, rx: re.Pattern[str]) -> dict[str, float] | None:
+    """The named numbers ``rx`` finds in a log line (a progress bar's latest frame)."""
+    m = rx.search(line.rsplit("\r", 1)[-1])
+    return numbers(m.groupdict()) if m else None
+
+
+def newest_step(log: Path, rx: re.Pattern[str]) -> float | None:
+    """Return the step of the last log line that ``rx`` matches (group ``step``)."""
+    for line in reversed(tail_lines(log, TAIL_BYTES)):
+        if (found := progress_of(line, rx)) is not None:
+            return found["step"]
     return None
 
 
