@@ -174,12 +174,13 @@ class Slurm:
 
         job_id = (st.slurm or {}).get("job_id")
         if st.phase in state.TERMINAL:
-            info: dict[str, Any] = {"state": "ENDED", "exit_code": st.exit_code, "phase": st.phase}
+            final = (st.slurm or {}).get("state", "ENDED")
+            info: dict[str, Any] = {"state": final, "exit_code": st.exit_code, "phase": st.phase}
         else:
             info = query(st)
         phase = Phase(info["phase"])
         if phase in state.TERMINAL and st.phase not in state.TERMINAL:
-            _record_final(jdir, phase, info["exit_code"])
+            _record_final(jdir, phase, info["exit_code"], info["state"])
         nodes = node_records(jdir, st.run)
         live = [n for n in nodes if n.get("stop") is None and n["age_s"] < STALE_S]
         running = phase not in state.TERMINAL and phase != Phase.LOST
@@ -264,6 +265,7 @@ class Slurm:
             exit_code=final["exit_code"],
             ended_at=time.time(),
             last_stop=report,
+            slurm={**(st.slurm or {}), "state": final["state"]},
         )
         state.write_state(jdir, new)
         message = slurm.describe_stop(st.name, st.run, report)
@@ -281,13 +283,19 @@ class Slurm:
         return wait_new_checkpoint(spec, asked_at, timeout_s)
 
 
-def _record_final(jdir: Path, phase: Phase, exit_code: int | None) -> None:
+def _record_final(jdir: Path, phase: Phase, exit_code: int | None, slurm_state: str) -> None:
     """Record Slurm's final verdict, under the job lock and only if nobody holds it (a
     `stop` in progress records its own outcome); a view never waits, nor fails, for it."""
     with contextlib.suppress(OSError, TrainctlError), state.job_lock(jdir, 0.0):
         now = state.read_state(jdir)
         if now.phase not in state.TERMINAL:
-            ended = dataclasses.replace(now, phase=phase, exit_code=exit_code, ended_at=time.time())
+            ended = dataclasses.replace(
+                now,
+                phase=phase,
+                exit_code=exit_code,
+                ended_at=time.time(),
+                slurm={**(now.slurm or {}), "state": slurm_state},
+            )
             state.write_state(jdir, ended)
 
 

@@ -243,7 +243,7 @@ def stop(
     job_id = str((st.slurm or {})["job_id"])
     info = query(st)
     ended = info["phase"] in state.TERMINAL or info["phase"] == Phase.LOST
-    silent = any(not isinstance(r.get("stop"), dict) for r in node_records(jdir, st.run))
+    silent = _silent_nodes(jdir, st.run)
     if ended and not silent and not alive(scan(local_target(st))):
         return {"ok": True, "already_stopped": True, "slurm": info}
     cancelled = False
@@ -271,7 +271,7 @@ def stop(
     # else: Slurm has ended (or forgotten) the job, but its processes outlived it
     # (a node agent SIGKILLed). A node whose agent left no report gets a sweep job; then
     # this host's own sweep: Slurm's proctrack may miss escapers (setsid), the marker not.
-    swept = _sweep_silent_nodes(jdir, st)
+    swept = _sweep(jdir, st, _silent_nodes(jdir, st.run))  # read anew: agents report on stop
     local = run_stop(local_target(st), spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="stop")
     final = query(st)
     nodes, unverified = _verify_nodes(jdir, st.run, local.ok)
@@ -298,13 +298,17 @@ def stop(
 SWEEP_WAIT_S = 60.0  # for a sweep job's allocation, its stop and its report, per node
 
 
-def _sweep_silent_nodes(jdir: Path, st: JobState) -> list[str]:
+def _silent_nodes(jdir: Path, run: int) -> list[str]:
+    """The nodes whose agent has published no stop report (yet, or ever: killed)."""
+    return [r["node"] for r in node_records(jdir, run) if not isinstance(r.get("stop"), dict)]
+
+
+def _sweep(jdir: Path, st: JobState, silent: list[str]) -> list[str]:
     """Sweep, in a fresh one-node allocation each, the nodes whose agent sent no report.
 
     Only once Slurm has ended the job (the allocation is gone with it). Returns the nodes
     swept; a node whose sweep job could not run stays unverified in the report.
     """
-    silent = [r["node"] for r in node_records(jdir, st.run) if not isinstance(r.get("stop"), dict)]
     if not silent:
         return []
     srun = _tool("srun")

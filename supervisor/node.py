@@ -143,7 +143,7 @@ def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:
     target = Target(marker=marker)
     report = run_stop(target, spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="sweep")
     _reap_all()
-    _record(jdir, run, target, stop={**report.to_doc(), "swept": True})
+    _record(jdir, run, target, stop={**report.to_doc(), "swept": True}, sweep=True)
     state.append_event(
         jdir, "node_swept", node=node_name(), run=run, found=report.found, ok=report.ok
     )
@@ -170,9 +170,20 @@ def node_log(jdir: Path, run: int) -> Path:
 PUBLISH_S = 2.0  # how often an agent publishes its members for `status` and `ps` anywhere
 
 
-def _record(jdir: Path, run: int, target: Target, stop: dict[str, object] | None = None) -> None:
+def _record(
+    jdir: Path,
+    run: int,
+    target: Target,
+    stop: dict[str, object] | None = None,
+    *,
+    sweep: bool = False,
+) -> None:
     """Publish this node's view in the job directory (a shared file system under Slurm):
-    its agent and main, its live members, and, at the end, its own stop report."""
+    its agent and main, its live members, and, at the end, its own stop report.
+
+    A sweep job (``sweep``) adds its report to what the node's agent had published: the
+    node keeps its rank (its log's name depends on it), agent and main.
+    """
     path = jdir / "slurm" / f"run-{run}.{node_name()}.json"
     path.parent.mkdir(mode=0o700, exist_ok=True)
     members = [] if stop is not None else sorted(alive(scan_light(target)).values(), key=_pid)
@@ -195,6 +206,11 @@ def _record(jdir: Path, run: int, target: Target, stop: dict[str, object] | None
         "member_count": len(members),
         "stop": stop,
     }
+    if sweep:
+        with contextlib.suppress(OSError, ValueError):
+            agent = json.loads(path.read_text())
+            if isinstance(agent, dict):
+                doc.update({k: agent[k] for k in ("rank", "agent", "main") if k in agent})
     write_json_atomic(path, doc, durable=False)
 
 

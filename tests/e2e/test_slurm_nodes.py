@@ -116,6 +116,8 @@ def test_each_node_gets_its_rank_and_the_rendezvous_and_is_seen_and_stopped(sl2:
     assert all(n["ok"] and n["by"] == "its agent" for n in nodes.values()), nodes
     assert doc["report"]["unverified"] == []
     assert not h.job_pids("env")
+    # Slurm's own final word is kept: status does not ask Slurm again about an ended run
+    assert _status(h, "env")["slurm"]["state"] == doc["report"]["slurm"]["state"]
 
 
 def test_a_real_two_node_torchrun_checkpoints_on_a_plain_stop(sl2: Harness) -> None:
@@ -183,6 +185,10 @@ def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> Non
     assert leftover.wait(10) is not None
     assert not h.job_pids("sw")
     assert "nothing to stop" in h.tc("stop", "sw").out
+    # the sweep's report joined n2's record: n2 is still rank 1, its log still its own
+    agents = {a["node"]: a for a in _status(h, "sw")["slurm"]["agents"]}
+    assert agents["n2"]["rank"] == "1"
+    assert h.tc("logs", "sw", "--node", "n2").rc == 0
 
 
 def test_both_agents_sigkilled_then_stop_leaves_nothing(sl2: Harness) -> None:
