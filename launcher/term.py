@@ -34,7 +34,7 @@ def colour() -> bool:
     )
 
 
-_CODES = {"green": "32", "yellow": "33", "red": "31", "bold": "1", "dim": "2", "cyan": "36"}
+_CODES = {"green": "32", "yellow": "33", "red": "31", "bold": "1", "dim": "2"}
 PHASE_STYLE = {
     "running": "green",
     "starting": "yellow",
