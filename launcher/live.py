@@ -21,6 +21,7 @@ from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.proctree import alive, scan, target_of
 
+from . import term
 from .render import clean
 from .stop import supervised
 
@@ -98,9 +99,7 @@ class _Line:
         members = sorted(alive(scan(target_of(st))).values(), key=lambda m: m.stat.pid)
         text = f"stopping {self.name}: {grace}, {len(members)} left"
         if 0 < len(members) <= 3:
-            text += ": " + ", ".join(
-                f"{m.stat.pid} {clean(procfs.read_cmdline(m.stat.pid))[:30]}" for m in members
-            )
+            text += ": " + ", ".join(f"{m.stat.pid} {_short(m.stat.pid)}" for m in members)
         if self.tty:
             sys.stderr.write(f"\r\x1b[K{text[:160]}")
             self.shown = True
@@ -142,3 +141,8 @@ class _Line:
 
 def _left(seconds: float) -> str:
     return f"{seconds:.0f}s of grace left" if seconds > 0 else "grace over: SIGKILL"
+
+
+def _short(pid: int) -> str:
+    """A member's command as the tables show it (no bin/ dirs), cut to fit the line."""
+    return term.middle(clean(term.short_cmd(procfs.read_cmdline(pid), None)), 30)
