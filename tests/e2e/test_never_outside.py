@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -132,20 +133,24 @@ def test_no_state_document_gets_a_bystander_signalled(harness: Harness) -> None:
         name = f"p{next(runs)}"
         h.start_tree(name, "forker.py", grace=0.3)
         real = h.state(name)
-        sup = real["supervisor"]
-        kill_verified(sup["pid"], sup["start_ticks"])  # ours: started by this test
-        wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
-        # bystanders born after the job: the start-time floor does not protect them
-        late = h.bystander("fanout.py", "3", "3")
-        victims = [p for by in (early, late) for p in (by.pid, *_children(by.pid))]
-        before = {v: _ident(v)["start"] for v in victims}
-        doc = data.draw(_forged(real, victims))
         path = h.home / "jobs" / name / "state.json"
         tmp = path.with_name(".forged")
-        tmp.write_text(json.dumps(doc))
-        tmp.chmod(0o600)
-        tmp.replace(path)
+        late: subprocess.Popen[bytes] | None = None
+        # Everything after the start sits in the try: Hypothesis may abandon an example at
+        # any draw (a buffer overrun raises its internal StopTest), and the job must still
+        # be stopped then, or its tree outlives the test.
         try:
+            sup = real["supervisor"]
+            kill_verified(sup["pid"], sup["start_ticks"])  # ours: started by this test
+            wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
+            # bystanders born after the job: the start-time floor does not protect them
+            late = h.bystander("fanout.py", "3", "3")
+            victims = [p for by in (early, late) for p in (by.pid, *_children(by.pid))]
+            before = {v: _ident(v)["start"] for v in victims}
+            doc = data.draw(_forged(real, victims))
+            tmp.write_text(json.dumps(doc))
+            tmp.chmod(0o600)
+            tmp.replace(path)
             res = h.tc("stop", name, "--grace", "0.3", "--json")
             assert res.rc != 70, res
             assert "Traceback" not in res.err
@@ -160,10 +165,11 @@ def test_no_state_document_gets_a_bystander_signalled(harness: Harness) -> None:
             tmp.replace(path)
             assert h.tc("stop", name, "--grace", "0.3").rc == 0
             assert not h.job_pids(name)
-            if late.poll() is None:
-                late.kill()  # ours (Popen handle), and it has done its part
-            late.wait()
-            h.bystanders.remove(late)
+            if late is not None:
+                if late.poll() is None:
+                    late.kill()  # ours (Popen handle), and it has done its part
+                late.wait()
+                h.bystanders.remove(late)
 
     check()
     h.assert_bystanders_alive()
