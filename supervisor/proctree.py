@@ -43,6 +43,8 @@ class Target:
     # nets each member was found by in the last snapshot: a stop that takes its members
     # from cgroup.procs reports them fully even for processes gone before its full scan
     known_nets: dict[ProcRef, tuple[str, ...]] = field(default_factory=dict)
+    # ... and their command lines then, for the stop report (see terminate._Tracker)
+    known_cmds: dict[ProcRef, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -87,6 +89,7 @@ def target_of(st: JobState) -> Target:
         sid=st.sid,
         cgroup=cgroup,
         known_nets=st.member_nets(),
+        known_cmds={ProcRef(m.pid, m.start_ticks): m.cmd for m in st.members},
     )
 
 
@@ -181,7 +184,7 @@ def scan_cgroup(target: Target) -> dict[int, Member]:
         children: dict[int, list[int]] = {}
         for pid, m in out.items():
             children.setdefault(m.stat.ppid, []).append(pid)
-        for pid in _walk(children, target.main.pid):
+        for pid in descendants(children, target.main.pid):
             out[pid].nets.add("tree")
     return out
 
@@ -224,15 +227,16 @@ def _add_descendants(
         children.setdefault(st.ppid, []).append(pid)
     main_pid = target.main.pid if target.main and target.main.pid in members else None
     if main_pid is not None:
-        for pid in _walk(children, main_pid):
+        for pid in descendants(children, main_pid):
             add(pid, "tree")
     for root in list(members):
-        for pid in _walk(children, root):
+        for pid in descendants(children, root):
             if pid not in members:
                 add(pid, "child")
 
 
-def _walk(children: dict[int, list[int]], root: int) -> list[int]:
+def descendants(children: dict[int, list[int]], root: int) -> list[int]:
+    """Return every pid below ``root`` in a {parent: [children]} map."""
     out: list[int] = []
     stack = list(children.get(root, ()))
     while stack:

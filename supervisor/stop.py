@@ -15,6 +15,7 @@ from pathlib import Path
 from . import cgroup as cg
 from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
 from .proctree import Target
+from .roster import Roster
 from .spec import Spec, StopOrder, StopPolicy
 from .state import GpuLease
 from .terminate import Emit, Grace, StopReport, stop_tree
@@ -31,10 +32,12 @@ def run_stop(
     gpu_timeout_s: float | None = None,
     emit: Emit | None = None,
     grace: Grace | None = None,
+    roster: Roster | None = None,
 ) -> StopReport:
     """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
 
     The spec's stop policy applies, with this stop's ``grace_s`` and ``order`` if given.
+    A supervisor hands over its ``roster`` (see :mod:`.roster`).
     """
     policy = dataclasses.replace(
         spec.stop,
@@ -48,6 +51,7 @@ def run_stop(
         gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
         emit=emit,
         grace=grace,
+        roster=roster,
     )
     report.reason = reason
     if target.cgroup is not None:
@@ -63,11 +67,12 @@ def stop_and_verify(
     gpu_policy: GpuPolicy | None = None,
     emit: Emit | None = None,
     grace: Grace | None = None,
+    roster: Roster | None = None,
 ) -> StopReport:
     """Stop the tree, then prove its GPUs were released; return the combined report."""
     emit = emit or (lambda *_a, **_k: None)
     pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, policy, emit=emit, grace=grace)
+    report = stop_tree(target, policy, emit=emit, grace=grace, roster=roster)
     if leases:
         report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
         report.ok = report.ok and all(g["ok"] for g in report.gpus)

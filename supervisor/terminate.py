@@ -30,6 +30,7 @@ from . import cgroup as cg
 from . import procfs
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup
+from .roster import Held, Roster
 from .spec import StopOrder, StopPolicy
 from .state import ProcRef
 
@@ -49,6 +50,7 @@ class StopReport:
     order: str
     mode: str
     found: int = 0
+    held: int = 0  # members the supervisor already held by pidfd when the stop began
     by_net: dict[str, int] = field(default_factory=dict)
     escaped: int = 0
     late_joiners: int = 0
@@ -106,10 +108,13 @@ class _Tracker:
         self.target, self.policy = target, policy
         self.known: dict[ProcRef, Member] = {}
         self.gone_at: dict[ProcRef, float] = {}
+        self.waiting: dict[ProcRef, None] = {}  # known, not seen gone (ordered: a set's pop
+        # order would shuffle the report)
         self.found_dead: set[ProcRef] = set()  # already zombies when first seen
         self.cmds: dict[ProcRef, str] = {}
         self.killed: set[ProcRef] = set()  # still alive when the grace ended: SIGKILLed
         self.fds: dict[int, ProcRef] = {}
+        self.fd_of: dict[ProcRef, int] = {}  # the same pidfds, by member
         self.unwatched: list[ProcRef] = []
         self.nofd: set[ProcRef] = set()  # no pidfd could be opened (EMFILE): poll these
         self.poller = select.poll()
@@ -128,9 +133,31 @@ class _Tracker:
             if m.alive:
                 new.append(m)
                 self.unwatched.append(m.ref)
+                self.waiting[m.ref] = None
             else:
                 self.found_dead.add(m.ref)
-                self.gone_at.setdefault(m.ref, now)
+                self._gone(m.ref, now)
+        return new
+
+    def _gone(self, ref: ProcRef, now: float) -> None:
+        self.gone_at.setdefault(ref, now)
+        self.waiting.pop(ref, None)
+
+    def adopt(self, held: list[Held]) -> list[Member]:
+        """Take the supervisor's roster: members with the pidfds already held on them.
+
+        Returns the live ones. Their pidfds are watched from now on and closed with the
+        tracker's; a member without one is watched like any other newcomer.
+        """
+        new = self._add([h.member for h in held], time.monotonic())
+        for h in held:
+            if h.fd is None:
+                continue
+            ref = h.member.ref
+            if self.known.get(ref) is h.member and ref not in self.gone_at:
+                self._hold(h.fd, ref)
+            else:
+                os.close(h.fd)
         return new
 
     def watch_all(self) -> None:
@@ -142,15 +169,24 @@ class _Tracker:
         """
         now = time.monotonic()
         for ref in self.unwatched:
-            if ref not in self.gone_at and not self._watch(ref):
-                self.gone_at[ref] = now
-            elif len(self.cmds) < 2 * REPORT_NAMED:  # for the report: read while it lives
+            if ref in self.gone_at:
+                continue
+            if ref not in self.fd_of and not self._watch(ref):
+                self._gone(ref, now)
+            elif len(self.cmds) < 2 * REPORT_NAMED and ref not in self.target.known_cmds:
+                # for the report: read while it lives. Not for members the snapshot names:
+                # reading the command line of a process that is exiting waits on its memory
+                # map, and this runs while the whole tree exits.
                 self.cmds[ref] = procfs.read_cmdline(ref.pid)[:200]
         self.unwatched.clear()
 
     def cmd(self, ref: ProcRef) -> str:
         """Return the command line of a member as read while it lived, else its comm."""
-        return self.cmds.get(ref) or f"[{self.known[ref].stat.comm}]"
+        return (
+            self.cmds.get(ref)
+            or self.target.known_cmds.get(ref, "")[:200]
+            or f"[{self.known[ref].stat.comm}]"
+        )
 
     def _watch(self, ref: ProcRef) -> bool:
         """Open a pidfd for ``ref``; False if it is already gone."""
@@ -164,9 +200,13 @@ class _Tracker:
         if not procfs.is_alive(ref.pid, ref.start_ticks):  # checked after open: see procfs
             os.close(fd)
             return False
-        self.fds[fd] = ref
-        self.poller.register(fd, select.POLLIN)
+        self._hold(fd, ref)
         return True
+
+    def _hold(self, fd: int, ref: ProcRef) -> None:
+        self.fds[fd] = ref
+        self.fd_of[ref] = fd
+        self.poller.register(fd, select.POLLIN)
 
     def rescan(self) -> list[Member]:
         """Scan all nets; return live members never seen before."""
@@ -182,14 +222,16 @@ class _Tracker:
         self.watch_all()
         self._reap_fds(0)
         now = time.monotonic()
-        for ref in self.nofd - set(self.gone_at):
+        for ref in [r for r in self.nofd if r in self.waiting]:
             if not procfs.is_alive(ref.pid, ref.start_ticks):
-                self.gone_at[ref] = now
-        return [r for r in self.known if r not in self.gone_at]
+                self._gone(ref, now)
+        return list(self.waiting)
 
     def _reap_fds(self, timeout_s: float) -> None:
         for fd, _ev in self.poller.poll(max(0, int(timeout_s * 1000))):
-            self.gone_at.setdefault(self.fds.pop(fd), time.monotonic())
+            ref = self.fds.pop(fd)
+            del self.fd_of[ref]
+            self._gone(ref, time.monotonic())
             self.poller.unregister(fd)
             os.close(fd)
 
@@ -235,14 +277,24 @@ class _Tracker:
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
+        self.fd_of.clear()
 
 
-def _signal_members(members: list[Member], target: Target, sig: int, *, group: bool) -> int:
-    """Signal the process group (if main holds it) and every member outside it by pidfd."""
+def _signal_members(
+    members: list[Member], target: Target, sig: int, *, group: bool, held: dict[ProcRef, int]
+) -> int:
+    """Signal the process group (if main holds it) and every member outside it by pidfd.
+
+    A member with a pidfd already ``held`` on it is signalled through that: no lookup, and
+    no recycled pid can get it. The group is used only when no member has one (the first
+    round of a stop that collected its members itself): a roster's process groups may be
+    stale, its pidfds never are.
+    """
     sent = 0
     pgid = target.pgid
     use_group = (
         group
+        and not any(m.ref in held for m in members)
         and pgid is not None
         and target.main is not None
         and target.main.pid == pgid
@@ -259,7 +311,15 @@ def _signal_members(members: list[Member], target: Target, sig: int, *, group: b
     for m in members:
         if use_group and m.stat.pgid == pgid:
             continue
-        sent += procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig)
+        fd = held.get(m.ref)
+        if fd is None:
+            sent += procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig)
+            continue
+        try:
+            signal.pidfd_send_signal(fd, sig)
+            sent += 1
+        except (ProcessLookupError, PermissionError):
+            pass  # exited since (or another user's: reported as a survivor)
     return sent
 
 
@@ -269,8 +329,13 @@ def stop_tree(
     *,
     emit: Emit | None = None,
     grace: Grace | None = None,
+    roster: Roster | None = None,
 ) -> StopReport:
-    """Stop every process of the job and nothing else; return the proof."""
+    """Stop every process of the job and nothing else; return the proof.
+
+    A supervisor passes its ``roster`` (cgroup mode): the members it already holds by
+    pidfd, brought up to date, so the first signals need no read of every member.
+    """
     emit = emit or (lambda *_a, **_k: None)
     sig, order = policy.signum, StopOrder(policy.order)
     t0 = time.monotonic()
@@ -287,19 +352,24 @@ def stop_tree(
         # full /proc scan (which also finds anything that left the cgroup) then runs once
         # the members are gone or rescan_s has passed, whichever is first, instead of
         # competing for the CPU with a tree that is busy exiting.
-        first = tr.collect_cgroup() if target.cgroup else tr.rescan()
+        held = roster.take() if roster is not None and target.cgroup is not None else None
+        if held is not None:
+            first = tr.adopt(held)
+            report.held = len(tr.fd_of)
+        else:
+            first = tr.collect_cgroup() if target.cgroup else tr.rescan()
         if not first and target.cgroup:
             first = tr.rescan()
         if not first:
             report.already_stopped = True
             return _finish(report, tr, plan, t0, emit)
-        _send_due(plan, first, target, emit)
+        _send_due(plan, first, target, emit, tr.fd_of)
         tr.last_scan = time.monotonic()
 
         def on_change(new: list[Member]) -> None:
             report.late_joiners += len(new)
             if new or len(plan.sent) < len(tr.known):  # exits change nothing once all are sent
-                _send_due(plan, tr.live(), target, emit)
+                _send_due(plan, tr.live(), target, emit, tr.fd_of)
 
         if grace is None:
             grace = Grace(time.monotonic() + policy.grace_s)
@@ -314,7 +384,9 @@ def stop_tree(
         tr.close()
 
 
-def _send_due(plan: Planner, live: list[Member], target: Target, emit: Emit) -> None:
+def _send_due(
+    plan: Planner, live: list[Member], target: Target, emit: Emit, held: dict[ProcRef, int]
+) -> None:
     """Send the stop signal, then SIGCONT, to every member the order makes due now."""
     due = plan.due([m for m in live if m.alive])
     if not due:
@@ -322,8 +394,8 @@ def _send_due(plan: Planner, live: list[Member], target: Target, emit: Emit) -> 
     # First round with everyone due (order `all`, or a tree where nobody shields a child):
     # one killpg reaches the whole group, so the stop is as fast as a bare `kill -- -PGID`.
     group = not plan.sent and len(due) == sum(1 for m in live if m.alive)
-    _signal_members(due, target, plan.sig, group=group)
-    _signal_members(due, target, signal.SIGCONT, group=group)
+    _signal_members(due, target, plan.sig, group=group, held=held)
+    _signal_members(due, target, signal.SIGCONT, group=group, held=held)
     now = time.monotonic()
     for m in due:
         plan.sent[m.ref] = now

@@ -24,6 +24,7 @@ import pytest
 
 TREES = Path(__file__).parent / "trees"
 TRAINCTL = [sys.executable, "-m", "trainctl.launcher"]
+HELD_TICK_S = 0.1  # the supervisor's snapshot interval in mode_harness's `held` mode
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -105,6 +106,7 @@ class Harness:
     mark: str
     env: dict[str, str]
     bystanders: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    settle_s: float = 0.0  # after a start, let the supervisor tick this long (see mode_harness)
 
     @property
     def home(self) -> Path:
@@ -161,6 +163,7 @@ class Harness:
             check=True,
         )
         wait_for(ready.exists, 60, f"tree {tree} to be ready")
+        time.sleep(self.settle_s)
         return res
 
     def bystander(self, tree: str, *args: str) -> subprocess.Popen[bytes]:
@@ -230,13 +233,24 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         pytest.fail(f"test leaked processes (now SIGKILLed): {leaked}")
 
 
-@pytest.fixture(params=["cgroup", "signals"])
+@pytest.fixture(params=["held", "signals"])
 def mode_harness(request: pytest.FixtureRequest, harness: Harness) -> Harness:
-    """The harness, once with cgroup v2 placement (where available) and once without."""
+    """The harness, once with cgroup v2 placement (where available) and once without.
+
+    ``held``: cgroup mode, and every job runs a few supervisor ticks before the test goes
+    on, so that a stop starts from the members the supervisor holds by pidfd (its roster,
+    the path of every stop of a job that ran a while); the many tests on the plain
+    ``harness`` stop right after start, and cover the stop that collects its members.
+    """
     if request.param == "signals":
         Path(harness.env["TRAINCTL_CONFIG"]).write_text("[start]\ncgroup = false\n")
     elif not _cgroup_writable():
         pytest.skip("cgroup v2 is not writable on this machine")
+    else:
+        Path(harness.env["TRAINCTL_CONFIG"]).write_text(
+            f"[supervisor]\nsnapshot_interval_s = {HELD_TICK_S}\n"
+        )
+        harness.settle_s = 4 * HELD_TICK_S
     return harness
 
 

@@ -35,6 +35,7 @@ def test_tree_order_lets_a_rank_checkpoint_with_its_loaders(mode_harness: Harnes
     assert _ckpts(h) == (["rank0.ckpt"], [])
     assert report["order"] == "tree"
     assert report["killed"] == 0
+    assert (report["held"] > 0) == (h.settle_s > 0), report
     assert doc["exit_code"] == 0
     # main got the signal; its two loaders were shut down by main itself, never signalled
     assert [p["pid"] for p in report["sent"]] == [h.state("job")["main"]["pid"]]
@@ -55,6 +56,7 @@ def test_tree_order_skips_a_launcher_for_its_ranks(mode_harness: Harness) -> Non
     assert _ckpts(h) == (["rank0.ckpt", "rank1.ckpt"], [])
     assert [lau["pid"] for lau in report["launchers"]] == [main]
     assert "own sessions" in report["launchers"][0]["why"]
+    assert (report["held"] > 0) == (h.settle_s > 0), report
     assert report["killed"] == 0
     assert doc["exit_code"] == 0  # the launcher saw every rank succeed
     first = {p["pid"]: p["at_s"] for p in report["sent"]}

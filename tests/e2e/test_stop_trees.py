@@ -49,6 +49,7 @@ def test_tree_fully_stopped(
     report = doc["report"]
     assert report["found"] >= 2
     assert (report["killed"] > 0) == killed, report
+    assert (report["held"] > 0) == (h.settle_s > 0), report  # the path the mode is about
     st = h.tc("status", "job", "--json")
     assert st.rc == 3
     assert st.json()["state"] == "stopped"  # type: ignore[index]
