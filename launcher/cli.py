@@ -457,7 +457,7 @@ def _list(c: Ctx, as_json: bool, show_all: bool = False) -> int:
 
     from . import render, views  # noqa: PLC0415
 
-    rows = views.all_statuses(c.home)
+    rows = views.all_statuses(c.home, brief=not as_json)  # the table shows no training view
     if not show_all:
         cutoff = time.time() - RECENT_S
         kept = [r for r in rows if isinstance(r, tuple) or (r.ended_at or time.time()) >= cutoff]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import os
 import select
@@ -93,14 +94,18 @@ def last_line(path: Path) -> str:
     return ""
 
 
-def job_status(home: Path, name: str) -> Status:
-    """Return the status of a job, with a live member count."""
+def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
+    """Return the status of a job, with a live member count.
+
+    ``brief`` (the `list` table): without what comes from the spec (argv, cwd) and the
+    training view (checkpoint, progress, drift), which the table does not show.
+    """
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    try:
-        spec: Spec | None = state.read_spec(jdir)
-    except (StateError, JobNotFoundError):
-        spec = None
+    spec: Spec | None = None
+    if not brief:
+        with contextlib.suppress(StateError, JobNotFoundError):
+            spec = state.read_spec(jdir)
     seen = backends.of(st).seen(jdir, st)
     st = dataclasses.replace(st, exit_code=seen.exit_code)
     phase = seen.phase
@@ -181,12 +186,12 @@ def _training_view(
     return out
 
 
-def all_statuses(home: Path) -> list[Status | tuple[str, str]]:
+def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:
     """Return the status of every job; an untrusted one becomes (name, error)."""
     out: list[Status | tuple[str, str]] = []
     for name in state.list_jobs(home):
         try:
-            out.append(job_status(home, name))
+            out.append(job_status(home, name, brief=brief))
         except (StateError, ConfigError) as e:
             out.append((name, str(e)))
         except FileNotFoundError:
