@@ -90,13 +90,26 @@ def has_env_prefix(pid: int, prefixes: tuple[bytes, ...]) -> bool:
     return any(entry.startswith(prefixes) for entry in _environ(pid))
 
 
+def _read(path: str) -> bytes | None:
+    """Read a /proc file whole with os-level calls (a stop plan reads two per parent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except (ProcessLookupError, PermissionError):  # gone, or no longer ours to read
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_argv(pid: int) -> list[str]:
     """Return the argument vector of ``pid`` ([] for zombies/kernel threads)."""
-    try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return []
+    raw = _read(f"{PROC}/{pid}/cmdline")
     return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
 
 
@@ -130,23 +143,26 @@ def read_wchan(pid: int) -> str:
 
 def catches(pid: int, sig: int) -> bool:
     """Tell whether ``pid`` has a handler installed for ``sig`` (SigCgt in /proc status)."""
-    return _sig_bit(pid, "SigCgt:", sig)
+    return _sig_bit(pid, b"\nSigCgt:", sig)
 
 
 def ignores(pid: int, sig: int) -> bool:
     """Tell whether ``pid`` ignores ``sig`` (SigIgn in /proc status): it will not act on it."""
-    return _sig_bit(pid, "SigIgn:", sig)
+    return _sig_bit(pid, b"\nSigIgn:", sig)
 
 
-def _sig_bit(pid: int, key: str, sig: int) -> bool:
-    try:
-        with open(f"{PROC}/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError):
+def _sig_bit(pid: int, key: bytes, sig: int) -> bool:
+    raw = _read(f"{PROC}/{pid}/status")
+    at = raw.find(key) if raw else -1
+    if raw is None or at < 0:
         return False
-    return False
+    start = at + len(key)
+    end = raw.find(b"\n", start)
+    mask = raw[start : end if end >= 0 else None]
+    try:
+        return bool(int(mask, 16) >> (sig - 1) & 1)
+    except ValueError:
+        return False
 
 
 @cache
