@@ -39,6 +39,8 @@ Emit = Callable[..., None]
 
 # How many processes a report names one by one (the counts always cover everyone).
 REPORT_NAMED = 64
+# While members exit and none is waiting for its signal, exits are collected this often.
+EXIT_BATCH_S = 0.001
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class StopReport:
     survivors: list[dict[str, Any]] = field(default_factory=list)
     zombies: list[dict[str, Any]] = field(default_factory=list)
     total_s: float = 0.0
+    gone_s: float | None = None  # from the stop's start until its last member was seen gone
     ok: bool = False
     already_stopped: bool = False
     gpus: list[dict[str, Any]] = field(default_factory=list)  # the release proof, per GPU
@@ -117,7 +120,9 @@ class _Tracker:
         self.fd_of: dict[ProcRef, int] = {}  # the same pidfds, by member
         self.unwatched: list[ProcRef] = []
         self.nofd: set[ProcRef] = set()  # no pidfd could be opened (EMFILE): poll these
-        self.poller = select.poll()
+        # epoll, not poll(): a stop waits through one wakeup per few exits, and poll() sets
+        # up a wait on every pidfd at each call (241 members: 241 each time)
+        self.poller = select.epoll()
         self.last_scan = 0.0
 
     def _add(self, members: list[Member], now: float) -> list[Member]:
@@ -206,7 +211,7 @@ class _Tracker:
     def _hold(self, fd: int, ref: ProcRef) -> None:
         self.fds[fd] = ref
         self.fd_of[ref] = fd
-        self.poller.register(fd, select.POLLIN)
+        self.poller.register(fd, select.EPOLLIN)
 
     def rescan(self) -> list[Member]:
         """Scan all nets; return live members never seen before."""
@@ -228,7 +233,7 @@ class _Tracker:
         return list(self.waiting)
 
     def _reap_fds(self, timeout_s: float) -> None:
-        for fd, _ev in self.poller.poll(max(0, int(timeout_s * 1000))):
+        for fd, _ev in self.poller.poll(max(0.0, timeout_s), maxevents=len(self.fds) or 1):
             ref = self.fds.pop(fd)
             del self.fd_of[ref]
             self._gone(ref, time.monotonic())
@@ -240,7 +245,11 @@ class _Tracker:
         return [self.known[r] for r in self.pending()]
 
     def wait_gone(
-        self, until: float | Grace, on_change: Callable[[list[Member]], None]
+        self,
+        until: float | Grace,
+        on_change: Callable[[list[Member]], None],
+        *,
+        all_sent: Callable[[], bool] = lambda: True,
     ) -> list[ProcRef]:
         """Wait until no known member is alive and a fresh scan finds none; return the rest.
 
@@ -248,6 +257,11 @@ class _Tracker:
         while we wait. ``on_change(new)`` runs after every re-scan (``new``: the members it
         found) and whenever members exited (``[]``): an exit, or time passing, may make
         members due.
+
+        Once ``all_sent()`` (every member has had its signal, so an exit changes nothing
+        but the count), exits are collected in batches, EXIT_BATCH_S apart, instead of one
+        wakeup each: a 241-process tree exiting within 25 ms cost ~150 wakeups and ~5 ms
+        of CPU, which the exiting tree needed. An exit is then seen at most that late.
         """
         grace = until if isinstance(until, Grace) else Grace(time.monotonic() + until)
         gone = len(self.gone_at)
@@ -257,6 +271,9 @@ class _Tracker:
                 gone = len(self.gone_at)
                 on_change([])
                 left = self.pending()
+                if left and all_sent():
+                    time.sleep(EXIT_BATCH_S)
+                    left = self.pending()
             if not left or time.monotonic() - self.last_scan >= self.policy.rescan_s:
                 new = self.rescan()
                 on_change(new)
@@ -273,11 +290,12 @@ class _Tracker:
             self._reap_fds(max(0.0, wake - now))
 
     def close(self) -> None:
-        """Release every pidfd."""
+        """Release every pidfd, and the epoll instance."""
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
         self.fd_of.clear()
+        self.poller.close()
 
 
 def _signal_members(
@@ -375,7 +393,9 @@ def stop_tree(
             grace = Grace(time.monotonic() + policy.grace_s)
         else:
             grace.shorten(policy.grace_s)  # the grace starts with the first signal
-        left = tr.wait_gone(grace, on_change)
+        left = tr.wait_gone(
+            grace, on_change, all_sent=lambda: len(plan.sent) + len(tr.found_dead) >= len(tr.known)
+        )
         _count_exits(report, tr, plan)
         if left:
             report.killed, report.killed_procs = _escalate(tr, target, policy, emit)
@@ -525,6 +545,8 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
             report.zombies.append({"pid": ref.pid, "ppid": st.ppid})
     report.ok = not left
     report.total_s = round(time.monotonic() - t0, 4)
+    exits = [at for ref, at in tr.gone_at.items() if ref not in tr.found_dead]
+    report.gone_s = round(max(exits) - t0, 4) if exits and not left else None
     if left:
         emit("survivors", survivors=report.survivors)
     emit("stop_report", **{k: v for k, v in report.to_doc().items() if k != "survivors"})
