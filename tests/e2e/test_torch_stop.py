@@ -14,11 +14,12 @@ from __future__ import annotations
 import importlib.util
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TREES, Harness, wait_for
+from tests.conftest import HELD_TICK_S, TREES, Harness, wait_for
 from tests.e2e.test_stop_trees import stop_and_check
 
 pytestmark = [
@@ -79,7 +80,13 @@ def _start(h: Harness, shape: str, *more: str) -> Path:
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_default_stop_lets_every_rank_checkpoint(harness: Harness, shape: str) -> None:
     h = harness
+    # The supervisor ticks every 0.1 s here, so the stop starts, as for any job that ran a
+    # while, from the members it holds by pidfd (report["held"]), with the workers in it.
+    Path(h.env["TRAINCTL_CONFIG"]).write_text(
+        f"[supervisor]\nsnapshot_interval_s = {HELD_TICK_S}\n"
+    )
     out = _start(h, shape)
+    time.sleep(4 * HELD_TICK_S)
     doc = stop_and_check(h, "t")
     ranks = SHAPES[shape][1]
     log = h.tc("logs", "t").out
@@ -90,6 +97,7 @@ def test_default_stop_lets_every_rank_checkpoint(harness: Harness, shape: str) -
     report = doc["report"]
     assert report["order"] == "tree"
     assert report["killed"] == 0, report["killed_procs"]
+    assert report["held"] >= 3 * ranks, report  # each rank and its two loaders were held
     if shape == "torchrun":
         assert [lau["cmd"] for lau in report["launchers"]], report
         assert "torchrun" in report["launchers"][0]["why"]
