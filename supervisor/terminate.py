@@ -151,8 +151,10 @@ class _Tracker:
     def adopt(self, held: list[Held]) -> list[Member]:
         """Take the supervisor's roster: members with the pidfds already held on them.
 
-        Returns the live ones. Their pidfds are watched from now on and closed with the
-        tracker's; a member without one is watched like any other newcomer.
+        Returns the live ones. Their pidfds signal them from now on, are watched from the
+        next watch_all (after the first signals: registering them costs ~0.3 ms for 241)
+        and are closed with the tracker's; a member without one is watched like any other
+        newcomer.
         """
         new = self._add([h.member for h in held], time.monotonic())
         for h in held:
@@ -160,7 +162,8 @@ class _Tracker:
                 continue
             ref = h.member.ref
             if self.known.get(ref) is h.member and ref not in self.gone_at:
-                self._hold(h.fd, ref)
+                self.fds[h.fd] = ref
+                self.fd_of[ref] = h.fd
             else:
                 os.close(h.fd)
         return new
@@ -176,7 +179,10 @@ class _Tracker:
         for ref in self.unwatched:
             if ref in self.gone_at:
                 continue
-            if ref not in self.fd_of and not self._watch(ref):
+            fd = self.fd_of.get(ref)
+            if fd is not None:
+                self.poller.register(fd, select.EPOLLIN)  # adopted with its pidfd
+            elif not self._watch(ref):
                 self._gone(ref, now)
             elif len(self.cmds) < 2 * REPORT_NAMED and ref not in self.target.known_cmds:
                 # for the report: read while it lives. Not for members the snapshot names:
