@@ -42,6 +42,11 @@ def sl2(harness: Harness, two_nodes: Path) -> Harness:
     return harness
 
 
+def _start2(h: Harness, name: str, *args: str) -> None:
+    """Start job ``name`` on both nodes; ``args``: more start options, ``--``, the argv."""
+    h.tc("start", "--name", name, "--backend", "slurm", "--nodes", "2", *args, check=True)
+
+
 def _status(h: Harness, name: str) -> dict:  # type: ignore[type-arg]
     doc = h.tc("status", name, "--json").json()
     assert isinstance(doc, dict)
@@ -54,20 +59,7 @@ def test_each_node_gets_its_rank_and_the_rendezvous_and_is_seen_and_stopped(sl2:
         "echo node=$SLURMD_NODENAME rank=$NODE_RANK nnodes=$NNODES procid=$SLURM_PROCID "
         "master=$MASTER_ADDR:$MASTER_PORT job=$SLURM_JOB_ID; exec sleep 600"
     )
-    h.tc(
-        "start",
-        "--name",
-        "env",
-        "--backend",
-        "slurm",
-        "--nodes",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        report,
-        check=True,
-    )
+    _start2(h, "env", "--", "sh", "-c", report)
     logs = h.home / "jobs" / "env" / "logs"
     first, second = logs / "run-1.log", logs / "run-1.n2.log"
     wait_for(
@@ -131,24 +123,7 @@ def test_a_real_two_node_torchrun_checkpoints_on_a_plain_stop(sl2: Harness) -> N
         "--rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT "
         f"{TREES / 'torch_train.py'} {out}"
     )
-    h.tc(
-        "start",
-        "--name",
-        "ddp",
-        "--backend",
-        "slurm",
-        "--nodes",
-        "2",
-        "--grace",
-        "60",
-        "--env",
-        "OMP_NUM_THREADS=1",
-        "--",
-        "sh",
-        "-c",
-        cmd,
-        check=True,
-    )
+    _start2(h, "ddp", "--grace", "60", "--env", "OMP_NUM_THREADS=1", "--", "sh", "-c", cmd)
     ready = [out / f"rank{r}.ready" for r in range(2)]
     wait_for(lambda: all(p.exists() for p in ready), 100, "both ranks to train")
     stop = h.tc("stop", "ddp", "--json", timeout=120)
@@ -162,7 +137,7 @@ def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> Non
     """Slurm ended the job, but one node's agent died without reporting, and a process of
     the job outlived it: `stop` runs a sweep job on that node, which finds and stops it."""
     h = sl2
-    h.tc("start", "--name", "sw", "--backend", "slurm", "--nodes", "2", "--", "true", check=True)
+    _start2(h, "sw", "--", "true")
     wait_for(lambda: h.tc("status", "sw").rc == 3, 60, "the job to end")
     jdir = h.home / "jobs" / "sw"
     record = jdir / "slurm" / "run-1.n2.json"
@@ -193,20 +168,7 @@ def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> Non
 
 def test_both_agents_sigkilled_then_stop_leaves_nothing(sl2: Harness) -> None:
     h = sl2
-    h.tc(
-        "start",
-        "--name",
-        "k",
-        "--backend",
-        "slurm",
-        "--nodes",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "setsid sleep 600 & exec sleep 600",
-        check=True,
-    )
+    _start2(h, "k", "--", "sh", "-c", "setsid sleep 600 & exec sleep 600")
     jdir = h.home / "jobs" / "k"
     records = [jdir / "slurm" / f"run-1.{n}.json" for n in NODES]
     wait_for(lambda: all(r.exists() for r in records), 60, "both agents")
