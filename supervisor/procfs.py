@@ -210,15 +210,19 @@ def send_signal(pid: int, start_ticks: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     try:
-        if not exists(pid, start_ticks):
-            return False
+        return exists(pid, start_ticks) and signal_pidfd(fd, sig)
+    finally:
+        os.close(fd)
+
+
+def signal_pidfd(fd: int, sig: int) -> bool:
+    """Signal the process a pidfd holds; False if it has exited or is not ours to signal."""
+    try:
         signal.pidfd_send_signal(fd, sig)
     except (ProcessLookupError, PermissionError):
         # EPERM: another user's process (a setuid helper in the job, a forged state);
         # the stop reports it as a survivor, naming its owner
         return False
-    finally:
-        os.close(fd)
     return True
 
 

@@ -162,8 +162,7 @@ class _Tracker:
                 continue
             ref = h.member.ref
             if self.known.get(ref) is h.member and ref not in self.gone_at:
-                self.fds[h.fd] = ref
-                self.fd_of[ref] = h.fd
+                self._hold(h.fd, ref, watch=False)
             else:
                 os.close(h.fd)
         return new
@@ -214,10 +213,11 @@ class _Tracker:
         self._hold(fd, ref)
         return True
 
-    def _hold(self, fd: int, ref: ProcRef) -> None:
+    def _hold(self, fd: int, ref: ProcRef, *, watch: bool = True) -> None:
         self.fds[fd] = ref
         self.fd_of[ref] = fd
-        self.poller.register(fd, select.EPOLLIN)
+        if watch:
+            self.poller.register(fd, select.EPOLLIN)
 
     def rescan(self) -> list[Member]:
         """Scan all nets; return live members never seen before."""
@@ -338,12 +338,8 @@ def _signal_members(
         fd = held.get(m.ref)
         if fd is None:
             sent += procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig)
-            continue
-        try:
-            signal.pidfd_send_signal(fd, sig)
-            sent += 1
-        except (ProcessLookupError, PermissionError):
-            pass  # exited since (or another user's: reported as a survivor)
+        else:
+            sent += procfs.signal_pidfd(fd, sig)
     return sent
 
 
