@@ -1,5 +1,5 @@
 """``python -m trainctl.launcher`` runs the CLI (as the ``trainctl`` script does)."""
 
-from .fastpath import main
+from .main import main
 
 main()

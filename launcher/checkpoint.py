@@ -1,39 +1,22 @@
-"""Checkpoints: the newest one (a glob from the spec), and `stop --checkpoint`.
+"""Checkpoints on disk: the newest one (a glob from the spec), and waiting for a new one.
 
-The checkpoint signal (SIGUSR2 by default) goes only to job processes that *catch* it, as
-read from the SigCgt mask in /proc/<pid>/status: a process whose default action for it is
-to terminate (a torchrun agent, for one) must never receive it. If no process catches it,
-the request is refused before anything is signalled.
+Asking a job for a checkpoint is its backend's business (backends/local.py signals the
+processes that catch the signal; the Slurm backend asks its node agents); both then wait
+here for the file.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import signal
-import time
-from dataclasses import dataclass
 
-from trainctl.supervisor import procfs
-from trainctl.supervisor.errors import JobConflictError, ProcessTreeError
+from trainctl.supervisor.errors import ProcessTreeError
+from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState
 
-from .jobs import live_members
+from .results import Checkpoint
 
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """A checkpoint file (or directory marker) on disk."""
-
-    path: str
-    mtime: float
-    size: int
-
-    @property
-    def age_s(self) -> float:
-        """Seconds since it was written."""
-        return max(0.0, time.time() - self.mtime)
+CHECKPOINT_POLL_S = 0.5  # a checkpoint is complete once its size held for one poll
 
 
 def newest_checkpoint(spec: Spec) -> Checkpoint | None:
@@ -52,60 +35,24 @@ def newest_checkpoint(spec: Spec) -> Checkpoint | None:
     return best
 
 
-def request_checkpoint(st: JobState, spec: Spec, timeout_s: float) -> Checkpoint:
-    """Signal the catching processes and wait for a new, complete checkpoint."""
-    if not spec.watch.checkpoint:
-        raise JobConflictError(
-            f"job {st.name} has no `checkpoint` glob in its spec; "
-            "cannot tell when a checkpoint is written"
-        )
-    sig = signal.Signals[spec.watch.checkpoint_signal]
-    members = live_members(st)
-    targets = [m for m in members.values() if procfs.catches(m.stat.pid, sig)]
-    if not targets:
-        raise JobConflictError(
-            f"no process of job {st.name} catches {sig.name} ({len(members)} checked); "
-            "refusing: nothing was signalled"
-        )
-    asked_at = time.time()
-    sent = sum(procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig) for m in targets)
-    if not sent:
-        raise ProcessTreeError(f"the {sig.name} catchers of job {st.name} are gone")
-    return wait_new_checkpoint(spec, asked_at, timeout_s)
-
-
 def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkpoint:
     """Wait for a checkpoint newer than ``asked_at`` whose size held for one poll."""
-    deadline = time.monotonic() + timeout_s
-    last_size = -1
-    while time.monotonic() < deadline:
+    last_size = [-1]
+
+    def complete() -> Checkpoint | None:
         ck = newest_checkpoint(spec)
-        if ck is not None and ck.mtime >= asked_at - 0.01:
-            if ck.size == last_size:  # unchanged for one poll interval: complete
-                return ck
-            last_size = ck.size
-        else:
-            last_size = -1
-        time.sleep(0.5)
-    raise ProcessTreeError(
-        f"no new checkpoint matching {spec.watch.checkpoint!r} within {timeout_s:g} s after "
-        f"{spec.watch.checkpoint_signal}; the job was left running"
-    )
+        if ck is None or ck.mtime < asked_at - 0.01:
+            last_size[0] = -1
+            return None
+        if ck.size == last_size[0]:  # unchanged for one poll interval: complete
+            return ck
+        last_size[0] = ck.size
+        return None
 
-
-def describe(ck: Checkpoint | None, spec: Spec) -> str:
-    """One human line about the newest checkpoint."""
-    if not spec.watch.checkpoint:
-        return ""
+    ck = poll_until(complete, timeout_s, CHECKPOINT_POLL_S)
     if ck is None:
-        return f"no checkpoint yet (matching {spec.watch.checkpoint!r})"
-    rel = os.path.relpath(ck.path, spec.cwd)
-    mins = ck.age_s / 60
-    age = (
-        f"{ck.age_s:.0f} s"
-        if mins < 1
-        else f"{mins:.0f} min"
-        if mins < 120
-        else f"{mins / 60:.1f} h"
-    )
-    return f"newest checkpoint: {rel} ({age} old)"
+        raise ProcessTreeError(
+            f"no new checkpoint matching {spec.watch.checkpoint!r} within {timeout_s:g} s "
+            f"after {spec.watch.checkpoint_signal}; the job was left running"
+        )
+    return ck

@@ -10,6 +10,7 @@ from typing import Any
 import trainctl.conf
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.spec import parse_order
 
 from .inputs import check_duration
 
@@ -97,8 +98,6 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
             field, typ = _KEYS[(table, key)]
             values[field] = _checked(field, typ, raw, f"{where}: {table}.{key}")
     if "stop_order" in values:
-        from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
-
         values["stop_order"] = str(parse_order(values["stop_order"], f"{where}: stop.order"))
 
 

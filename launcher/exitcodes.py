@@ -1,7 +1,14 @@
-"""Exit codes, and the mapping from trainctl's error tree to them (no click import here)."""
+"""Exit codes, and the one mapping from an exception to a line and an exit code.
+
+Both entries (the fast path in ``main`` and click in ``cli``) end every error here, so the
+same failure gives the same line and the same code whichever parsed the command line.
+No click import here.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 from enum import IntEnum
 
 from trainctl.supervisor.errors import (
@@ -36,3 +43,40 @@ def exit_code_for(err: TrainctlError) -> ExitCode:
     if isinstance(err, RemoteError):
         return ExitCode.REMOTE
     return ExitCode.FAILED
+
+
+def say_error(line: str) -> None:
+    """One line on stderr, prefixed as every trainctl error is."""
+    sys.stderr.write(f"trainctl: {line}\n")
+    sys.stderr.flush()
+
+
+def exit_for_exception(e: BaseException) -> int:
+    """Say what went wrong in one line (no traceback for a user's error); return the code.
+
+    Called from inside an ``except`` block: an internal error keeps its traceback in a
+    file for the report.
+    """
+    if isinstance(e, TrainctlError):
+        say_error(f"error: {e}")
+        return exit_code_for(e)
+    if isinstance(e, KeyboardInterrupt):
+        say_error("interrupted")
+        return ExitCode.INTERRUPTED
+    if isinstance(e, OSError) and e.errno is not None and e.filename is not None:
+        # a file trainctl was told to use (a spec, a home) is missing or unreadable
+        say_error(f"error: {e.filename}: {e.strerror}")
+        return ExitCode.FAILED
+    return internal_error()
+
+
+def internal_error() -> int:
+    """Keep the traceback in a file, say where, and return 70."""
+    import tempfile  # noqa: PLC0415  (error path only: ~3 ms that no normal run pays)
+    import traceback  # noqa: PLC0415  (error path only)
+
+    fd, path = tempfile.mkstemp(prefix="trainctl-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(traceback.format_exc())
+    say_error(f"internal error (traceback in {path}); please report it")
+    return ExitCode.INTERNAL

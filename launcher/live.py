@@ -22,8 +22,8 @@ from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.proctree import alive, scan, target_of
 
 from . import term
+from .backends.local_stop import supervised
 from .render import clean
-from .stop import supervised
 
 T = TypeVar("T")
 REDRAW_S = 0.25

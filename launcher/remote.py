@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -90,7 +91,6 @@ _HOST_KEYS: dict[str, type | tuple[type, ...]] = {
 
 def load_hosts() -> dict[str, Host]:
     """Read and validate hosts.toml (missing file: no aliases)."""
-    import tomllib  # noqa: PLC0415
 
     path = hosts_path()
     try:

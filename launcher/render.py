@@ -1,19 +1,38 @@
-"""Human and JSON output. The only module (besides cli) that prints."""
+"""Records into text and JSON: the only module that formats what a verb prints.
+
+It reads records (``results``) and nothing above them; operations and backends never
+format text. Slurm's stop report is rendered here too.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from . import term
+from .progress import sparkline
+from .results import (
+    Checkpoint,
+    CheckpointInfo,
+    GpuRelease,
+    PsRow,
+    SlurmStopReport,
+    StartResult,
+    Status,
+    StopReport,
+    StopResult,
+)
 
 if TYPE_CHECKING:
     from .gpus import GpuView
-    from .start import StartResult
-    from .stop import StopResult
-    from .views import PsRow, Status
+
+
+def line(text: str) -> None:
+    """Print one line of a verb's own (a note, a refusal's context)."""
+    print(text)
 
 
 def emit_json(doc: Any) -> None:
@@ -43,7 +62,7 @@ def size(nbytes: int) -> str:
     return f"{value:.1f}G"
 
 
-def stop_doc(res: StopResult, checkpoint: dict[str, Any] | None = None) -> None:
+def stop_doc(res: StopResult, checkpoint: CheckpointInfo | None = None) -> None:
     """Print a stop result as JSON."""
     emit_json(
         {
@@ -54,8 +73,8 @@ def stop_doc(res: StopResult, checkpoint: dict[str, Any] | None = None) -> None:
             "exit_code": res.exit_code,
             "message": res.message,
             "warnings": res.warnings,
-            "report": res.report,
-            "checkpoint": checkpoint or None,
+            "report": res.report.to_doc(),
+            "checkpoint": None if checkpoint is None else checkpoint.to_doc(),
         }
     )
 
@@ -85,63 +104,63 @@ def start(res: StartResult) -> None:
 
 def stop(res: StopResult) -> None:
     """Render a stop report."""
-    if res.message:  # a no-op, or a backend that tells its own outcome
+    r = res.report
+    if isinstance(r, SlurmStopReport) and not res.message:
+        print(slurm_stop(res.name, res.run, r))
+        _warnings(res)
+        return
+    if res.message:  # a no-op: one line, and the GPUs it checked again
         print(res.message)
         _warnings(res)
-        for g in res.report.get("gpus", []):
+        for g in getattr(r, "gpus", []):
             print(f"  {gpu_line(g)}")
         return
-    r = res.report
-    if r.get("already_stopped"):
-        why = r.get("reason", "")
+    assert isinstance(r, StopReport)  # noqa: S101  (a Slurm report was rendered above)
+    if r.already_stopped:
+        why = r.reason
         print(
             f"{res.name}: {why}"
             if "backoff" in why
             else f"{res.name}: no process of run {res.run} was alive; nothing to stop"
         )
         return
-    nets = ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_net", {}).items()))
-    print(f"stopped {res.name} run {res.run} via {res.via} ({r.get('mode')} mode)")
-    print(
-        f"  found      {r['found']} process(es), {r.get('escaped', 0)} escaped the tree  [{nets}]"
-    )
-    if r.get("late_joiners"):
+    nets = ", ".join(f"{k} {v}" for k, v in sorted(r.by_net.items()))
+    print(f"stopped {res.name} run {res.run} via {res.via} ({r.mode} mode)")
+    print(f"  found      {r.found} process(es), {r.escaped} escaped the tree  [{nets}]")
+    if r.late_joiners:
         print(
-            f"  late       {r['late_joiners']} found after the signal (new forks, or outside "
+            f"  late       {r.late_joiners} found after the signal (new forks, or outside "
             "the cgroup) and signalled too"
         )
     _stop_details(r)
-    if r.get("zombies"):
-        print(f"  zombies    {len(r['zombies'])} exited, waiting for their parent to reap them")
-    for s in r.get("survivors", []):
-        print(survivor_line(s))
-    for g in r.get("gpus", []):
+    if r.zombies:
+        print(f"  zombies    {len(r.zombies)} exited, waiting for their parent to reap them")
+    for sv in r.survivors:
+        print(survivor_line(sv))
+    for g in r.gpus:
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
-    print(f"  total      {r['total_s']:.2f} s — {_verdict(r)}{code}")
+    print(f"  total      {r.total_s:.2f} s — {_verdict(r)}{code}")
     _warnings(res)
 
 
 NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
 
 
-def _stop_details(r: dict[str, Any]) -> None:
+def _stop_details(r: StopReport) -> None:
     """Who got the signal and when, who exited on it, who was launcher, who was killed."""
-    order = r.get("order") or ("main" if r.get("main_only") else "all")
-    for launcher in r.get("launchers", []):
+    for launcher in r.launchers:
         print(
             f"  launcher   pid {launcher['pid']} {clean(launcher['cmd'])[:60]} ({launcher['why']})"
         )
         print("             skipped for its workers; it gets the signal only if it outlives them")
-    ex = r.get("exit_s") or {}
+    ex = r.exit_s
     timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
-    sent = r.get("signalled", r.get("exited_on_signal", 0))
     print(
-        f"  {r['signal']:<10} {sent} signalled (order {order}), "
-        f"{r['exited_on_signal']} exited on it{timing}"
+        f"  {r.signal:<10} {r.signalled} signalled (order {r.order}), "
+        f"{r.exited_on_signal} exited on it{timing}"
     )
-    named = r.get("sent", [])
-    for p in named[:NAMED_LINES]:
+    for p in r.sent[:NAMED_LINES]:
         if p["exit_s"] is None:
             gone = "still running"
         elif p.get("killed"):
@@ -149,18 +168,62 @@ def _stop_details(r: dict[str, Any]) -> None:
         else:
             gone = f"exited after {p['exit_s']:.2f} s"
         print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {clean(p['cmd'])[:70]}")
-    if len(named) > NAMED_LINES or sent > len(named):
-        print(f"    ... and {sent - min(len(named), NAMED_LINES)} more (--json names up to 64)")
-    if r.get("exited_unsignalled"):
+    if len(r.sent) > NAMED_LINES or r.signalled > len(r.sent):
+        more = r.signalled - min(len(r.sent), NAMED_LINES)
+        print(f"    ... and {more} more (--json names up to 64)")
+    if r.exited_unsignalled:
         print(
-            f"  unsignalled {r['exited_unsignalled']} exited without the signal "
+            f"  unsignalled {r.exited_unsignalled} exited without the signal "
             "(their parent shut them down)"
         )
-    print(f"  SIGKILL    {r['killed']} killed after the {r['grace_s']:g} s grace")
-    for p in r.get("killed_procs", [])[:NAMED_LINES]:
+    print(f"  SIGKILL    {r.killed} killed after the {r.grace_s:g} s grace")
+    for p in r.killed_procs[:NAMED_LINES]:
         print(f"    pid {p['pid']:<7} {clean(p['cmd'])[:80]}")
-    if r["killed"] > NAMED_LINES:
-        print(f"    ... and {r['killed'] - NAMED_LINES} more (--json names up to 64)")
+    if r.killed > NAMED_LINES:
+        print(f"    ... and {r.killed - NAMED_LINES} more (--json names up to 64)")
+
+
+def slurm_stop(name: str, run: int, r: SlurmStopReport) -> str:
+    """The human report of a Slurm job's stop."""
+    how = (
+        "did not leave the queue within the grace: cancelled (scancel)"
+        if r.cancelled_after_grace
+        else "left the queue within the grace"
+    )
+    lines = [
+        f"stopped {name} run {run} via slurm (job {r.slurm.state}, exit code {r.slurm.exit_code})",
+        f"  {r.signal:<10} through each node's agent; the job {how} ({r.grace_s:g} s grace)",
+        f"  this node  {r.local_leftovers} leftover process(es) of the job "
+        "stopped by marker (what Slurm's proctrack missed)",
+    ]
+    for n in r.nodes:
+        if n.ok and n.found is not None:
+            said = f"nothing left ({n.by}: {n.found} found, {n.killed} SIGKILLed)"
+        elif n.ok:
+            said = f"nothing left ({n.by})"
+        else:
+            said = "NOT VERIFIED: its agent sent no stop report"
+        lines.append(f"  node {n.node:<8} {said}")
+    lines += [survivor_line(sv) for sv in r.survivors]
+    verdict = "nothing of the job is alive" if r.ok else "the job did NOT end cleanly"
+    lines.append(f"  total      {r.total_s:.2f} s — {verdict}")
+    return "\n".join(lines)
+
+
+def checkpoint_line(ck: Checkpoint | None, glob: str, cwd: str) -> str:
+    """One human line about the newest checkpoint."""
+    if ck is None:
+        return f"no checkpoint yet (matching {glob!r})"
+    rel = os.path.relpath(ck.path, cwd)
+    mins = ck.age_s / 60
+    age = (
+        f"{ck.age_s:.0f} s"
+        if mins < 1
+        else f"{mins:.0f} min"
+        if mins < 120
+        else f"{mins / 60:.1f} h"
+    )
+    return f"newest checkpoint: {rel} ({age} old)"
 
 
 _CARET = {i: f"^{chr(i + 64)}" for i in range(32)} | {0x7F: "^?"}
@@ -190,25 +253,24 @@ def _warnings(res: StopResult) -> None:
         sys.stderr.write(f"trainctl: {line}\n")
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    if r.get("survivors"):
-        return f"{len(r['survivors'])} process(es) SURVIVED"
-    held = [str(g["index"]) for g in r.get("gpus", []) if not g.get("ok")]
+def _verdict(r: StopReport) -> str:
+    if r.survivors:
+        return f"{len(r.survivors)} process(es) SURVIVED"
+    held = [str(g.index) for g in r.held_gpus]
     if held:
         return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"
-    return "nothing of the job is alive" + (", GPUs released" if r.get("gpus") else "")
+    return "nothing of the job is alive" + (", GPUs released" if r.gpus else "")
 
 
-def _stop_verdict(ls: dict[str, Any]) -> str:
+def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
     """`clean` only when every process left on the stop signal; otherwise who did not."""
-    if not ls.get("ok", True):
-        return f"{len(ls.get('survivors', []))} SURVIVED"
-    killed = int(ls.get("killed", 0))
-    if not killed:
+    if not ls.ok:
+        return f"{len(ls.survivors)} SURVIVED"
+    if not ls.killed:
         return "clean"
-    who = ", ".join(f"{p['pid']} {clean(p['cmd'])[:40]}" for p in ls.get("killed_procs", [])[:3])
-    more = f" and {killed - 3} more" if killed > 3 else ""
-    return f"{killed} needed SIGKILL ({who}{more})"
+    who = ", ".join(f"{p['pid']} {clean(p['cmd'])[:40]}" for p in ls.killed_procs[:3])
+    more = f" and {ls.killed - 3} more" if ls.killed > 3 else ""
+    return f"{ls.killed} needed SIGKILL ({who}{more})"
 
 
 def status(s: Status) -> None:
@@ -233,10 +295,7 @@ def status(s: Status) -> None:
         print(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ls = s.last_stop
-        print(
-            f"  last stop: {_stop_verdict(ls)}, {ls.get('total_s', 0):.2f} s "
-            f"({ls.get('reason', 'stop')})"
-        )
+        print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
 
 
 def job_table(rows: list[Status | tuple[str, str]]) -> None:
@@ -317,23 +376,23 @@ def gib(nbytes: int | None) -> str:
     return "?" if nbytes is None else f"{nbytes / (1 << 30):.1f} GiB"
 
 
-def gpu_line(g: dict[str, Any]) -> str:
+def gpu_line(g: GpuRelease) -> str:
     """One line of a stop report about a GPU's release."""
-    if g.get("ok"):
+    if g.ok:
         return (
-            f"GPU {g['index']}  released {gib(g.get('released_bytes', 0))} in "
-            f"{g.get('seconds', 0):.1f} s (now {gib(g['used_bytes'])}, baseline "
-            f"{gib(g['baseline_bytes'])})"
+            f"GPU {g.index}  released {gib(g.released_bytes or 0)} in "
+            f"{g.seconds or 0:.1f} s (now {gib(g.used_bytes)}, baseline "
+            f"{gib(g.baseline_bytes)})"
         )
-    if "error" in g:
-        return f"GPU {g['index']}  NOT VERIFIED: {g['error']}"
+    if g.error is not None:
+        return f"GPU {g.index}  NOT VERIFIED: {g.error}"
     who = "; ".join(
         f"pid {h['pid']} {h.get('owner', '')} {h.get('cmd', '(not visible here)')}".strip()
-        for h in g.get("holders", [])
+        for h in g.holders
     )
     return (
-        f"GPU {g['index']}  NOT RELEASED: {gib(g['used_bytes'])} used vs baseline "
-        f"{gib(g['baseline_bytes'])}; " + (who or g.get("note", ""))
+        f"GPU {g.index}  NOT RELEASED: {gib(g.used_bytes)} used vs baseline "
+        f"{gib(g.baseline_bytes)}; " + (who or g.note or "")
     )
 
 
@@ -374,8 +433,6 @@ def hosts(rows: list[dict[str, Any]]) -> None:
 
 def progress_line(p: dict[str, Any]) -> str:
     """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`."""
-    from .progress import sparkline  # noqa: PLC0415
-
     step = p.get("step")
     total = p.get("total_steps")
     parts = [
@@ -396,20 +453,18 @@ def progress_line(p: dict[str, Any]) -> str:
 def _status_details(s: Status) -> None:
     """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
     if s.slurm:
-        reason = f" ({s.slurm['reason']})" if s.slurm.get("reason") not in (None, "None") else ""
-        print(
-            f"  slurm job {s.slurm['job_id']}: {s.slurm['state']}{reason} on "
-            f"{s.slurm.get('nodes') or '-'}"
-        )
-        for a in s.slurm.get("agents", []):
+        sl = s.slurm
+        reason = f" ({sl.reason})" if sl.reason not in (None, "None") else ""
+        print(f"  slurm job {sl.job_id}: {sl.state}{reason} on {sl.nodes or '-'}")
+        for a in sl.agents:
             how = (
                 "stopped"
-                if a["stopped"]
-                else f"NOT REPORTING for {a['age_s']:.0f} s"
-                if a["stale"]
-                else f"{a['members']} process(es)"
+                if a.stopped
+                else f"NOT REPORTING for {a.age_s:.0f} s"
+                if a.stale
+                else f"{a.members} process(es)"
             )
-            print(f"    node {a['node']} (rank {a['rank']}, {a['host']}): {how}")
+            print(f"    node {a.node} (rank {a.rank}, {a.host}): {how}")
     if s.gpus:
         print(f"  gpus {','.join(map(str, s.gpus))}")
     if s.restarts or s.restart_in_s is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.spec import parse_order
 
 from .inputs import check_env_key, parse_duration, parse_signal
 
@@ -124,8 +125,6 @@ def _signal(v: object, what: str) -> str:
 
 
 def _order(v: object, what: str) -> str:
-    from trainctl.supervisor.forest import parse_order  # noqa: PLC0415
-
     return str(parse_order(v, what))
 
 

@@ -16,8 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.supervisor.gpu import NoDriverError
+
 from . import render, term
-from .views import Status, all_statuses
+from .gpus import gpu_views
+from .ops.status import all_statuses
+from .results import Status
 
 Line = tuple[str, str | None]  # text, style (a term style name) or None
 
@@ -72,10 +76,6 @@ def _job_lines(statuses: list[Status | tuple[str, str]], width: int) -> list[Lin
 
 
 def _gpu_lines(home: Path, width: int) -> list[Line]:
-    from trainctl.supervisor.gpu import NoDriverError  # noqa: PLC0415
-
-    from .gpus import gpu_views  # noqa: PLC0415
-
     try:
         views = gpu_views(home)
     except NoDriverError as e:

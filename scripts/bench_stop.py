@@ -24,8 +24,14 @@
 
 8. `trainctl list` with 50 running jobs vs with 1. Target: <= 1.5x.
 
+0. start-up: `trainctl status NAME` and `stop`'s first signal after the command's exec,
+   against a bare `python -c pass` from the same venv (targets <= 3.5x and <= 4x); and
+   the end-to-end `trainctl stop` of the tree, from the command's exec until its last
+   process is gone, against an in-process killpg loop and `kill -TERM -PGID` run from a
+   shell (target <= 1.5x killpg).
+
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only latency|order|crowd|repo|list]
+                      [--only startup|latency|order|crowd|repo|list]
 (every part by default; --quick leaves out 6 and 7)
 """
 
@@ -94,7 +100,12 @@ def tc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def trainctl_tree(
-    tmp: Path, env: dict[str, str], width: int, depth: int, settle: bool = False
+    tmp: Path,
+    env: dict[str, str],
+    width: int,
+    depth: int,
+    settle: bool = False,
+    signalled: Path | None = None,
 ) -> None:
     """Start the tree as job `bench`; with ``settle``, also wait until the supervisor's
     member snapshot holds all of it (where every stop of a job that ran a while starts)."""
@@ -107,6 +118,7 @@ def trainctl_tree(
         "30",
         "--env",
         f"TREE_READY={ready}",
+        *(("--env", f"TREE_SIGNALLED={signalled}") if signalled else ()),
         "--",
         sys.executable,
         str(FANOUT),
@@ -251,8 +263,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument(
         "--only",
-        choices=["latency", "order", "crowd", "repo", "list"],
-        help="run only part 1, 5, 6, 7 or 8",
+        choices=["startup", "latency", "order", "crowd", "repo", "list"],
+        help="run only part 0, 1, 5, 6, 7 or 8",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -264,21 +276,18 @@ def main() -> None:
     env = {**os.environ, "TRAINCTL_HOME": str(tmp / "home")}
     n = args.width + args.depth
     print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
-    if args.only == "latency":
-        bench_latency(tmp, env, args)
+    only = {
+        "startup": lambda: bench_startup(tmp, env, args),
+        "latency": lambda: bench_latency(tmp, env, args),
+        "order": lambda: bench_orders(tmp, env, args),
+        "crowd": lambda: bench_crowd(tmp, env, args),
+        "repo": lambda: bench_repo(tmp, env),
+        "list": lambda: bench_list(tmp, env),
+    }
+    if args.only:
+        only[args.only]()
         return
-    if args.only == "order":
-        bench_orders(tmp, env, args)
-        return
-    if args.only == "crowd":
-        bench_crowd(tmp, env, args)
-        return
-    if args.only == "repo":
-        bench_repo(tmp, env)
-        return
-    if args.only == "list":
-        bench_list(tmp, env)
-        return
+    bench_startup(tmp, env, args)
     bench_latency(tmp, env, args)
 
     trainctl_tree(tmp, env, args.width, args.depth)
@@ -324,6 +333,78 @@ def main() -> None:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _shell_kill_stop(tmp: Path, width: int, depth: int) -> float:
+    """The tree stopped by `kill -TERM -PGID` run from a shell: exec -> last one gone."""
+    ready = tmp / "sh.ready"
+    p = subprocess.Popen(
+        [sys.executable, str(FANOUT), str(width), str(depth)],
+        env={**os.environ, "TREE_READY": str(ready)},
+        start_new_session=True,
+    )
+    wait_file(ready)
+    t0 = time.monotonic()
+    killer = subprocess.Popen(["sh", "-c", f"kill -TERM -{p.pid}"])
+    while not _group_gone(p.pid):
+        reap_all()  # the killer and the tree are ours to reap (we are their subreaper)
+        time.sleep(0.001)
+    killer.wait()
+    return time.monotonic() - t0
+
+
+def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[float, float]:
+    """`trainctl stop` of the settled tree: (exec -> first signal, exec -> last one gone)."""
+    signalled = tmp / "tc.signalled"
+    signalled.unlink(missing_ok=True)
+    trainctl_tree(tmp, env, width, depth, settle=True, signalled=signalled)
+    state_file = Path(env["TRAINCTL_HOME"]) / "jobs" / "bench" / "state.json"
+    pgid = int(json.loads(state_file.read_text())["pgid"])
+    t0 = time.monotonic()
+    cli = subprocess.Popen([TRAINCTL, "stop", "bench", "--json"], env=env, stdout=subprocess.PIPE)
+    while not _group_gone(pgid):
+        time.sleep(0.001)
+    gone = time.monotonic() - t0
+    out, _ = cli.communicate()
+    if cli.returncode or not json.loads(out)["ok"]:
+        raise SystemExit(f"bad stop: {out[:500]!r}")
+    first = float(signalled.read_text()) - t0
+    return first, gone
+
+
+def bench_startup(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """0. The CLI's own start-up, and the whole stop as a user times it."""
+    bare = median_ms([sys.executable, "-c", "pass"], env, 20)
+    trainctl_tree(tmp, env, 2, 2)
+    status = median_ms([TRAINCTL, "status", "bench"], env, 20)
+    tc("stop", "bench", env=env)
+    firsts, gones, killpgs, shells = [], [], [], []
+    for _ in range(args.rounds):  # interleaved so drift hits every side alike
+        killpgs.append(baseline_stop(tmp, args.width, args.depth))
+        shells.append(_shell_kill_stop(tmp, args.width, args.depth))
+        first, gone = _cli_stop(tmp, env, args.width, args.depth)
+        firsts.append(first)
+        gones.append(gone)
+    f, g = statistics.median(firsts) * 1000, statistics.median(gones) * 1000
+    k, sh = statistics.median(killpgs) * 1000, statistics.median(shells) * 1000
+    n = args.width + args.depth + 1
+    print(
+        f"0. start-up: bare `python -c pass` {bare:.1f} ms; `trainctl status NAME` "
+        f"{status:.1f} ms -> {status / bare:.2f}x (target <= 3.5x); `trainctl stop` exec -> "
+        f"first signal {f:.1f} ms -> {f / bare:.2f}x (target <= 4x)\n"
+        f"   end to end, {n}-process tree (median of {args.rounds}), exec -> last process "
+        f"gone: trainctl stop {g:.0f} ms; in-process killpg loop {k:.0f} ms -> "
+        f"{g / k:.2f}x (target <= 1.5x); `kill -TERM -PGID` from a shell {sh:.0f} ms -> "
+        f"{g / sh:.2f}x"
+    )
 
 
 def bench_latency(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:

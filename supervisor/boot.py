@@ -25,7 +25,7 @@ from . import cgroup as cg
 from . import control, procfs
 from .drift import code_version
 from .errors import SpawnError, TrainctlError
-from .launch import Handover
+from .launch import Handover, Ready
 from .spawn import Spawned, job_env, spawn_main
 from .spec import Spec, spec_from_doc, spec_to_doc
 from .state import (
@@ -239,24 +239,16 @@ def main(argv: list[str]) -> int:
         req["gpus"] = tuple(GpuLease(**g) for g in req.get("gpus", ()))
         state, spawned, cgroup = launch(jdir, spec, Handover(**req))
     except TrainctlError as e:
-        _reply(sock, {"ok": False, "error": str(e)})
+        _reply(sock, Ready(error=str(e)).to_doc())
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
     except OSError as e:
-        _reply(sock, {"ok": False, "error": f"supervisor set-up failed: {e}"})
+        _reply(sock, Ready(error=f"supervisor set-up failed: {e}").to_doc())
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
     with contextlib.suppress(OSError):  # the CLI gave up waiting: the job is recorded anyway
-        _reply(
-            sock,
-            {
-                "ok": True,
-                "main_pid": spawned.pid,
-                "run": state.run,
-                "mode": state.mode,
-                "unit": state.unit,
-            },
-        )
+        ready = Ready(ok=True, main_pid=spawned.pid, run=state.run, mode=state.mode)
+        _reply(sock, dataclasses.replace(ready, unit=state.unit).to_doc())
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
     state = dataclasses.replace(state, code=code_version(spec))

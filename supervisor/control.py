@@ -4,20 +4,26 @@ Requests: ``{"op": "ping"}``, ``{"op": "stop", "grace_s": 5.0, "order": "tree"}`
 (``order`` may be absent: the job's own stop order; ``"main_only": true`` means ``main``).
 Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket is 0600 in a
 0700 directory and the server also checks the peer's uid (SO_PEERCRED).
+
+The stop request and its reply are typed (:class:`StopAsk`, :class:`StopReply`); the dicts
+exist only as the JSON on the wire, and a reply is checked field by field when read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import StateError
+from .schema import build_document
 
 SOCK_NAME = "control.sock"
 MAX_LINE = 1 << 20
@@ -25,6 +31,61 @@ MAX_LINE = 1 << 20
 
 class ControlUnavailableError(Exception):
     """The supervisor did not answer (gone, or died mid-request)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopAsk:
+    """A client's `stop`: each field None means the job's own setting."""
+
+    gpu_timeout_s: float | None = None
+    order: str | None = None  # a StopOrder value
+    grace_s: float | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The request on the wire."""
+        doc: dict[str, Any] = {"op": "stop", "gpu_timeout_s": self.gpu_timeout_s}
+        if self.order is not None:
+            doc["order"] = self.order
+            doc["main_only"] = self.order == "main"  # read by older supervisors
+        if self.grace_s is not None:
+            doc["grace_s"] = self.grace_s
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> StopAsk:
+        """Read a request (``main_only`` is the older spelling of order ``main``)."""
+        order = doc.get("order")
+        if order is None and doc.get("main_only") is True:
+            order = "main"
+        values = {"order": order, "gpu_timeout_s": doc.get("gpu_timeout_s")}
+        values["grace_s"] = doc.get("grace_s")
+        ask = build_document(cls, values, "stop request")
+        grace, gpu = ask.grace_s, ask.gpu_timeout_s
+        return cls(
+            None if gpu is None else float(gpu), ask.order, None if grace is None else float(grace)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StopReply:
+    """The supervisor's answer to a stop: the report's JSON (read as a StopReport by the
+    caller), or ``retry`` (a successor owns the job now), or an error."""
+
+    ok: bool = False
+    report: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    joined: bool = False  # another client's stop was already running; this one joined it
+    retry: bool = False
+    error: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The reply on the wire."""
+        return dataclasses.asdict(self)
+
+
+def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
+    """Send a stop to the job's supervisor and return its checked reply."""
+    return build_document(StopReply, request(jdir, ask.to_doc(), timeout_s), "stop reply")
 
 
 def peer_uid(sock: socket.socket) -> int:

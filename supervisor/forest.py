@@ -39,19 +39,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import procfs
-from .errors import ConfigError
 from .proctree import Member
 from .spec import StopOrder
 from .state import ProcRef
-
-
-def parse_order(raw: object, what: str = "stop order") -> StopOrder:
-    """Return the stop order named by ``raw``; one clear line for anything else."""
-    try:
-        return StopOrder(str(raw).strip().lower())
-    except ValueError:
-        raise ConfigError(f"{what}: unknown stop order {raw!r} (use tree, all or main)") from None
-
 
 # Programs that forward the stop signal to their workers' process groups. Matched on the
 # program (argv[0]) or, under a Python interpreter, on the script or the `-m` module: a

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import control, systemd
 from .errors import SpawnError
+from .schema import build_document
 from .spec import Spec, spec_to_doc
 from .state import GpuLease
 
@@ -36,6 +37,23 @@ class Handover:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The new supervisor's answer once main has exec'd (or why it could not start)."""
+
+    ok: bool = False
+    main_pid: int | None = None
+    run: int | None = None
+    mode: str = "signals"
+    unit: str | None = None
+    error: str | None = None
+    warning: str | None = None  # added here: what systemd detection had to say
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form sent back over the handshake socket."""
+        return dataclasses.asdict(self)
+
+
 def launch_supervisor(
     home: Path,
     jdir: Path,
@@ -43,7 +61,7 @@ def launch_supervisor(
     handover: Handover,
     timeout_s: float,
     lock_fd: int | None = None,
-) -> dict[str, Any]:
+) -> Ready:
     """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
     ours, theirs = socket.socketpair()
     sd = systemd.detect() if spec.isolation.systemd else None
@@ -84,7 +102,7 @@ def launch_supervisor(
     finally:
         ours.close()
         theirs.close()
-    if reply is None or not reply.get("ok"):
+    if reply is None or not reply.ok or reply.main_pid is None:
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -94,15 +112,15 @@ def launch_supervisor(
             raise SpawnError(
                 f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
             )
-        raise SpawnError(str(reply.get("error")))
+        raise SpawnError(str(reply.error))
     # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
     proc.returncode = 0
     if sd is not None and sd.warning:
-        reply["warning"] = sd.warning
+        reply = dataclasses.replace(reply, warning=sd.warning)
     return reply
 
 
-def _read_reply(sock: socket.socket) -> dict[str, Any] | None:
+def _read_reply(sock: socket.socket) -> Ready | None:
     buf = b""
     try:
         while not buf.endswith(b"\n"):
@@ -112,4 +130,4 @@ def _read_reply(sock: socket.socket) -> dict[str, Any] | None:
             buf += chunk
     except TimeoutError:
         return None
-    return control.decode(buf)
+    return build_document(Ready, control.decode(buf), "the supervisor's start reply")

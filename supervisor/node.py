@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -20,13 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+from . import nodefiles as nf
 from . import procfs, state
 from .boot import set_subreaper
 from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import Spec, StopOrder
-from .state import ProcRef, job_dir, log_path, mtime, read_spec, write_json_atomic
+from .state import ProcRef, job_dir, mtime, read_spec
 from .stop import run_stop
 
 _stop = {"asked": False, "by_request": False}
@@ -103,17 +103,14 @@ def main(argv: list[str]) -> int:
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid, args.run)
     # main ended (or we were told to stop): nothing of the job may outlive this step
-    asked = _stop_request(jdir) if _stop["by_request"] else {}
-    order = asked.get("order")
-    grace = asked.get("grace_s")
+    # the request is type-checked (a NaN or negative grace is refused): else the job's own
+    asked = nf.read_stop_request(jdir) if _stop["by_request"] else None
+    order = asked.order if asked is not None and asked.order in tuple(StopOrder) else None
     report = run_stop(
         target,
         spec,
-        # a sane grace from the request (NaN fails both comparisons), else the job's own
-        grace_s=float(grace)
-        if isinstance(grace, int | float) and 0 <= grace <= 3e7
-        else spec.stop.grace_s,
-        order=StopOrder(order) if isinstance(order, str) and order in tuple(StopOrder) else None,
+        grace_s=asked.grace_s if asked is not None else spec.stop.grace_s,
+        order=None if order is None else StopOrder(order),
         reason="stop" if _stop["asked"] else "node done",
     )
     _reap_all()
@@ -156,15 +153,9 @@ def node_name() -> str:
 
 
 def node_log(jdir: Path, run: int) -> Path:
-    """The first node writes logs/run-N.log; every other node its own run-N.NODE.log.
-
-    One file per node keeps each node's lines apart (`trainctl logs --node NODE`), and
-    the first node's log, where rank 0 reports its progress, stays where it always is.
-    """
-    log = log_path(jdir, run)
-    if os.environ.get("SLURM_NODEID", "0") in ("", "0"):
-        return log
-    return log.with_name(f"run-{run}.{node_name()}.log")
+    """This node's log file (see nodefiles.node_log_path)."""
+    first = os.environ.get("SLURM_NODEID", "0") in ("", "0")
+    return nf.node_log_path(jdir, run, node_name(), first=first)
 
 
 PUBLISH_S = 2.0  # how often an agent publishes its members for `status` and `ps` anywhere
@@ -184,34 +175,27 @@ def _record(
     A sweep job (``sweep``) adds its report to what the node's agent had published: the
     node keeps its rank (its log's name depends on it), agent and main.
     """
-    path = jdir / "slurm" / f"run-{run}.{node_name()}.json"
-    path.parent.mkdir(mode=0o700, exist_ok=True)
     members = [] if stop is not None else sorted(alive(scan_light(target)).values(), key=_pid)
-    doc = {
-        "node": node_name(),
-        "host": socket.gethostname(),
-        "rank": os.environ.get("SLURM_NODEID"),
-        "at": time.time(),
-        "agent": target.supervisor and target.supervisor.pid,
-        "main": target.main and target.main.pid,
-        "members": [
-            {
-                "pid": m.stat.pid,
-                "ppid": m.stat.ppid,
-                "state": m.stat.state,
-                "cmd": procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]",
-            }
+    rec = nf.NodeRecord(
+        node=node_name(),
+        host=socket.gethostname(),
+        rank=os.environ.get("SLURM_NODEID"),
+        at=time.time(),
+        agent=target.supervisor.pid if target.supervisor else None,
+        main=target.main.pid if target.main else None,
+        members=tuple(
+            nf.NodeProcess(
+                m.stat.pid,
+                m.stat.ppid,
+                m.stat.state,
+                procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]",
+            )
             for m in members[:256]
-        ],
-        "member_count": len(members),
-        "stop": stop,
-    }
-    if sweep:
-        with contextlib.suppress(OSError, ValueError):
-            agent = json.loads(path.read_text())
-            if isinstance(agent, dict):
-                doc.update({k: agent[k] for k in ("rank", "agent", "main") if k in agent})
-    write_json_atomic(path, doc, durable=False)
+        ),
+        member_count=len(members),
+        stop=stop,
+    )
+    nf.write_record(jdir, run, rec, keep_from_agent=sweep)
 
 
 def _pid(m: Member) -> int:
@@ -220,8 +204,8 @@ def _pid(m: Member) -> int:
 
 def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int, run: int) -> int | None:
     """Reap, publish, forward checkpoint requests until main exits or a stop is asked."""
-    request = jdir / "slurm" / "checkpoint-request"
-    stop_file = jdir / "slurm" / STOP_REQUEST
+    request = nf.slurm_dir(jdir) / nf.CHECKPOINT_REQUEST
+    stop_file = nf.slurm_dir(jdir) / nf.STOP_REQUEST
     seen, stop_seen = mtime(request), mtime(stop_file)
     published = time.monotonic()
     while not _stop["asked"]:
@@ -245,18 +229,6 @@ def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int, run:
             _forward_checkpoint(target, signal.Signals[ckpt_signal])
         time.sleep(0.1)
     return None
-
-
-STOP_REQUEST = "stop-request"
-
-
-def _stop_request(jdir: Path) -> dict[str, object]:
-    """The grace and order the CLI asked for (it writes them as JSON), or {}."""
-    try:
-        doc = json.loads((jdir / "slurm" / STOP_REQUEST).read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _forward_checkpoint(target: Target, sig: signal.Signals) -> None:

@@ -14,12 +14,51 @@ import math
 import types
 import typing
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import StateError
 
 # No trainctl number is negative; none is this large either (timestamps, pids, ticks).
 _MAX_NUMBER = 2.0**62
+T = TypeVar("T")
+
+
+def build_document(cls: type[T], doc: Any, where: str) -> T:
+    """Build dataclass ``cls`` from a JSON object (nested records too), then check it.
+
+    Keys the record does not know are dropped (a newer writer may add some); a missing
+    required key or a mistyped value is one StateError naming the field.
+    """
+    if not isinstance(doc, dict):
+        raise StateError(f"{where}: must be an object, got {type(doc).__name__}")
+    hints = _hints(typing.cast(Any, cls))
+    kwargs = {k: _build_value(v, hints[k], where, k) for k, v in doc.items() if k in hints}
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:
+        raise StateError(f"{where}: {e}; refusing to act on it") from None
+    check_document(obj, where)
+    return obj
+
+
+def _build_value(value: Any, hint: Any, where: str, path: str) -> Any:
+    """Turn the JSON form of a nested record (or a list/tuple of them) into the record."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        inner = [a for a in args if a is not type(None)]
+        return _build_value(value, inner[0], where, path) if len(inner) == 1 else value
+    if isinstance(hint, type) and issubclass(hint, Enum) and not isinstance(value, hint):
+        try:
+            return hint(value)
+        except ValueError:
+            return value  # the check names it
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return build_document(hint, value, f"{where}: {path}")
+    if origin in (list, tuple) and isinstance(value, list | tuple) and args:
+        items = [_build_value(v, args[0], where, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    return value
 
 
 def check_document(obj: Any, where: str) -> None:
@@ -84,7 +123,7 @@ def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -
         for k, v in value.items():
             _need(isinstance(k, str), k, "string keys", where, path)
             _check(v, args[1] if args else Any, where, f"{path}.{k}")
-    elif origin is tuple:
+    elif origin in (tuple, list):
         _need(isinstance(value, tuple | list), value, "a list", where, path)
         for i, item in enumerate(value):
             _check(item, args[0], where, f"{path}[{i}]")

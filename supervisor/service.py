@@ -210,22 +210,20 @@ class Supervisor:
 
     def _answer(self, token: int, a: lc.Reply) -> None:
         if a.forward:
-            msg: dict[str, Any] = {
-                "ok": False,
-                "retry": True,
-                "error": "the job was just relaunched; ask its new supervisor",
-            }
+            msg = control.StopReply(
+                retry=True, error="the job was just relaunched; ask its new supervisor"
+            )
         else:
             report = dict(a.report or {})
             if self.persist_error:
                 report["persist_error"] = self.persist_error
-            msg = {
-                "ok": True,
-                "report": report,
-                "exit_code": self.state.exit_code,
-                "joined": token in self.life.joined,
-            }
-        self.answers[token] = msg
+            msg = control.StopReply(
+                ok=True,
+                report=report,
+                exit_code=self.state.exit_code,
+                joined=token in self.life.joined,
+            )
+        self.answers[token] = msg.to_doc()
         done = self.replies.get(token)
         if done is not None:
             done.set()
@@ -438,7 +436,7 @@ class Supervisor:
         self.log.info(
             "relaunched",
             run=handover.run,
-            main_pid=reply.get("main_pid"),
+            main_pid=reply.main_pid,
             restarts=handover.restarts,
         )
         self.send(lc.Relaunched())
@@ -534,17 +532,13 @@ class Supervisor:
         if op == "stop":
             token = next(self.tokens)
             done = self.replies[token] = anyio.Event()
-            gt = req.get("gpu_timeout_s")
-            order = _order_of(req)
-            grace = req.get("grace_s")
-            self.send(
-                lc.StopRequested(
-                    token,
-                    None if grace is None else float(grace),
-                    None if order is None else str(order),
-                    None if gt is None else float(gt),
-                )
-            )
+            try:
+                ask = control.StopAsk.from_doc(req)
+            except StateError as e:
+                del self.replies[token]
+                return control.StopReply(error=str(e)).to_doc()
+            order = ask.order if ask.order in tuple(StopOrder) else None
+            self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s))
             await done.wait()
             del self.replies[token]
             return self.answers.pop(token)
@@ -583,14 +577,6 @@ class Supervisor:
                     if isinstance(a, lc.Reply):
                         for token in a.tokens:
                             self._answer(token, a)
-
-
-def _order_of(req: dict[str, Any]) -> StopOrder | None:
-    """The stop order a request asks for (None: the job's own); `main_only` is the old form."""
-    raw = req.get("order")
-    if raw in tuple(StopOrder):
-        return StopOrder(raw)
-    return StopOrder.MAIN if req.get("main_only") else None
 
 
 def run_supervisor(

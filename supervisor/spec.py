@@ -14,10 +14,12 @@ from enum import StrEnum
 from signal import Signals
 from typing import Any
 
-from .errors import StateError
+from .errors import ConfigError, StateError
 
 SCHEMA = 1
-BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends.py)
+BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends/)
+# The spec keys of the Slurm backend (Spec.slurm); the only place they are listed.
+SLURM_KEYS = frozenset({"nodes", "gpus_per_node", "partition", "time", "sbatch_args"})
 
 
 class StopOrder(StrEnum):
@@ -26,6 +28,14 @@ class StopOrder(StrEnum):
     TREE = "tree"  # top of the process forest first; children once their parent exited
     ALL = "all"  # every member at once
     MAIN = "main"  # main alone; the rest once main has exited
+
+
+def parse_order(raw: object, what: str = "stop order") -> StopOrder:
+    """Return the stop order named by ``raw``; one clear line for anything else."""
+    try:
+        return StopOrder(str(raw).strip().lower())
+    except ValueError:
+        raise ConfigError(f"{what}: unknown stop order {raw!r} (use tree, all or main)") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,11 @@ from pathlib import Path
 from . import cgroup as cg
 from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
 from .proctree import Target
+from .reports import StopReport
 from .roster import Roster
 from .spec import Spec, StopOrder, StopPolicy
 from .state import GpuLease
-from .terminate import Emit, Grace, StopReport, stop_tree
+from .terminate import Emit, Grace, stop_tree
 
 
 def run_stop(
@@ -75,8 +76,9 @@ def stop_and_verify(
     report = stop_tree(target, policy, emit=emit, grace=grace, roster=roster)
     if leases:
         report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
-        report.ok = report.ok and all(g["ok"] for g in report.gpus)
-        emit("gpus_verified", ok=all(g["ok"] for g in report.gpus), gpus=report.gpus)
+        released = all(g.ok for g in report.gpus)
+        report.ok = report.ok and released
+        emit("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])
     return report
 
 

@@ -23,13 +23,13 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import cgroup as cg
 from . import procfs
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup
+from .reports import StopReport
 from .roster import Held, Roster
 from .spec import StopOrder, StopPolicy
 from .state import ProcRef
@@ -41,43 +41,6 @@ Emit = Callable[..., None]
 REPORT_NAMED = 64
 # While members exit and none is waiting for its signal, exits are collected this often.
 EXIT_BATCH_S = 0.001
-
-
-@dataclass(slots=True)
-class StopReport:
-    """What a stop did and proved; rendered by the CLI and kept in state.json."""
-
-    signal: str
-    grace_s: float
-    order: str
-    mode: str
-    found: int = 0
-    held: int = 0  # members the supervisor already held by pidfd when the stop began
-    by_net: dict[str, int] = field(default_factory=dict)
-    escaped: int = 0
-    late_joiners: int = 0
-    signalled: int = 0  # members that got the stop signal
-    exited_on_signal: int = 0  # ... and exited on it within the grace
-    exited_unsignalled: int = 0  # exited within the grace without it (a parent shut them down)
-    exit_s: dict[str, float] = field(default_factory=dict)  # signal -> exit: first/median/last
-    killed: int = 0
-    launchers: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd, why
-    # per process, up to REPORT_NAMED each: pid, cmd, at_s (since the stop began), exit_s
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    killed_procs: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd
-    survivors: list[dict[str, Any]] = field(default_factory=list)
-    zombies: list[dict[str, Any]] = field(default_factory=list)
-    total_s: float = 0.0
-    gone_s: float | None = None  # from the stop's start until its last member was seen gone
-    ok: bool = False
-    already_stopped: bool = False
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # the release proof, per GPU
-    reason: str = "stop"  # stop | main exited | stalled
-    persist_error: str | None = None  # the stop happened, but could not be recorded
-
-    def to_doc(self) -> dict[str, Any]:
-        """Return the JSON form."""
-        return asdict(self)
 
 
 class Grace:

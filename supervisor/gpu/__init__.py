@@ -82,9 +82,9 @@ def open_backend() -> GpuBackend:
                 f"{FAKE_ENV} is set but a real NVIDIA driver is present; "
                 "refusing to use the fake GPU backend (unset it)"
             )
-        from .fake import FakeBackend  # noqa: PLC0415
+        from .fake import FakeBackend  # noqa: PLC0415  (the test double: only when chosen)
 
         return FakeBackend(fake)
-    from .nvml import NvmlBackend  # noqa: PLC0415
+    from .nvml import NvmlBackend  # noqa: PLC0415  (pynvml: only when a GPU is asked about)
 
     return NvmlBackend()

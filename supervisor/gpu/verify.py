@@ -13,6 +13,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.procfs import read_cmdline
+from trainctl.supervisor.reports import GpuRelease
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import GpuLease
 
@@ -84,34 +85,34 @@ def holders_of(index: int, backend: GpuBackend) -> list[dict[str, Any]]:
 
 def verify_release(
     leases: tuple[GpuLease, ...], marker: str, pre: dict[int, int] | str, policy: GpuPolicy
-) -> list[dict[str, Any]]:
+) -> list[GpuRelease]:
     """Wait until every leased GPU is back near its baseline with no job process on it."""
     if not leases:
         return []
     t0 = time.monotonic()
     deadline = t0 + policy.timeout_s
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[int, GpuRelease] = {}
     while True:
         try:
             backend = open_backend()
         except GpuError as e:
-            return [{"index": lease.index, "ok": False, "error": str(e)} for lease in leases]
+            return [GpuRelease(lease.index, error=str(e)) for lease in leases]
         try:
             gpus = {g.index: g for g in backend.gpus()}
             for lease in leases:
                 if lease.index in done:
                     continue
                 res = _check(lease, gpus.get(lease.index), backend, marker, policy)
-                if res["ok"]:
-                    res["seconds"] = round(time.monotonic() - t0, 2)
+                if res.ok:
+                    res.seconds = round(time.monotonic() - t0, 2)
                     if isinstance(pre, dict) and lease.index in pre:
-                        res["released_bytes"] = max(0, pre[lease.index] - res["used_bytes"])
+                        res.released_bytes = max(0, pre[lease.index] - (res.used_bytes or 0))
                     done[lease.index] = res
                 elif time.monotonic() >= deadline:
                     done[lease.index] = res
         except GpuError as e:
             for lease in leases:
-                done.setdefault(lease.index, {"index": lease.index, "ok": False, "error": str(e)})
+                done.setdefault(lease.index, GpuRelease(lease.index, error=str(e)))
         finally:
             backend.close()
         if len(done) == len(leases):
@@ -129,31 +130,29 @@ def _owner(holder: dict[str, Any], marker: str) -> str:
 
 def _check(
     lease: GpuLease, gpu: Gpu | None, backend: Any, marker: str, policy: GpuPolicy
-) -> dict[str, Any]:
+) -> GpuRelease:
     if gpu is None or gpu.uuid != lease.uuid:
-        return {
-            "index": lease.index,
-            "ok": False,
-            "error": f"GPU {lease.index} ({lease.uuid}) is no longer visible",
-        }
+        return GpuRelease(
+            lease.index, error=f"GPU {lease.index} ({lease.uuid}) is no longer visible"
+        )
     holders = holders_of(lease.index, backend)
     for h in holders:
         h["owner"] = _owner(h, marker)
     ours = [h for h in holders if h.get("marker") == marker]
     excess = gpu.memory_used_bytes - lease.baseline_used_bytes
-    res: dict[str, Any] = {
-        "index": lease.index,
-        "uuid": lease.uuid,
-        "used_bytes": gpu.memory_used_bytes,
-        "baseline_bytes": lease.baseline_used_bytes,
-        "job_holders": ours,
-        "ok": not ours and excess <= policy.tolerance_bytes,
-    }
-    if not res["ok"]:
-        res["holders"] = holders
-        res["excess_bytes"] = excess
+    res = GpuRelease(
+        lease.index,
+        ok=not ours and excess <= policy.tolerance_bytes,
+        uuid=lease.uuid,
+        used_bytes=gpu.memory_used_bytes,
+        baseline_bytes=lease.baseline_used_bytes,
+        job_holders=ours,
+    )
+    if not res.ok:
+        res.holders = holders
+        res.excess_bytes = max(0, excess)
         if not holders:
-            res["note"] = (
+            res.note = (
                 f"NVML lists no process (container PID namespace?) while "
                 f"{excess / GIB:.1f} GiB above the baseline are still in use"
             )

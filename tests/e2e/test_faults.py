@@ -141,7 +141,7 @@ def test_a_stop_that_waited_for_a_start_goes_through_the_new_supervisor(
         "import sys\n"
         "from pathlib import Path\n"
         "from trainctl.launcher.config import load_config\n"
-        "from trainctl.launcher.start import start_locked\n"
+        "from trainctl.launcher.ops.start import start_locked\n"
         "from trainctl.supervisor import state\n"
         "home = Path(sys.argv[1]); jdir = home / 'jobs' / 's'\n"
         "start_locked(home, jdir, state.read_spec(jdir), load_config())\n"

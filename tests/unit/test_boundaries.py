@@ -1,56 +1,214 @@
-"""Architecture rules that are cheap to check: supervisor never imports launcher."""
+"""Architecture rules that are cheap to check: the layers of launcher/, and what the
+fast path loads.
+
+supervisor/ never imports launcher/. Inside launcher/ every module belongs to one layer
+and imports only its own layer or those below; the import graph has no cycle; and
+function-level imports stay few, each with its reason on the line.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).parents[2]
+LAUNCHER = ROOT / "launcher"
+
+# Bottom to top (README "Development" draws the same picture).
+LAYERS: list[tuple[str, set[str]]] = [
+    ("records", {"results"}),
+    (
+        "leaves",
+        {
+            "__init__",
+            "checkpoint",
+            "config",
+            "doctor",
+            "exitcodes",
+            "globalopts",
+            "gpus",
+            "inputs",
+            "output",
+            "progress",
+            "remote",
+            "specfile",
+            "term",
+            "trainer",
+        },
+    ),
+    ("backends", {"backends"}),
+    ("operations", {"ops"}),
+    ("presentation", {"render", "live", "top", "api"}),
+    ("verbs", {"verbs"}),
+    ("entry", {"cli", "main", "__main__"}),
+]
+MAX_FUNCTION_IMPORTS = 15
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+def module_name(path: Path) -> str:
+    """``launcher/ops/stop.py`` -> ``ops.stop``; a package's ``__init__`` is the package."""
+    rel = path.relative_to(LAUNCHER).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    head = module.split(".", maxsplit=1)[0]
+    for i, (_, members) in enumerate(LAYERS):
+        if module in members or head in members:
+            return i
+    raise AssertionError(f"launcher module {module} is in no layer: add it to LAYERS")
+
+
+def launcher_imports(path: Path) -> list[tuple[ast.stmt, str]]:
+    """Every (statement, launcher module) that ``path`` imports, resolved to a name."""
+    me = module_name(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    out: list[tuple[ast.stmt, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                base += node.module.split(".") if node.module else []
+            elif node.module and node.module.startswith("trainctl.launcher"):
+                rest = node.module.removeprefix("trainctl.launcher").lstrip(".")
+                base = rest.split(".") if rest else []
+            else:
+                continue
+            out += _targets(node, base)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("trainctl.launcher."):
+                    out.append((node, alias.name.removeprefix("trainctl.launcher.")))
     return out
+
+
+def _targets(node: ast.ImportFrom, base: list[str]) -> list[Any]:
+    """``from X import a, b``: a and b are modules when X is a package of ours."""
+    out = []
+    for alias in node.names:
+        candidate = [*base, alias.name]
+        path = LAUNCHER.joinpath(*candidate)
+        if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
+            out.append((node, ".".join(candidate)))
+        elif base:
+            out.append((node, ".".join(base)))
+        # `from trainctl.launcher import __version__` is the package itself: layer "leaves"
+        else:
+            out.append((node, "__init__"))
+    return out
+
+
+FILES = sorted(LAUNCHER.rglob("*.py"))
 
 
 def test_supervisor_never_imports_launcher() -> None:
     files = sorted((ROOT / "supervisor").rglob("*.py"))
     assert files
     for path in files:
-        bad = {m for m in imported_modules(path) if m.startswith("trainctl.launcher")}
-        assert not bad, f"{path} imports {bad}"
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            bad = [n for n in names if n.startswith("trainctl.launcher")]
+            assert not bad, f"{path} imports {bad}"
 
 
-def test_status_path_stays_light() -> None:
-    """The modules `status` imports must not pull in the heavy libraries."""
-    heavy = {"anyio", "structlog", "psutil", "rich", "click", "pynvml"}
-    for mod in (
-        "launcher/fastpath.py",
-        "launcher/views.py",
-        "launcher/jobs.py",
-        "launcher/render.py",
-        "launcher/config.py",
-        "supervisor/state.py",
-        "supervisor/proctree.py",
-        "supervisor/procfs.py",
-        "supervisor/cgroup.py",
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_upward_import(path: Path) -> None:
+    me = module_name(path)
+    mine = layer_of(me)
+    for node, target in launcher_imports(path):
+        theirs = layer_of(target)
+        assert theirs <= mine, (
+            f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[mine][0]}) imports {target} "
+            f"({LAYERS[theirs][0]}): a layer imports only itself and the layers below"
+        )
+
+
+def test_no_import_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in FILES:
+        me = module_name(path)
+        graph.setdefault(me, set()).update(
+            t for _, t in launcher_imports(path) if t != me and not me.startswith(f"{t}.")
+        )
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = [*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt]
+                raise AssertionError(f"import cycle in launcher/: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_function_level_imports_are_few_and_explained() -> None:
+    found = []
+    for path in [*FILES, *sorted((ROOT / "supervisor").rglob("*.py"))]:
+        text = path.read_text()
+        lines = text.splitlines()
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    line = lines[node.lineno - 1]
+                    assert "noqa: PLC0415  (" in line, f"{where}: say why, in brackets, on the line"
+                    found.append(where)
+    assert len(found) <= MAX_FUNCTION_IMPORTS, f"{len(found)} function-level imports: {found}"
+
+
+HEAVY = ("click", "psutil", "anyio", "structlog", "pynvml", "curses", "subprocess")
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    return set(out)
+
+
+def test_records_import_nothing_of_the_launcher_above_them() -> None:
+    loaded = _loaded_after("import trainctl.launcher.results")
+    ours = {m for m in loaded if m.startswith("trainctl.launcher.")}
+    assert ours == {"trainctl.launcher.results"}, ours
+
+
+def test_status_verb_loads_no_heavy_module() -> None:
+    """What `trainctl status NAME` imports: neither click, nor psutil, nor the Slurm code."""
+    loaded = _loaded_after(
+        "from trainctl.launcher import main, verbs\nverbs.load('status')\nverbs.load('stop')"
+    )
+    heavy = {m for m in loaded if m.split(".")[0] in HEAVY}
+    assert not heavy, heavy
+    for m in (
+        "trainctl.launcher.cli",
+        "trainctl.launcher.backends.slurm",
+        "trainctl.launcher.ops.ps",
     ):
-        top = {m.split(".")[0] for m in _toplevel_imports(ROOT / mod)}
-        assert not top & heavy, f"{mod} imports {top & heavy} at module level"
-
-
-def _toplevel_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-    return out
+        assert m not in loaded, m

@@ -1,22 +1,24 @@
-"""Finding a job and its live processes: the light helpers every verb shares."""
+"""Finding a job, waiting for it, removing it: the light operations every verb shares."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import time
+import shutil
 from pathlib import Path
 
-from trainctl.supervisor import state
+from trainctl.launcher import backends
+from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import (
     JobConflictError,
     JobNotFoundError,
     StateError,
 )
+from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import Member, alive, scan, target_of
 from trainctl.supervisor.state import JobState, Phase
 
-from . import backends
+WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
 
 
 def existing_job(home: Path, name: str) -> Path:
@@ -40,8 +42,6 @@ def _refuse_if_anything_runs(jdir: Path, name: str) -> None:
     supervisor.lock, and every process of every run of this job inherited
     TRAINCTL_PROGRESS=<this directory>/logs/..., which no other job's process has.
     """
-    from trainctl.supervisor import procfs  # noqa: PLC0415
-
     if state.is_locked(jdir, "supervisor.lock"):
         raise JobConflictError(f"job {name} still has a live supervisor; stop it first")
     roots = {str(jdir), os.path.realpath(jdir)}
@@ -65,19 +65,23 @@ def live_members(st: JobState) -> dict[int, Member]:
 def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
     """Block until the job's current run has ended; return its final state."""
     jdir = existing_job(home, name)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
+    last: list[Phase] = []
+
+    def ended() -> JobState | None:
         st = state.read_state(jdir)
         seen = backends.of(st).seen(jdir, st)
-        phase = seen.phase
-        if phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
+        if seen.phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
             # the backend's verdict (Slurm's exit code), a view, not a recorded move
-            return dataclasses.replace(st, phase=phase, exit_code=seen.exit_code)
-        if phase == Phase.LOST:
+            return dataclasses.replace(st, phase=seen.phase, exit_code=seen.exit_code)
+        if seen.phase == Phase.LOST:
             raise StateError(f"job {name}: the supervisor is gone, so the exit code is unknown")
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"job {name} still {phase} after {timeout_s:g} s")
-        time.sleep(0.05)
+        last[:] = [seen.phase]
+        return None
+
+    final = poll_until(ended, timeout_s, WAIT_POLL_S)
+    if final is None:
+        raise TimeoutError(f"job {name} still {last[0]} after {timeout_s:g} s")
+    return final
 
 
 def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
@@ -98,7 +102,5 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
             if not seen.ended or live_members(st):
                 raise JobConflictError(f"job {name} is {seen.phase}: stop it before removing it")
         _refuse_if_anything_runs(jdir, name)
-        import shutil  # noqa: PLC0415  (rm only)
-
         shutil.rmtree(jdir)
     return jdir

@@ -1,21 +1,22 @@
-"""`trainctl start` and `restart`: validate, spawn the detached supervisor, handshake."""
+"""Start and restart: validate the spec, refuse a busy name, hand the run to its backend."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainctl.launcher import backends
+from trainctl.launcher.config import Config
+from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
+from trainctl.launcher.results import GpuRequest, StartResult, StopResult
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError, TrainctlError
-from trainctl.supervisor.gpu import MIB
-from trainctl.supervisor.launch import Handover, launch_supervisor
+from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.spec import (
+    SLURM_KEYS,
     GpuBinding,
     Isolation,
     LogPolicy,
@@ -24,14 +25,10 @@ from trainctl.supervisor.spec import (
     StopPolicy,
     Watch,
 )
-from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState, Phase
+from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
 
-from . import backends
-from .config import Config
-from .gpus import gpu_env, resolve_gpus
-from .inputs import parse_env, parse_seconds, parse_signal
 from .jobs import existing_job, live_members
-from .stop import StopResult, stop_job
+from .stop import stop_job
 
 
 def _check_command(argv: list[str], cwd: str, env: dict[str, str]) -> None:
@@ -48,22 +45,6 @@ def _check_command(argv: list[str], cwd: str, env: dict[str, str]) -> None:
             raise SpawnError(f"permission denied executing {exe} (in {cwd})")
     elif shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
         raise SpawnError(f"command not found: {exe}")
-
-
-@dataclass(frozen=True, slots=True)
-class StartResult:
-    """A started run."""
-
-    name: str
-    run: int
-    main_pid: int | None  # None: a scheduler (Slurm) starts main later, on its nodes
-    mode: str
-    log: str
-    elapsed_s: float
-    gpus: str | None = None  # the bound GPU indices, e.g. "0,3"
-    slurm_job_id: str | None = None
-    unit: str | None = None  # the run's systemd scope, on systemd hosts
-    warnings: list[str] = field(default_factory=list)
 
 
 def build_spec(
@@ -137,28 +118,11 @@ def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = No
             tolerance_mib=cfg.gpu_tolerance_mib,
         ),
         backend=values.get("backend", "local"),
-        slurm={
-            k: values[k]
-            for k in ("nodes", "gpus_per_node", "partition", "time", "sbatch_args")
-            if k in values
-        }
-        or None,
+        slurm={k: values[k] for k in sorted(SLURM_KEYS) if k in values} or None,
         spec_file=spec_file,
     )
     _check_command(argv, workdir, full_env)
     return spec
-
-
-_GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRequest:
-    """`--gpus SPEC [--share] [--force]`: a request string, or exact indices (restart)."""
-
-    spec: str | list[int]
-    share: bool = False
-    force: bool = False
 
 
 def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None) -> StartResult:
@@ -187,78 +151,6 @@ def start_locked(
     return backends.backend(spec.backend).start(home, jdir, spec, cfg, gpus, prev, t0)
 
 
-def launch_local(
-    home: Path,
-    jdir: Path,
-    spec: Spec,
-    cfg: Config,
-    gpus: GpuRequest | None,
-    run: int,
-    marker: str,
-    t0: float,
-) -> StartResult:
-    if gpus is None:
-        reply = launch_supervisor(home, jdir, spec, Handover(run, marker), cfg.ready_timeout_s)
-    else:
-        # One start at a time picks GPUs, so two jobs can never lease the same one.
-        with state.flock_file(home / "gpus.lock", 30.0, "another start is choosing GPUs"):
-            leases = resolve_gpus(
-                gpus.spec,
-                home,
-                share=gpus.share,
-                force=gpus.force,
-                foreign_threshold_bytes=cfg.gpu_foreign_threshold_mib * MIB,
-            )
-            spec = dataclasses.replace(
-                spec,
-                gpu=dataclasses.replace(spec.gpu, indices=",".join(str(g.index) for g in leases)),
-                env={**spec.env, **gpu_env(leases)},
-            )
-            reply = launch_supervisor(
-                home, jdir, spec, Handover(run, marker, tuple(leases)), cfg.ready_timeout_s
-            )
-    return StartResult(
-        name=spec.name,
-        run=run,
-        main_pid=int(reply["main_pid"]),
-        mode=str(reply["mode"]),
-        log=str(state.log_path(jdir, run)),
-        elapsed_s=time.monotonic() - t0,
-        gpus=spec.gpu.indices,
-        unit=reply.get("unit"),
-        warnings=[f"warning: {reply['warning']}"] if reply.get("warning") else [],
-    )
-
-
-def undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
-    """After a failed start, make sure nothing of the run it recorded is left running.
-
-    The supervisor records the run before main exists, so when it died (or hung past the
-    readiness timeout) after spawning main, its state names the run's marker and cgroup:
-    stop whatever carries them, then record the run as failed. The caller holds the lock.
-    """
-    try:
-        st = state.read_state(jdir)
-    except TrainctlError:
-        return
-    if st.marker != marker:
-        return  # the supervisor died before recording anything: nothing can be running
-    for _ in range(3):  # main may be between fork and exec for a moment: look again
-        res = stop_job(
-            jdir.parent.parent, spec.name, grace_s=min(spec.stop.grace_s, 5.0), lock_held=True
-        )
-        if res.via == "noop":
-            break
-        time.sleep(0.05)
-    st = state.read_state(jdir)
-    # recorded as the failed start it was (the stop above may have called it "stopped")
-    failed = dataclasses.replace(
-        st, phase=Phase.FAILED, ended_at=st.ended_at or time.time(), error=f"start failed: {why}"
-    )
-    with contextlib.suppress(OSError):
-        state.write_state(jdir, failed)
-
-
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:
     backends.of(prev).refuse_if_live(jdir, prev)
     left = live_members(prev)
@@ -275,6 +167,9 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
         )
 
 
+_GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
 def restart_job(
     home: Path, name: str, cfg: Config, *, grace_s: float | None = None
 ) -> tuple[StopResult, StartResult]:
@@ -286,12 +181,12 @@ def restart_job(
         st = state.read_state(jdir)
         left = live_members(st)
         if left or not stopped.ok:
-            held = [g for g in stopped.report.get("gpus", []) if not g.get("ok")]
+            held = stopped.held_gpus
             why = (
                 f"{len(left)} process(es) of run {st.run} survived the stop (pids "
                 f"{', '.join(map(str, sorted(left)[:8]))})"
                 if left or not held
-                else f"GPU(s) {', '.join(str(g['index']) for g in held)} were not released"
+                else f"GPU(s) {', '.join(str(g.index) for g in held)} were not released"
             )
             raise JobConflictError(f"not restarting {name}: {why}")
         # the same GPUs as before: they were just verified free

@@ -1,0 +1,140 @@
+"""Where a job's processes run: the backend protocol and its registry.
+
+Every operation asks the job's backend instead of testing ``backend == "slurm"``: what
+phase the run is in (:meth:`Backend.seen`), whether its name is free
+(:meth:`Backend.refuse_if_live`), how to start it, stop it and ask it for a checkpoint,
+and which spec keys make sense for it (:meth:`Backend.check_values`). Each backend owns
+its whole implementation in its own module and returns records (``..results``), never
+text. The registry imports a backend's module only when a job of that kind is touched,
+so `status` of a local job never loads the Slurm code.
+
+A new backend is one module here with a ``BACKEND`` object, plus one line in ``_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainctl.launcher.config import load_config
+from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
+from trainctl.supervisor.spec import BACKENDS, Spec, StopOrder, StopPolicy
+from trainctl.supervisor.state import JobState
+
+if TYPE_CHECKING:
+    from trainctl.launcher.config import Config
+
+Asked = Callable[[], None]  # called the moment a checkpoint request goes out
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """One `stop`, resolved against the job's spec (every duration is set here)."""
+
+    grace_s: float
+    order: StopOrder
+    gpu_timeout_s: float
+    kill_wait_s: float
+    force: bool = False  # end a live but unreachable supervisor, then stop directly
+    # --grace as given, else None: a live supervisor keeps the job's own grace (which it
+    # holds in memory even when spec.json is unreadable), and a --grace that joins a
+    # running stop shortens that stop's remaining grace
+    asked_grace_s: float | None = None
+    asked_order: StopOrder | None = None  # --order / --main-only; else the job's own
+    lock_held: bool = False  # restart holds the job lock across its stop and its start
+
+    @property
+    def budget_s(self) -> float:
+        """How long the whole stop may take before the CLI gives up waiting for it."""
+        return self.grace_s + self.kill_wait_s + self.gpu_timeout_s + STOP_SLACK_S
+
+
+# What a stop may take beyond its grace, escalation and GPU check: a supervisor's handover
+# to its successor, the record, a slow disk.
+STOP_SLACK_S = 60.0
+
+
+class Backend(Protocol):
+    """What each operation needs from the place a job runs."""
+
+    kind: str
+
+    def check_values(self, values: dict[str, Any]) -> None:
+        """Refuse spec keys that make no sense for this backend (ConfigError)."""
+
+    def seen(self, jdir: Path, st: JobState) -> Seen:
+        """Return the run's phase, exit code and tracking as the backend sees them now."""
+
+    def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
+        """Raise JobConflictError while the backend still runs or schedules ``prev``."""
+
+    def start(
+        self,
+        home: Path,
+        jdir: Path,
+        spec: Spec,
+        cfg: Config,
+        gpus: GpuRequest | None,
+        prev: JobState | None,
+        t0: float,
+    ) -> StartResult:
+        """Start the next run; the caller holds the job lock and checked the name is free."""
+
+    def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+        """Stop every process of the run and nothing else; return the proof."""
+
+    def checkpoint(
+        self, jdir: Path, st: JobState, spec: Spec, timeout_s: float, asked: Asked
+    ) -> Checkpoint | None:
+        """Ask the running job for a checkpoint and wait for it; None: nothing to ask."""
+
+
+_MODULES = {"local": "local", "slurm": "slurm"}
+_LOADED: dict[str, Backend] = {}
+
+
+def backend(kind: str) -> Backend:
+    """The backend called ``kind`` (state and spec documents are validated on read)."""
+    if kind not in _LOADED:
+        if kind not in _MODULES:
+            raise ConfigError(f"unknown backend {kind!r} (expected one of {', '.join(BACKENDS)})")
+        module = importlib.import_module(f"{__name__}.{_MODULES[kind]}")
+        _LOADED[kind] = module.BACKEND
+    return _LOADED[kind]
+
+
+def of(st: JobState) -> Backend:
+    """The backend that runs the job recorded in ``st``."""
+    return backend(st.backend)
+
+
+def spec_for_stop(jdir: Path, st: JobState) -> tuple[Spec, str]:
+    """The job's spec, or, when spec.json is unreadable, the configured stop defaults.
+
+    state.json alone identifies every process of the run; the spec only tunes the stop
+    (grace, signal, order). A corrupt spec must not leave a running job unstoppable.
+    Returns the spec and a warning line ('' when the spec was read).
+    """
+    try:
+        return state.read_spec(jdir), ""
+    except (StateError, JobNotFoundError) as e:
+        try:
+            cfg = load_config()
+            policy = StopPolicy(
+                signal=cfg.stop_signal
+                if cfg.stop_signal.startswith("SIG")
+                else f"SIG{cfg.stop_signal}",
+                grace_s=cfg.grace_s,
+                kill_wait_s=cfg.kill_wait_s,
+                order=cfg.stop_order,
+            )
+        except TrainctlError:
+            policy = StopPolicy()  # the built-in defaults: one place (supervisor/spec.py)
+        spec = Spec(name=st.name, argv=("?",), cwd="/", env={}, stop=policy)
+        why = f"warning: {e}; stopping with the configured defaults "
+        return spec, why + f"({policy.signal}, {policy.grace_s:g} s)"

@@ -1,0 +1,115 @@
+"""The stop without a supervisor: from state.json and every net, straight from the CLI.
+
+Used by the local backend when the job's supervisor is gone (or was ended by
+``stop --force``), and by a failed start's undo. Signal first, write after: nothing here
+needs a writable home. A full or read-only disk costs the record of the stop (said in
+one line), never the stop itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.results import StopResult, last_stop_of
+from trainctl.supervisor import state
+from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
+from trainctl.supervisor.proctree import alive, scan, target_of
+from trainctl.supervisor.reports import StopReport
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.stop import run_stop
+
+from . import StopRequest
+
+
+def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
+    """Stop the run recorded in state.json; the caller holds the job lock."""
+    st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
+    last = last_stop_of(st)
+    held = [g for g in getattr(last, "gpus", []) if not g.ok]
+    if not alive(scan(target_of(st))):
+        if held and st.phase in state.TERMINAL:
+            # Nothing left to signal, but the last stop could not prove the GPUs free.
+            return _reverify_gpus(jdir, st, spec, req)
+        return _nothing_to_stop(jdir, st, spec)
+    failures: list[str] = []
+
+    def emit(event: str, **fields: Any) -> None:
+        try:
+            state.append_event(jdir, event, job=st.name, via="cli", **fields)
+        except OSError as e:
+            failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
+
+    emit("stopping", reason="stop", grace_s=req.grace_s, order=str(req.order), supervisor="gone")
+    report = run_stop(
+        target_of(st),
+        spec,
+        grace_s=req.grace_s,
+        reason="stop",
+        order=req.order,
+        leases=st.gpus,
+        gpu_timeout_s=req.gpu_timeout_s,
+        emit=emit,
+    )
+    if st.phase not in state.TERMINAL:
+        st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
+    st = st.moved(
+        st.phase, ended_at=st.ended_at or time.time(), last_stop=report.to_doc(), members=()
+    )
+    report.persist_error = write_best_effort(jdir, st) or (failures[0] if failures else None)
+    res = StopResult(st.name, st.run, "direct", report, st.exit_code)
+    if report.persist_error:
+        res.warnings.append(f"warning: the stop is not recorded: {report.persist_error}")
+    return res
+
+
+def _noop_report(st: JobState, spec: Spec, **fields: Any) -> StopReport:
+    """The report of a stop that found nothing to signal (proven: nothing is alive)."""
+    return StopReport(
+        signal=spec.stop.signal,
+        grace_s=spec.stop.grace_s,
+        order=spec.stop.order,
+        mode=st.mode,
+        ok=True,
+        already_stopped=True,
+        **fields,
+    )
+
+
+def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+    """Re-run the GPU release check of an ended run whose last stop found GPUs held."""
+    gpus = verify_release(st.gpus, st.marker, {}, gpu_policy_of(spec, req.gpu_timeout_s))
+    ok = all(g.ok for g in gpus)
+    docs = [dataclasses.asdict(g) for g in gpus]
+    last = {**(st.last_stop or {}), "gpus": docs, "ok": ok, "survivors": []}
+    state.write_state(jdir, st.moved(st.phase, last_stop=last))
+    msg = f"job {st.name} has no process left; its GPUs are " + (
+        "released now" if ok else "still not released"
+    )
+    report = _noop_report(st, spec, gpus=gpus)
+    report.ok = ok
+    return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
+
+
+def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
+    msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); nothing to stop"
+    if st.phase not in state.TERMINAL:
+        st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
+        write_best_effort(jdir, st)
+    elif st.last_stop is not None and st.last_stop.get("ok") is not True:
+        # The survivors an earlier stop reported are gone now: say so from here on.
+        st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
+        write_best_effort(jdir, st)
+    return StopResult(st.name, st.run, "noop", _noop_report(st, spec), st.exit_code, msg)
+
+
+def write_best_effort(jdir: Path, st: JobState) -> str | None:
+    """Write state.json; return why it failed (full or read-only disk) instead of raising."""
+    try:
+        state.write_state(jdir, st)
+    except OSError as e:
+        return f"cannot write {jdir / 'state.json'}: {e.strerror}"
+    return None

@@ -1,0 +1,103 @@
+"""Here, under trainctl's own supervisor: start, undo a failed start, stop, checkpoint.
+
+The start (:mod:`.local_start`) and the stop (:mod:`.local_stop`; without a supervisor,
+:mod:`.direct`) are loaded when used, so `status` reads a job without importing them. The checkpoint
+signal (SIGUSR2 by default) goes only to job processes that *catch* it, as read from the
+SigCgt mask in /proc/<pid>/status: a process whose default action for it is to terminate
+(a torchrun agent, for one) must never receive it. If no process catches it, the request
+is refused before anything is signalled.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.checkpoint import wait_new_checkpoint
+from trainctl.launcher.config import Config
+from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
+from trainctl.supervisor import procfs, state
+from trainctl.supervisor.errors import (
+    ConfigError,
+    JobConflictError,
+    ProcessTreeError,
+)
+from trainctl.supervisor.proctree import alive, scan, target_of
+from trainctl.supervisor.spec import SLURM_KEYS, Spec
+from trainctl.supervisor.state import JobState
+
+from . import Asked, StopRequest
+
+
+class Local:
+    """Here, under trainctl's own supervisor."""
+
+    kind = "local"
+
+    def check_values(self, values: dict[str, Any]) -> None:
+        """Slurm's keys only make sense with --backend slurm."""
+        if keys := SLURM_KEYS & set(values):
+            raise ConfigError(f"{', '.join(sorted(keys))}: only with --backend slurm")
+
+    def seen(self, jdir: Path, st: JobState) -> Seen:
+        """The recorded phase, or LOST when the supervisor of a live run is gone."""
+        phase = state.effective_phase(jdir, st)
+        return Seen(phase, st.exit_code, st.mode, ended=phase in state.TERMINAL)
+
+    def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
+        """Nothing beyond the supervisor and member checks every backend gets."""
+
+    def start(
+        self,
+        home: Path,
+        jdir: Path,
+        spec: Spec,
+        cfg: Config,
+        gpus: GpuRequest | None,
+        prev: JobState | None,
+        t0: float,
+    ) -> StartResult:
+        """Hand the run to a new supervisor; undo everything if that fails."""
+        from .local_start import start_run  # noqa: PLC0415  (subprocess etc.: status never pays)
+
+        return start_run(home, jdir, spec, cfg, gpus, prev, t0)
+
+    def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+        """Stop the run; a start or restart racing the stop loses to it.
+
+        Through the live supervisor, else directly from state.json (see local_stop).
+        """
+        from .local_stop import stop_run  # noqa: PLC0415  (the stop machinery: not for status)
+
+        return stop_run(jdir, st, spec, req)
+
+    def checkpoint(
+        self, jdir: Path, st: JobState, spec: Spec, timeout_s: float, asked: Asked
+    ) -> Checkpoint | None:
+        """Signal the job's processes that catch the checkpoint signal; wait for the file."""
+        members = alive(scan(target_of(st)))
+        if not members:
+            return None
+        if not spec.watch.checkpoint:
+            raise JobConflictError(
+                f"job {st.name} has no `checkpoint` glob in its spec; "
+                "cannot tell when a checkpoint is written"
+            )
+        sig = signal.Signals[spec.watch.checkpoint_signal]
+        targets = [m for m in members.values() if procfs.catches(m.stat.pid, sig)]
+        if not targets:
+            raise JobConflictError(
+                f"no process of job {st.name} catches {sig.name} ({len(members)} checked); "
+                "refusing: nothing was signalled"
+            )
+        asked()
+        asked_at = time.time()
+        sent = sum(procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig) for m in targets)
+        if not sent:
+            raise ProcessTreeError(f"the {sig.name} catchers of job {st.name} are gone")
+        return wait_new_checkpoint(spec, asked_at, timeout_s)
+
+
+BACKEND = Local()

@@ -1,0 +1,117 @@
+"""The local start: lease GPUs, spawn the run's supervisor, and undo a start that failed."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+
+from trainctl.launcher.config import Config
+from trainctl.launcher.gpus import gpu_env, resolve_gpus
+from trainctl.launcher.results import GpuRequest, StartResult
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import SpawnError, TrainctlError
+from trainctl.supervisor.gpu import MIB
+from trainctl.supervisor.launch import Handover, launch_supervisor
+from trainctl.supervisor.spec import Spec, StopOrder
+from trainctl.supervisor.state import JobState, Phase
+
+from . import StopRequest
+from .local_stop import stop_once
+
+
+def start_run(
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    cfg: Config,
+    gpus: GpuRequest | None,
+    prev: JobState | None,
+    t0: float,
+) -> StartResult:
+    """Hand the next run to a new supervisor; undo everything if that fails."""
+    run = prev.run + 1 if prev else 1
+    marker = uuid.uuid4().hex
+    try:
+        return _launch(home, jdir, spec, cfg, gpus, Handover(run, marker), t0)
+    except SpawnError as e:
+        _undo_failed_start(jdir, spec, marker, str(e))
+        raise
+
+
+def _launch(
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    cfg: Config,
+    gpus: GpuRequest | None,
+    ho: Handover,
+    t0: float,
+) -> StartResult:
+    """Spawn the run's supervisor (leasing GPUs first, if asked) and wait for its answer."""
+    if gpus is None:
+        reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
+    else:
+        # One start at a time picks GPUs, so two jobs can never lease the same one.
+        with state.flock_file(home / "gpus.lock", 30.0, "another start is choosing GPUs"):
+            leases = resolve_gpus(
+                gpus.spec,
+                home,
+                share=gpus.share,
+                force=gpus.force,
+                foreign_threshold_bytes=cfg.gpu_foreign_threshold_mib * MIB,
+            )
+            spec = dataclasses.replace(
+                spec,
+                gpu=dataclasses.replace(spec.gpu, indices=",".join(str(g.index) for g in leases)),
+                env={**spec.env, **gpu_env(leases)},
+            )
+            ho = dataclasses.replace(ho, gpus=tuple(leases))
+            reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
+    return StartResult(
+        name=spec.name,
+        run=ho.run,
+        main_pid=reply.main_pid,
+        mode=reply.mode,
+        log=str(state.log_path(jdir, ho.run)),
+        elapsed_s=time.monotonic() - t0,
+        gpus=spec.gpu.indices,
+        unit=reply.unit,
+        warnings=[f"warning: {reply.warning}"] if reply.warning else [],
+    )
+
+
+def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
+    """After a failed start, make sure nothing of the run it recorded is left running.
+
+    The supervisor records the run before main exists, so when it died (or hung past the
+    readiness timeout) after spawning main, its state names the run's marker and cgroup:
+    stop whatever carries them, then record the run as failed. The caller holds the lock.
+    """
+    try:
+        st = state.read_state(jdir)
+    except TrainctlError:
+        return
+    if st.marker != marker:
+        return  # the supervisor died before recording anything: nothing can be running
+    grace = min(spec.stop.grace_s, 5.0)
+    req = StopRequest(
+        grace_s=grace,
+        order=StopOrder(spec.stop.order),
+        gpu_timeout_s=spec.gpu.timeout_s,
+        kill_wait_s=spec.stop.kill_wait_s,
+        lock_held=True,
+    )
+    for _ in range(3):  # main may be between fork and exec for a moment: look again
+        if stop_once(jdir, spec, req).via == "noop":
+            break
+        time.sleep(0.05)
+    st = state.read_state(jdir)
+    # recorded as the failed start it was (the stop above may have called it "stopped")
+    failed = dataclasses.replace(
+        st, phase=Phase.FAILED, ended_at=st.ended_at or time.time(), error=f"start failed: {why}"
+    )
+    with contextlib.suppress(OSError):  # the stop above is what matters; the record is not
+        state.write_state(jdir, failed)

@@ -1,0 +1,147 @@
+"""The local stop: through the job's live supervisor, else directly from state.json.
+
+A stop wins over a start or restart racing it: once the stop is done it waits for any
+such command to let go of the job, and stops the run that command started too.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from trainctl.launcher.results import StopResult
+from trainctl.supervisor import control, procfs, state
+from trainctl.supervisor.errors import JobConflictError, TrainctlError
+from trainctl.supervisor.poll import poll_until
+from trainctl.supervisor.reports import StopReport
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState
+
+from . import StopRequest, spec_for_stop
+from .direct import stop_direct
+
+# How long a supervisor may have no socket while it still holds its lock (handing over
+# to its successor, finishing a stop) before the CLI calls it mute.
+MUTE_AFTER_S = 5.0
+
+
+def stop_run(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+    """Stop the run, and any run a racing start or restart launched meanwhile."""
+    if req.lock_held:  # restart: it holds the job lock across its stop and its start
+        return stop_once(jdir, spec, req)
+    res = stop_once(jdir, spec, req)
+    for _ in range(3):
+        with state.job_lock(jdir, req.budget_s, "a start or restart"):
+            newer = state.read_state(jdir)
+            if newer.run == res.run or not state.supervisor_alive(jdir, newer):
+                return res
+        # A start, restart or restart policy launched run N+1 while we stopped run N.
+        res = stop_once(jdir, spec_for_stop(jdir, newer)[0], req)
+    return res
+
+
+def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
+    """Stop the current run once: through its supervisor if it lives, else directly."""
+    if supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
+        return res
+    if req.lock_held:
+        return stop_direct(jdir, spec, req)
+    with state.job_lock(jdir, req.budget_s, "another stop"):
+        # A start may have held the lock while we waited: its supervisor answers now.
+        if supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
+            return res
+        return stop_direct(jdir, spec, req)
+
+
+def _stop_via_supervisor(jdir: Path, req: StopRequest) -> StopResult | None:
+    """Ask the live supervisor to stop; None if it is gone (or was ended: --force)."""
+    msg = control.StopAsk(
+        gpu_timeout_s=req.gpu_timeout_s,
+        order=None if req.asked_order is None else str(req.asked_order),
+        grace_s=req.asked_grace_s,
+    )
+    reply = _ask_supervisor(jdir, msg, req.budget_s, force=req.force)
+    if reply is None:
+        return None
+    _wait_supervisor_exit(jdir, 5.0)
+    st = state.read_state(jdir)
+    where = f"job {jdir.name}: the supervisor's stop report"
+    report = StopReport.from_doc(reply.report, where)
+    res = StopResult(jdir.name, st.run, "supervisor", report, reply.exit_code)
+    if reply.joined:
+        res.warnings.append("note: a stop of this job was already running; this one joined it")
+    if report.persist_error:
+        res.warnings.append(f"warning: the stop is not recorded: {report.persist_error}")
+    return res
+
+
+def _ask_supervisor(
+    jdir: Path, msg: control.StopAsk, timeout_s: float, *, force: bool = False
+) -> control.StopReply | None:
+    """Send a stop to the live supervisor; None if it went away (then stop directly).
+
+    Retries for a few seconds: a supervisor that is handing over to its successor (restart
+    policy) or finishing a stop has no socket for a moment while it still holds the lock,
+    and one that just handed over answers ``retry`` (its successor owns the job now).
+    """
+    deadline = time.monotonic() + MUTE_AFTER_S
+    while True:
+        try:
+            reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
+        except control.ControlUnavailableError as e:
+            if not supervised(jdir):
+                return None
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            if force:
+                _end_supervisor(jdir)
+                return None
+            # Never run a second stop next to a live (but mute) supervisor unasked.
+            raise JobConflictError(
+                f"the supervisor of job {jdir.name} is alive but not answering ({e}); "
+                f"`trainctl stop {jdir.name} --force` ends it and stops the job directly"
+            ) from None
+        if reply.retry:
+            deadline = time.monotonic() + MUTE_AFTER_S
+            time.sleep(0.02)
+            continue
+        if reply.error is not None:
+            raise TrainctlError(f"supervisor refused: {reply.error}")
+        return reply
+
+
+def _end_supervisor(jdir: Path) -> None:
+    """SIGKILL the job's mute supervisor, verified by pid + start time (the job lives on)."""
+    st = state.read_state(jdir)
+    sup = st.supervisor
+    if (
+        sup is None
+        or not procfs.is_supervisor(sup.pid, sup.start_ticks)
+        or not procfs.send_signal(sup.pid, sup.start_ticks, signal.SIGKILL)
+    ):
+        raise JobConflictError(
+            f"job {jdir.name}: the process holding supervisor.lock is not the recorded "
+            "supervisor; not signalling it"
+        )
+    state.append_event(jdir, "supervisor_ended", job=st.name, pid=sup.pid, why="stop --force")
+    _wait_supervisor_exit(jdir, 5.0)
+
+
+def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
+    """Let the supervisor finish its cleanup, so that a returned stop leaves nothing behind."""
+    st = state.read_state(jdir)
+    poll_until(lambda: None if state.supervisor_alive(jdir, st) else True, timeout_s, 0.001)
+
+
+def supervised(jdir: Path) -> bool:
+    """Tell whether the job's current run has a live supervisor (lock, or pid + start).
+
+    An unreadable state.json counts as no supervisor here: the direct stop that follows
+    reads it again and refuses with the reason.
+    """
+    try:
+        return state.supervisor_alive(jdir, state.read_state(jdir))
+    except TrainctlError:
+        return False

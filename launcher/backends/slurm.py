@@ -1,0 +1,343 @@
+"""The Slurm backend: the same operations, driving sbatch / scontrol / scancel / srun.
+
+trainctl does not grow its own multi-host orchestrator. A Slurm job is a batch script
+(kept in the job directory) whose single step runs trainctl's node agent on every node
+(``srun python -m trainctl.supervisor.node``), so the marker, subreaper and log
+guarantees hold inside the allocation too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.checkpoint import wait_new_checkpoint
+from trainctl.launcher.config import Config
+from trainctl.launcher.results import (
+    Checkpoint,
+    GpuRequest,
+    NodeStop,
+    PsRow,
+    Seen,
+    SlurmAgent,
+    SlurmStopReport,
+    SlurmVerdict,
+    SlurmView,
+    StartResult,
+    StopResult,
+)
+from trainctl.supervisor import nodefiles as nf
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
+from trainctl.supervisor.poll import poll_until
+from trainctl.supervisor.proctree import Target, alive, scan
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.stop import run_stop
+
+from . import Asked, StopRequest
+from .slurmctl import (
+    agent_argv,
+    query,
+    run_tool,
+    scancel,
+    submit,
+    tool,
+)
+
+
+def local_target(st: JobState) -> Target:
+    """The marker net alone: what of the job runs on this node."""
+    return Target(marker=st.marker)
+
+
+def _stop_slurm(
+    jdir: Path, st: JobState, spec: Spec, grace_s: float, order: str
+) -> SlurmStopReport:
+    """Ask the node agents to stop, else scancel; wait, escalate, verify (queue + node)."""
+    t0 = time.monotonic()
+    scancel_bin = tool("scancel")
+    job_id = str((st.slurm or {})["job_id"])
+    info = query(st)
+    ended = info.phase in state.TERMINAL or info.phase == Phase.LOST
+    if ended and not _silent_nodes(jdir, st.run) and not alive(scan(local_target(st))):
+        return SlurmStopReport(info, spec.stop.signal, grace_s, ok=True, already_stopped=True)
+    cancelled = False
+    if not ended and info.phase == Phase.RUNNING:
+        # Ask the node agents themselves (through the job directory, as for checkpoints):
+        # each runs trainctl's own stop on its node, in the job's order, with this grace.
+        # `scancel --signal` would hit every process of the step at once, loaders too.
+        ask = nf.StopFile(at=time.time(), grace_s=grace_s, order=order)
+        nf.write_stop_request(jdir, ask)
+        fields = dataclasses.asdict(ask)
+        state.append_event(jdir, "stop_requested", job=st.name, via="node agents", **fields)
+        # the agents need their grace, their escalation and a moment to report back
+        ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
+    if not ended:
+        sig = spec.stop.signal.removeprefix("SIG")
+        # Pending, or agents that did not answer: Slurm's own signal to the job's steps.
+        # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
+        # terminating the whole step at once, which would take the grace away.
+        scancel([scancel_bin, f"--signal={sig}", job_id])
+        state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel")
+        cancelled = not _wait_left_queue(st, grace_s)
+        if cancelled:
+            scancel([scancel_bin, job_id])
+            state.append_event(jdir, "escalated", job=st.name, via="scancel")
+            _wait_left_queue(st, 60)
+    # else: Slurm has ended (or forgotten) the job, but its processes outlived it
+    # (a node agent SIGKILLed). A node whose agent left no report gets a sweep job; then
+    # this host's own sweep: Slurm's proctrack may miss escapers (setsid), the marker not.
+    swept = _sweep(jdir, st, _silent_nodes(jdir, st.run))  # read anew: agents report on stop
+    local = run_stop(local_target(st), spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="stop")
+    final = query(st)
+    nodes = _verify_nodes(jdir, st.run, local.ok)
+    unverified = [n.node for n in nodes if not n.ok]
+    report = SlurmStopReport(
+        final,
+        spec.stop.signal,
+        grace_s,
+        ok=(final.phase in state.TERMINAL or final.phase == Phase.LOST)
+        and local.ok
+        and not unverified,
+        nodes=nodes,
+        unverified=unverified,
+        cancelled_after_grace=cancelled,
+        local_leftovers=local.found,
+        sweep_jobs=swept,
+        survivors=local.survivors,
+        total_s=round(time.monotonic() - t0, 3),
+    )
+    state.append_event(jdir, "stop_report", job=st.name, **report.to_doc())
+    return report
+
+
+SWEEP_WAIT_S = 60.0  # for a sweep job's allocation, its stop and its report, per node
+
+
+def _silent_nodes(jdir: Path, run: int) -> list[str]:
+    """The nodes whose agent has published no stop report (yet, or ever: killed)."""
+    return [r.node for r in nf.read_records(jdir, run) if r.stop is None]
+
+
+def _sweep(jdir: Path, st: JobState, silent: list[str]) -> list[str]:
+    """Sweep, in a fresh one-node allocation each, the nodes whose agent sent no report.
+
+    Only once Slurm has ended the job (the allocation is gone with it). Returns the nodes
+    swept; a node whose sweep job could not run stays unverified in the report.
+    """
+    if not silent:
+        return []
+    srun = tool("srun")
+    home = jdir.parent.parent
+    agent = agent_argv(home, st.name, st.run, st.marker, "--sweep")
+    done = []
+    for node in silent:
+        argv = [
+            srun,
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--immediate=30",
+            f"--job-name=trainctl-sweep-{st.name}",
+            "--time=5",
+            *agent,
+        ]
+        try:
+            run_tool(argv, timeout_s=SWEEP_WAIT_S)
+        except TrainctlError as e:
+            state.append_event(jdir, "sweep_failed", job=st.name, node=node, error=str(e))
+            continue
+        done.append(node)
+    return done
+
+
+def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> list[NodeStop]:
+    """Each node's own stop report, or why none proves the job gone there.
+
+    A node agent that was killed reports nothing: its node counts as verified only when it
+    is this host, where the marker sweep just ran.
+    """
+    here = socket.gethostname()
+    nodes = []
+    for rec in nf.read_records(jdir, run):
+        stop = rec.stop
+        swept_here = rec.host == here and local_ok
+        by = None
+        if stop:
+            by = "a sweep job" if stop.get("swept") else "its agent"
+        elif swept_here:
+            by = "this host's sweep"
+        nodes.append(
+            NodeStop(
+                rec.node,
+                ok=bool(stop and stop.get("ok") is True) or swept_here,
+                found=stop.get("found") if stop else None,
+                killed=stop.get("killed") if stop else None,
+                survivors=list(stop.get("survivors", [])) if stop else [],
+                by=by,
+            )
+        )
+    return nodes
+
+
+def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
+    left = poll_until(lambda: True if query(st).phase in state.TERMINAL else None, timeout_s, 0.3)
+    return left is True
+
+
+class Slurm:
+    """In a Slurm allocation: sbatch submits, a node agent supervises on each node."""
+
+    kind = "slurm"
+
+    def check_values(self, values: dict[str, Any]) -> None:
+        """--gpus binds this host's GPUs; Slurm allocates its own. A line break in any
+        sbatch setting would start a new line of the batch script: a shell command."""
+        if values.get("gpus"):
+            raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
+        for key in ("partition", "time", "sbatch_args"):
+            value = values.get(key)
+            for item in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(item, str) and ("\n" in item or "\r" in item):
+                    raise ConfigError(f"{key}: a line break is not allowed ({item!r})")
+
+    def seen(self, jdir: Path, st: JobState) -> Seen:
+        """Slurm's verdict, recorded the moment it is final; plus what each node reports.
+
+        A run recorded as ended is not asked about again: Slurm forgets jobs (MinJobAge),
+        and a forgotten job must stay `exited` or `failed`, not turn `lost`.
+        """
+        if st.phase in state.TERMINAL:
+            final = (st.slurm or {}).get("state", "ENDED")
+            info = SlurmVerdict(state=str(final), phase=st.phase, exit_code=st.exit_code)
+        else:
+            info = query(st)
+        if info.phase in state.TERMINAL and st.phase not in state.TERMINAL:
+            _record_final(jdir, info)
+        nodes = nf.read_records(jdir, st.run)
+        live = [n for n in nodes if n.stop is None and n.age_s < nf.STALE_S]
+        running = info.phase not in state.TERMINAL and info.phase != Phase.LOST
+        view = SlurmView(
+            job_id=(st.slurm or {}).get("job_id"),
+            state=info.state,
+            reason=info.reason,
+            nodes=info.nodes,
+            exit_code=info.exit_code,
+            agents=[
+                SlurmAgent(
+                    n.node, n.host, n.rank, n.member_count, n.age_s, n.stale, n.stop is not None
+                )
+                for n in nodes
+            ],
+        )
+        return Seen(
+            info.phase,
+            info.exit_code,
+            "slurm",
+            # LOST: Slurm has purged the job record (MinJobAge): it ended
+            ended=info.phase in state.TERMINAL or info.phase == Phase.LOST,
+            whole_job_here=False,
+            slurm=view,
+            members=sum(n.member_count for n in live) if running else 0,
+            processes=[_row(n.node, p) for n in live for p in n.members] if running else [],
+        )
+
+    def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
+        """The name is busy while Slurm still queues or runs the job."""
+        seen = self.seen(jdir, prev)
+        if not seen.ended and seen.slurm is not None:
+            raise JobConflictError(
+                f"job {prev.name} is {seen.slurm.state} in Slurm (job id "
+                f"{seen.slurm.job_id}); stop it first or choose another name"
+            )
+
+    def start(
+        self,
+        home: Path,
+        jdir: Path,
+        spec: Spec,
+        cfg: Config,
+        gpus: GpuRequest | None,
+        prev: JobState | None,
+        t0: float,
+    ) -> StartResult:
+        """Submit the batch script; the node agents start the job on each node."""
+        st = submit(home, jdir, spec, prev)
+        return StartResult(
+            name=spec.name,
+            run=st.run,
+            main_pid=None,
+            mode="slurm",
+            log=str(state.log_path(jdir, st.run)),
+            elapsed_s=time.monotonic() - t0,
+            slurm_job_id=(st.slurm or {}).get("job_id"),
+        )
+
+    def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+        """The node agents stop their nodes; Slurm makes sure; record the outcome."""
+        order = str(req.asked_order) if req.asked_order is not None else spec.stop.order
+        report = _stop_slurm(jdir, st, spec, req.grace_s, order)
+        final = report.slurm
+        if report.already_stopped:
+            msg = f"job {st.name} is not running (Slurm: {final.state}); nothing to stop"
+            return StopResult(st.name, st.run, "noop", report, final.exit_code, msg)
+        new = dataclasses.replace(
+            st,
+            phase=Phase.STOPPED,
+            exit_code=final.exit_code,
+            ended_at=time.time(),
+            last_stop=report.to_doc(),
+            slurm={**(st.slurm or {}), "state": final.state},
+        )
+        state.write_state(jdir, new)
+        return StopResult(st.name, st.run, "slurm", report, final.exit_code)
+
+    def checkpoint(
+        self, jdir: Path, st: JobState, spec: Spec, timeout_s: float, asked: Asked
+    ) -> Checkpoint | None:
+        """Ask the node agents (through the job directory) and wait for a new checkpoint."""
+        asked()
+        asked_at = nf.write_checkpoint_request(jdir)
+        return wait_new_checkpoint(spec, asked_at, timeout_s)
+
+
+BACKEND = Slurm()
+
+
+def _row(node: str, p: nf.NodeProcess) -> PsRow:
+    """A process a node agent published, as a row of `ps`."""
+    return PsRow(
+        pid=p.pid,
+        ppid=p.ppid,
+        pgid=0,
+        sid=0,
+        state=p.state,
+        cpu_percent=0.0,
+        rss_bytes=0,
+        escaped=False,
+        nets=["agent"],
+        cmd=p.cmd,
+        depth=0,
+        node=node,
+    )
+
+
+def _record_final(jdir: Path, info: SlurmVerdict) -> None:
+    """Record Slurm's final verdict, under the job lock and only if nobody holds it (a
+    `stop` in progress records its own outcome); a view never waits, nor fails, for it."""
+    with contextlib.suppress(OSError, TrainctlError), state.job_lock(jdir, 0.0):
+        now = state.read_state(jdir)
+        if now.phase not in state.TERMINAL:
+            ended = dataclasses.replace(
+                now,
+                phase=info.phase,
+                exit_code=info.exit_code,
+                ended_at=time.time(),
+                slurm={**(now.slurm or {}), "state": info.state},
+            )
+            state.write_state(jdir, ended)

@@ -1,0 +1,138 @@
+"""`logs`: a run's log, its last lines read from the end, and following it across restarts."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import select
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainctl.supervisor import nodefiles as nf
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.proctree import scan, target_of
+from trainctl.supervisor.state import Phase
+
+from .jobs import current_phase, existing_job
+
+
+def log_lines(
+    home: Path, name: str, run: int | None, tail: int | None, *, node: str | None = None
+) -> tuple[Path, list[str]]:
+    """Return the log path of run ``run`` (default: current) and its last ``tail`` lines.
+
+    ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``). ``node``: the
+    log of that node of a multi-node Slurm job (the first node's is the run's own log).
+    """
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    run = st.run if run is None else run
+    if run < 1 or run > st.run:
+        raise ConfigError(f"job {name} has runs 1..{st.run}, not {run}")
+    path = state.log_path(jdir, run)
+    if node is not None:
+        path = _node_log(jdir, run, node)
+    try:
+        data = path.read_bytes() if tail is None else _tail_bytes(path, tail)
+    except FileNotFoundError:
+        data = b""
+    lines = data.decode(errors="replace").splitlines(keepends=True)
+    if tail is None:
+        return path, lines
+    return path, lines[len(lines) - tail :] if tail else []
+
+
+def _node_log(jdir: Path, run: int, node: str) -> Path:
+    """The log file node ``node`` writes (the first node's is the run's own log)."""
+    records = {r.node: r for r in nf.read_records(jdir, run)}
+    if node not in records:
+        known = ", ".join(sorted(records)) or "none reported yet"
+        raise ConfigError(f"run {run} of job {jdir.name} has no node {node!r} (nodes: {known})")
+    return nf.node_log_path(jdir, run, node, first=nf.first_node(records[node]))
+
+
+def _tail_bytes(path: Path, lines: int, block: int = 1 << 16) -> bytes:
+    """The end of ``path`` holding its last ``lines`` lines, read backwards block by block.
+
+    `logs -n 5` on a 500 MiB log reads a few KiB, not the file: its cost does not grow
+    with the log.
+    """
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, chunks, newlines = end, [], 0
+        while pos > 0 and newlines <= lines:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            chunks.append(chunk)
+            # a final line without its newline still counts as a line
+            newlines += chunk.count(b"\n")
+        return b"".join(reversed(chunks))
+
+
+def reader_gone(fd: int = 1) -> bool:
+    """Tell whether nobody reads ``fd`` any more (ssh gone, `| head` done)."""
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+
+
+def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
+    """Yield new log text as it appears, switching to the next run's log after a restart.
+
+    Ends when the job has finished and its log is drained: the run is over (or its
+    supervisor is lost and no process of it is left) and nobody holds the job lock to
+    restart it.
+    """
+    jdir = existing_job(home, name)
+    run = int(path.stem.split("-")[-1])
+    reader = _LogReader(path, from_end=True)
+    while True:
+        chunk = reader.read()
+        if chunk:
+            yield chunk
+            continue
+        st = state.read_state(jdir)
+        if st.run > run:
+            run += 1
+            reader = _LogReader(state.log_path(jdir, run), from_end=False)
+            yield f"==> {name} run {run} <==\n"
+            continue
+        if _finished(jdir, st) and not state.is_locked(jdir, "lock"):
+            yield reader.read(final=True)
+            return
+        if reader_gone():
+            # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
+            return
+        time.sleep(poll_s)
+
+
+def _finished(jdir: Path, st: state.JobState) -> bool:
+    phase = current_phase(jdir, st)
+    if phase == Phase.LOST:
+        return not any(m.alive for m in scan(target_of(st)).values())
+    return phase in state.TERMINAL
+
+
+class _LogReader:
+    """Reads a growing log from an offset, never splitting a UTF-8 character."""
+
+    def __init__(self, path: Path, *, from_end: bool) -> None:
+        self.path = path
+        self.pos = path.stat().st_size if from_end and path.exists() else 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self, *, final: bool = False) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.pos:
+                    self.pos = 0  # rotated (copied, then truncated): read it from the start
+                f.seek(self.pos)
+                data = f.read(1 << 20)
+        except FileNotFoundError:
+            data = b""
+        self.pos += len(data)
+        return self.decoder.decode(data, final=final)

@@ -1,0 +1,151 @@
+"""Status of one job and of every job. Import-light: `status` must stay fast."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher import backends
+from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.progress import read_progress
+from trainctl.launcher.results import Status, last_stop_of
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
+from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import Phase
+
+from .jobs import existing_job
+
+RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
+
+
+def status_exit_code(s: Status) -> int:
+    """0 while the run is live, 3 once it has ended, 4 when its supervisor is lost."""
+    if s.state == Phase.LOST:
+        return ExitCode.STATE_UNKNOWN
+    return ExitCode.OK if s.state in RUNNING_PHASES else ExitCode.NOT_RUNNING
+
+
+def last_line(path: Path) -> str:
+    """Return the last non-empty line of a file, cheaply (reads at most 8 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return ""
+    for raw in reversed(lines):
+        text = raw.decode(errors="replace").strip()
+        # progress bars rewrite one line with \r: show its latest frame
+        text = text.rsplit("\r", 1)[-1].strip()
+        if text:
+            return text[:200]
+    return ""
+
+
+def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
+    """Return the status of a job, with a live member count.
+
+    ``brief`` (the `list` table): without what comes from the spec (argv, cwd) and the
+    training view (checkpoint, progress, drift), which the table does not show.
+    """
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    spec: Spec | None = None
+    if not brief:
+        with contextlib.suppress(StateError, JobNotFoundError):
+            spec = state.read_spec(jdir)
+    seen = backends.of(st).seen(jdir, st)
+    st = dataclasses.replace(st, exit_code=seen.exit_code)
+    phase = seen.phase
+    sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
+    target = target_of(st)
+    # cgroup.procs is cheap and complete unless root moved a process out; use it for the
+    # frequent `status`, while `ps` and `stop` walk every net.
+    scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
+    last = last_stop_of(st)
+    members = (
+        scan_fn(target)
+        if seen.members is None and (phase not in state.TERMINAL or last is None or not last.ok)
+        else {}
+    )
+    live = [m for m in members.values() if m.alive]
+    now = time.time()
+    end = st.ended_at or now
+    log = state.log_path(jdir, st.run)
+    training = _training_view(jdir, st, spec, live=phase not in state.TERMINAL)
+    return Status(
+        name=st.name,
+        state=str(phase),
+        run=st.run,
+        main_pid=st.main.pid if st.main else None,
+        pgid=st.pgid,
+        supervisor_pid=st.supervisor.pid if st.supervisor else None,
+        supervisor_alive=sup_alive,
+        exit_code=st.exit_code,
+        members=len(live) if seen.members is None else seen.members,
+        escaped=sum(1 for m in live if m.escaped) if seen.whole_job_here else 0,
+        mode=seen.mode,
+        cgroup=st.cgroup,
+        started_at=st.started_at,
+        ended_at=st.ended_at,
+        uptime_s=round(end - st.started_at, 3),
+        log=str(log),
+        last_log_line=last_line(log),
+        argv=list(spec.argv) if spec else [],
+        cwd=spec.cwd if spec else None,
+        last_stop=last,
+        error=st.error,
+        previous_boot=st.from_other_boot(),
+        unit=st.unit,
+        gpus=[g.index for g in st.gpus],
+        restarts=st.restarts,
+        last_failure=st.last_failure,
+        restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
+        stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
+        slurm=seen.slurm,
+        **training,
+    )
+
+
+def _training_view(
+    jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool
+) -> dict[str, Any]:
+    """Checkpoint, progress and code drift for `status` (cheap: tails and one git diff)."""
+    if spec is None:
+        return {}
+    out: dict[str, Any] = {}
+    ck = newest_checkpoint(spec)
+    if ck is not None:
+        out["checkpoint"] = {"path": ck.path, "age_s": round(ck.age_s, 1), "size": ck.size}
+    prog = read_progress(jdir, st, spec)
+    if prog is not None:
+        out["progress"] = prog.to_doc()
+    if live and st.drift_checked_at is not None:
+        out["code_changed"] = list(st.code_drift)  # kept current by the supervisor
+    elif live:  # a supervisor from before this field, or one that has not looked yet
+        from trainctl.supervisor.drift import drift  # noqa: PLC0415  (git, hashlib: ~9 ms)
+
+        out["code_changed"] = drift(st.code, spec)
+    return out
+
+
+def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:
+    """Return the status of every job; an untrusted one becomes (name, error)."""
+    out: list[Status | tuple[str, str]] = []
+    for name in state.list_jobs(home):
+        try:
+            out.append(job_status(home, name, brief=brief))
+        except (StateError, ConfigError) as e:
+            out.append((name, str(e)))
+        except FileNotFoundError:
+            continue
+    return out

@@ -1,0 +1,125 @@
+"""Stop: resolve the request against the job's spec, look at its checkpoints, dispatch.
+
+Everything before the first signal (the newest checkpoint, its age, a checkpoint asked
+for) happens in :func:`check_checkpoint` and :func:`ask_checkpoint`, so a refusal
+changes nothing. The stop itself is the job's backend's (backends/local.py through the
+supervisor or directly, backends/slurm.py through the node agents).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from trainctl.launcher import backends
+from trainctl.launcher.backends import StopRequest, spec_for_stop
+from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.inputs import human_duration
+from trainctl.launcher.results import Checkpoint, CheckpointInfo, StopResult
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, JobConflictError, JobNotFoundError, StateError
+from trainctl.supervisor.spec import Spec, StopOrder, parse_order
+
+from .jobs import existing_job
+
+
+def stop_order_of(raw: str | None, *, main_only: bool = False) -> StopOrder | None:
+    """Resolve ``--order`` / ``--main-only`` (None: the job's own stop order)."""
+    order = None if raw is None else parse_order(raw, "--order")
+    if main_only and order not in (None, StopOrder.MAIN):
+        raise ConfigError(f"--main-only means --order main; it contradicts --order {order}")
+    return StopOrder.MAIN if main_only else order
+
+
+def stop_exit_code(res: StopResult) -> int:
+    """0 when the report proves nothing of the job alive, 1 otherwise."""
+    return ExitCode.OK if res.ok else ExitCode.FAILED
+
+
+def stop_job(
+    home: Path,
+    name: str,
+    *,
+    grace_s: float | None = None,
+    order: StopOrder | None = None,
+    gpu_timeout_s: float | None = None,
+    lock_held: bool = False,
+    force: bool = False,
+) -> StopResult:
+    """Stop every process of the job's current run (and nothing else); verify its GPUs."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)  # a corrupt/foreign state raises here: nothing is signalled
+    spec, warning = spec_for_stop(jdir, st)
+    req = StopRequest(
+        grace_s=spec.stop.grace_s if grace_s is None else grace_s,
+        order=order or StopOrder(spec.stop.order),
+        gpu_timeout_s=spec.gpu.timeout_s if gpu_timeout_s is None else gpu_timeout_s,
+        kill_wait_s=spec.stop.kill_wait_s,
+        force=force,
+        asked_grace_s=grace_s,
+        asked_order=order,
+        lock_held=lock_held,
+    )
+    res = backends.of(st).stop(jdir, st, spec, req)
+    if warning:
+        res.warnings.insert(0, warning)
+    return res
+
+
+def _checkpoint_spec(jdir: Path, name: str, needed: bool) -> Spec | None:
+    """The spec whose glob finds checkpoints; None when there is nothing to look at."""
+    try:
+        spec = state.read_spec(jdir)
+    except (StateError, JobNotFoundError):
+        if needed:
+            raise
+        return None  # nothing to show; the stop itself still works from state.json
+    if not spec.watch.checkpoint:
+        if needed:
+            raise ConfigError(
+                f"job {name} has no `checkpoint` glob in its spec; "
+                "--checkpoint and --require-checkpoint-within need one"
+            )
+        return None
+    return spec
+
+
+def check_checkpoint(
+    home: Path,
+    name: str,
+    *,
+    require_within_s: float | None = None,
+    ask: bool = False,
+    force: bool = False,
+) -> tuple[CheckpointInfo, Spec | None, str | None]:
+    """The newest checkpoint before a stop; refuse if it is older than ``require_within_s``.
+
+    Returns what was seen, the spec whose glob was read (None: the job names no glob),
+    and, when ``force`` overrode the age limit, why the limit was not met.
+    """
+    jdir = existing_job(home, name)
+    state.read_state(jdir)  # an untrusted state refuses here, before anything else
+    spec = _checkpoint_spec(jdir, name, needed=ask or require_within_s is not None)
+    if spec is None:
+        return CheckpointInfo(), None, None
+    ck = newest_checkpoint(spec)
+    overridden = None
+    if require_within_s is not None and (ck is None or ck.age_s > require_within_s):
+        age = "there is none" if ck is None else f"the newest is {human_duration(ck.age_s)} old"
+        if not force:
+            raise JobConflictError(
+                f"not stopping {name}: no checkpoint within "
+                f"{human_duration(require_within_s)} ({age}); --force to stop anyway"
+            )
+        overridden = age
+    return CheckpointInfo(watched=True, newest=ck), spec, overridden
+
+
+def ask_checkpoint(
+    home: Path, name: str, spec: Spec, timeout_s: float, asked: Callable[[], None]
+) -> Checkpoint | None:
+    """Ask the running job for a checkpoint and wait for it (None: nothing runs to ask)."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    return backends.of(st).checkpoint(jdir, st, spec, timeout_s, asked)

@@ -1,0 +1,61 @@
+"""stdout that a closed reader cannot break: `trainctl stop X | head -1` still exits 0.
+
+When the reader goes away (``head`` has its line, a pager was quit, ssh dropped), a write
+raises BrokenPipeError. What the verb did (a stop, a start) is done by then; its exit
+code must say so, and no traceback or crash file may appear. :func:`install` puts a
+wrapper in front of ``sys.stdout`` that turns the first EPIPE into a quiet end of output:
+fd 1 is pointed at /dev/null (so the interpreter's own flush at exit cannot fail either)
+and every later write is dropped. :func:`reader_gone` lets a follower (`logs -f`) stop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+
+class _QuietPipe:
+    """A text stream in front of the real stdout that swallows EPIPE once and for all."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lost()
+
+    def _lost(self) -> None:
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def install() -> None:
+    """Put the quiet wrapper in front of sys.stdout (once)."""
+    if not isinstance(sys.stdout, _QuietPipe) and sys.stdout is not None:
+        sys.stdout = _QuietPipe(sys.stdout)  # type: ignore[assignment,unused-ignore]
+
+
+def reader_gone() -> bool:
+    """Tell whether stdout's reader has gone away (a write found the pipe closed)."""
+    out = sys.stdout
+    return isinstance(out, _QuietPipe) and out.gone

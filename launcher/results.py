@@ -1,0 +1,291 @@
+"""The records every layer of the launcher returns: the bottom of launcher/.
+
+Operations and backends return these; ``render`` turns them into text and JSON; the
+Python API hands them to programs. Nothing here imports any other launcher module, and
+nothing here prints. A dict appears only where a JSON document is read or written:
+``from_doc`` builders check every field against its annotation (supervisor/schema.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainctl.supervisor.reports import GpuRelease, StopReport
+from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.state import JobState, Phase
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointInfo",
+    "GpuRelease",
+    "GpuRequest",
+    "NodeStop",
+    "PsRow",
+    "Seen",
+    "SlurmAgent",
+    "SlurmStopReport",
+    "SlurmVerdict",
+    "SlurmView",
+    "StartResult",
+    "Status",
+    "StopReport",
+    "StopResult",
+    "last_stop_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A checkpoint file (or directory marker) on disk."""
+
+    path: str
+    mtime: float
+    size: int
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since it was written."""
+        return max(0.0, time.time() - self.mtime)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """What `stop` and `restart` saw of checkpoints before the first signal."""
+
+    watched: bool = False  # the spec names a checkpoint glob
+    newest: Checkpoint | None = None
+    written: Checkpoint | None = None  # --checkpoint: the one the job wrote when asked
+
+    def to_doc(self) -> dict[str, Any] | None:
+        """The JSON form (None when the job names no checkpoint glob)."""
+        if not self.watched:
+            return None
+        doc: dict[str, Any] = {"newest": None}
+        if self.newest is not None:
+            doc["newest"] = {"path": self.newest.path, "age_s": round(self.newest.age_s, 1)}
+        if self.written is not None:
+            doc["written"] = {"path": self.written.path, "size": self.written.size}
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """`--gpus SPEC [--share] [--force]`: a request string, or exact indices (restart)."""
+
+    spec: str | list[int]
+    share: bool = False
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmAgent:
+    """One node agent of a Slurm job, as it last published itself."""
+
+    node: str
+    host: str | None
+    rank: str | None
+    members: int
+    age_s: float
+    stale: bool  # stopped publishing while the run is live
+    stopped: bool  # published its stop report
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A job's run as its backend sees it now."""
+
+    phase: Phase
+    exit_code: int | None
+    mode: str  # how its processes are tracked: "cgroup", "signals" or "slurm"
+    # the scheduler has ended the run or no longer knows it: nothing of it is scheduled
+    ended: bool
+    # members found on this host are the whole job (so an escape from its group is news)
+    whole_job_here: bool = True
+    # the scheduler's own view, for `status` (Slurm: state, reason, nodes, job id, agents)
+    slurm: SlurmView | None = None
+    # live processes counted by the backend where they run (Slurm: by the node agents);
+    # None: count them here
+    members: int | None = None
+    # every live process, as the node agents published them (for `ps`); None: scan here
+    processes: list[PsRow] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmView:
+    """What Slurm and the node agents say about a Slurm job now."""
+
+    job_id: str | None
+    state: str
+    reason: str | None = None
+    nodes: str | None = None
+    exit_code: int | None = None
+    agents: list[SlurmAgent] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class NodeStop:
+    """How one node of a Slurm job was proven stopped (or not)."""
+
+    node: str
+    ok: bool = False
+    found: int | None = None
+    killed: int | None = None
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+    by: str | None = None  # its agent, a sweep job, or this host's sweep
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmVerdict:
+    """Slurm's answer about one job: its state, why, where, and how it ended."""
+
+    state: str
+    phase: Phase
+    reason: str | None = None
+    nodes: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass(slots=True)
+class SlurmStopReport:
+    """What a stop of a Slurm job did: the node agents' stops, Slurm's verdict, sweeps."""
+
+    slurm: SlurmVerdict
+    signal: str = ""
+    grace_s: float = 0.0
+    nodes: list[NodeStop] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    cancelled_after_grace: bool = False
+    local_leftovers: int = 0
+    sweep_jobs: list[str] = field(default_factory=list)
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+    total_s: float = 0.0
+    ok: bool = False  # fails closed: only a report that proves the job gone says True
+    already_stopped: bool = False
+    mode: str = "slurm"
+    reason: str = "stop"
+    killed: int = 0  # the verdict line of `status` reads it from every kind of report
+    killed_procs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+
+def last_stop_of(st: JobState) -> StopReport | SlurmStopReport | None:
+    """The typed report of the run's last stop, as recorded in state.json (None: none yet)."""
+    doc = st.last_stop
+    if doc is None:
+        return None
+    where = f"job {st.name}: state.json last_stop"
+    if doc.get("mode") == "slurm":
+        return build_document(SlurmStopReport, doc, where)
+    return StopReport.from_doc(doc, where)
+
+
+@dataclass(slots=True)
+class StopResult:
+    """The outcome of `trainctl stop`."""
+
+    name: str
+    run: int
+    via: str  # "supervisor" | "direct" | "noop" | "slurm"
+    report: StopReport | SlurmStopReport
+    exit_code: int | None = None  # the job's main exit code, when known
+    message: str = ""  # a no-op's one line
+    warnings: list[str] = field(default_factory=list)  # one line each, for stderr
+
+    @property
+    def ok(self) -> bool:
+        """True only when the report proves nothing of the job alive (fails closed)."""
+        return self.report.ok
+
+    @property
+    def held_gpus(self) -> list[GpuRelease]:
+        """The GPUs the stop could not prove released."""
+        return [g for g in getattr(self.report, "gpus", []) if not g.ok]
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """A started run."""
+
+    name: str
+    run: int
+    main_pid: int | None  # None: a scheduler (Slurm) starts main later, on its nodes
+    mode: str
+    log: str
+    elapsed_s: float
+    gpus: str | None = None  # the bound GPU indices, e.g. "0,3"
+    slurm_job_id: str | None = None
+    unit: str | None = None  # the run's systemd scope, on systemd hosts
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Status:
+    """What `trainctl status NAME` shows (and `--json` emits)."""
+
+    name: str
+    state: str
+    run: int
+    main_pid: int | None
+    pgid: int | None
+    supervisor_pid: int | None
+    supervisor_alive: bool
+    exit_code: int | None
+    members: int
+    escaped: int
+    mode: str
+    cgroup: str | None
+    started_at: float
+    ended_at: float | None
+    uptime_s: float
+    log: str
+    last_log_line: str
+    argv: list[str] = field(default_factory=list)
+    cwd: str | None = None  # the job's working directory (spec), for shorter commands
+    last_stop: StopReport | SlurmStopReport | None = None
+    error: str | None = None
+    previous_boot: bool = False  # recorded before the machine last booted
+    unit: str | None = None  # the run's systemd scope
+    gpus: list[int] = field(default_factory=list)
+    restarts: int = 0
+    last_failure: dict[str, Any] | None = None
+    restart_in_s: float | None = None
+    stalled_for_s: float | None = None
+    checkpoint: dict[str, Any] | None = None  # newest: path, age_s, size
+    progress: dict[str, Any] | None = None
+    code_changed: list[str] = field(default_factory=list)
+    slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PsRow:
+    """One process of a job, for `trainctl ps`."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    cpu_percent: float
+    rss_bytes: int
+    escaped: bool
+    nets: list[str]
+    cmd: str
+    depth: int
+    gpu_holder: bool = False  # has a GPU open
+    gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
+    stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/forest.py)
+    unit: str | None = None  # the run's systemd scope (the same for every row)
+    node: str | None = None  # Slurm: the node it runs on, as its agent published it
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)

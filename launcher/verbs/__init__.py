@@ -1,0 +1,66 @@
+"""The verb table: one module per verb, loaded only when its verb runs.
+
+Each verb module has one ``run(inv, ...) -> int`` that both the click callback
+(``cli.py``) and the fast path (``main.py``) call: it calls operations (``ops/``),
+renders their records (``render``) and returns the exit code. A new verb is one module
+here plus one entry in :data:`VERBS` and its click declaration in ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from trainctl.launcher.config import Config, load_config, resolve_home
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    """One verb: the module that runs it and the line `trainctl --help` shows."""
+
+    module: str
+    summary: str
+
+
+VERBS: dict[str, Verb] = {
+    "start": Verb("start", "Start a job detached, in its own session, on the GPUs given."),
+    "stop": Verb("stop", "Stop every process of a job and nothing else; prove it."),
+    "restart": Verb("restart", "Stop a job (verified), then start its spec again."),
+    "status": Verb("status", "Show one job's phase, pids, members and last log line."),
+    "list": Verb("list_", "List the jobs."),
+    "ps": Verb("ps", "Show a job's live process tree."),
+    "top": Verb("top", "A live full-screen view of every job and GPU."),
+    "gpus": Verb("gpus", "Show every GPU, its lease and who is on it."),
+    "logs": Verb("logs", "Print (and follow) a job's log."),
+    "wait": Verb("wait", "Wait until a job's run ends; exit with its exit code."),
+    "rm": Verb("rm", "Remove a finished job."),
+    "doctor": Verb("doctor", "Report what decides whether jobs survive logout on this host."),
+    "hosts": Verb("hosts", "List (and check) the host aliases of hosts.toml."),
+}
+
+
+def load(name: str) -> ModuleType:
+    """Import the module of verb ``name`` (the first use of a verb pays for its imports)."""
+    return importlib.import_module(f"{__name__}.{VERBS[name].module}")
+
+
+@dataclass(slots=True)
+class Invocation:
+    """What every verb gets: the global options, and the config read at most once."""
+
+    home_opt: str | None = None
+    _cfg: Config | None = field(default=None, repr=False)
+
+    @property
+    def cfg(self) -> Config:
+        """The loaded config."""
+        if self._cfg is None:
+            self._cfg = load_config()
+        return self._cfg
+
+    @property
+    def home(self) -> Path:
+        """The resolved TRAINCTL_HOME (reading the config only if it must)."""
+        return resolve_home(self.home_opt, self._cfg)

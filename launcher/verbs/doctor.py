@@ -1,0 +1,16 @@
+"""`trainctl doctor`: what decides whether jobs survive logout and stop cleanly here."""
+
+from __future__ import annotations
+
+from trainctl.launcher import render
+from trainctl.launcher.doctor import run_doctor
+from trainctl.launcher.exitcodes import ExitCode
+
+from . import Invocation
+
+
+def run(inv: Invocation, *, as_json: bool = False) -> int:
+    """Print every check; exit 1 when one needs action."""
+    checks = run_doctor(inv.home)
+    render.doctor(checks, as_json=as_json)
+    return ExitCode.OK if all(ch.ok for ch in checks) else ExitCode.FAILED

@@ -1,0 +1,37 @@
+"""`trainctl list`: every job, recent ones unless --all."""
+
+from __future__ import annotations
+
+import time
+
+from trainctl.launcher import render
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.ops.status import all_statuses
+
+from . import Invocation
+
+# `list` shows a finished job for this long after it ended; `list --all` shows every job.
+RECENT_S = 7 * 24 * 3600
+
+
+def run(inv: Invocation, *, show_all: bool = False, as_json: bool = False) -> int:
+    """Print the job table (or its JSON); jobs ended over 7 days ago only with --all."""
+    rows = all_statuses(inv.home, brief=not as_json)  # the table shows no training view
+    if not show_all:
+        cutoff = time.time() - RECENT_S
+        kept = [r for r in rows if isinstance(r, tuple) or (r.ended_at or time.time()) >= cutoff]
+        if len(kept) < len(rows) and not as_json:
+            render.line(f"({len(rows) - len(kept)} finished more than 7 days ago: list --all)")
+        rows = kept
+    if as_json:
+        render.emit_json(
+            [
+                r.to_doc()
+                if not isinstance(r, tuple)
+                else {"name": r[0], "state": "unknown", "error": r[1]}
+                for r in rows
+            ]
+        )
+    else:
+        render.job_table(rows)
+    return ExitCode.OK

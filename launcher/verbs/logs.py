@@ -1,0 +1,58 @@
+"""`trainctl logs NAME`: the end of a run's log, and following it across restarts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from trainctl.launcher import output, render
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.ops.logs import follow, log_lines
+from trainctl.supervisor.errors import ConfigError
+
+from . import Invocation
+
+
+def tail_of(lines: str | None, following: bool, configured: int) -> int | None:
+    """`-n N|all` -> how many last lines to print (None: all)."""
+    if lines is None:
+        return 10 if following else (configured or None)  # config: 0 = the whole log
+    if lines.strip().lower() == "all":
+        return None
+    try:
+        n = int(lines)
+    except ValueError:
+        raise ConfigError(f"-n expects a number of lines or `all`, got {lines!r}") from None
+    if n < 0:
+        raise ConfigError("-n must be >= 0")
+    return n
+
+
+def follow_to_stdout(inv: Invocation, name: str, path: Path, *, detach_note: bool) -> None:
+    """Stream new log text until the job ends, the reader leaves, or Ctrl-C."""
+    try:
+        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s):
+            render.write(chunk)
+            if output.reader_gone():
+                return
+    except KeyboardInterrupt:
+        if detach_note:
+            sys.stderr.write(f"\ndetached; {name} keeps running (trainctl stop {name})\n")
+
+
+def run(
+    inv: Invocation,
+    name: str,
+    *,
+    follow_: bool = False,
+    lines: str | None = None,
+    run_no: int | None = None,
+    node: str | None = None,
+) -> int:
+    """Print the log of job NAME (its last lines with -n; following it with -f)."""
+    tail = tail_of(lines, follow_, inv.cfg.tail_lines)
+    path, text = log_lines(inv.home, name, run_no, tail, node=node)
+    render.write("".join(text))
+    if follow_:
+        follow_to_stdout(inv, name, path, detach_note=False)
+    return ExitCode.OK

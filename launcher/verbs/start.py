@@ -1,0 +1,100 @@
+"""`trainctl start`: merge spec file < --set < flags, check, start, maybe follow."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher import backends, render
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
+from trainctl.launcher.ops.start import resolve_spec, start_job
+from trainctl.launcher.results import GpuRequest
+from trainctl.launcher.specfile import load_spec_file, parse_sets
+from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.spec import parse_order
+
+from . import Invocation
+from .logs import follow_to_stdout
+
+
+@dataclass(frozen=True, slots=True)
+class StartFlags:
+    """The command-line flags of `start`, as given (None: not given)."""
+
+    name: str | None = None
+    spec_file: str | None = None
+    sets: tuple[str, ...] = ()
+    cwd: str | None = None
+    env: tuple[str, ...] = ()
+    grace: str | None = None
+    stop_signal: str | None = None
+    stop_order: str | None = None
+    gpus: str | None = None
+    share: bool = False
+    force: bool = False
+    backend: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time_limit: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+
+
+def merged_values(f: StartFlags) -> dict[str, Any]:
+    """The spec keys: the spec file's, then each --set, then the flags (each checked)."""
+    values: dict[str, Any] = load_spec_file(f.spec_file) if f.spec_file else {}
+    values.update(parse_sets(f.sets))
+    if f.nodes is not None and f.nodes < 1:
+        raise ConfigError("--nodes must be >= 1")
+    flags: dict[str, Any] = {
+        "name": f.name,
+        "argv": list(f.argv) or None,
+        "cwd": os.path.abspath(os.path.expanduser(f.cwd)) if f.cwd else None,
+        "grace": None if f.grace is None else parse_seconds(f.grace, "--grace"),
+        "stop_signal": None if f.stop_signal is None else parse_signal(f.stop_signal),
+        "stop_order": None
+        if f.stop_order is None
+        else str(parse_order(f.stop_order, "--stop-order")),
+        "gpus": f.gpus,
+        "share": f.share or None,
+        "force": f.force or None,
+        "backend": f.backend,
+        "nodes": f.nodes,
+        "gpus_per_node": f.gpus_per_node,
+        "partition": f.partition,
+        "time": f.time_limit,
+        "sbatch_args": list(f.sbatch_args) or None,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    values["env"] = {**values.get("env", {}), **parse_env(f.env)}
+    if (values.get("share") or values.get("force")) and not values.get("gpus"):
+        raise ConfigError("--share and --force only make sense with --gpus")
+    return values
+
+
+def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
+    """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
+    values = merged_values(f)
+    backends.backend(values.get("backend", "local")).check_values(values)
+    spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
+    spec = resolve_spec(values, inv.cfg, spec_file)
+    request = (
+        GpuRequest(values["gpus"], share=bool(values.get("share")), force=bool(values.get("force")))
+        if values.get("gpus")
+        else None
+    )
+    res = start_job(inv.home, spec, inv.cfg, request)
+    if as_json:
+        render.emit_json(asdict(res))
+    else:
+        render.start(res)
+    if follow:
+        path = Path(res.log)
+        if path.exists():
+            render.write(path.read_text(errors="replace"))
+        follow_to_stdout(inv, spec.name, path, detach_note=True)
+    return ExitCode.OK

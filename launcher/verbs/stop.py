@@ -1,0 +1,94 @@
+"""`trainctl stop NAME`: the checkpoint look first, then the stop, narrated live."""
+
+from __future__ import annotations
+
+import os
+
+from trainctl.launcher import render
+from trainctl.launcher.inputs import parse_duration, parse_seconds
+from trainctl.launcher.live import run_with_feedback
+from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
+from trainctl.launcher.ops.stop import stop_order_of as resolve_order
+from trainctl.launcher.results import CheckpointInfo
+from trainctl.supervisor.state import job_dir
+
+from . import Invocation
+
+DEFAULT_CHECKPOINT_TIMEOUT = "10m"
+
+
+def prepare(
+    inv: Invocation,
+    name: str,
+    *,
+    ask: bool = False,
+    timeout: str = DEFAULT_CHECKPOINT_TIMEOUT,
+    within: str | None = None,
+    force: bool = False,
+    quiet: bool = False,
+) -> CheckpointInfo:
+    """Before a stop or restart: show the newest checkpoint, check its age, ask for one.
+
+    Everything here happens before any stop signal; a refusal changes nothing.
+    """
+    timeout_s = parse_duration(timeout, "--checkpoint-timeout")
+    within_s = None if within is None else parse_duration(within, "--require-checkpoint-within")
+    say = (lambda _line: None) if quiet else render.line
+    info, spec, overridden = check_checkpoint(
+        inv.home, name, require_within_s=within_s, ask=ask, force=force
+    )
+    if spec is None or spec.watch.checkpoint is None:
+        return info
+    say(render.checkpoint_line(info.newest, spec.watch.checkpoint, spec.cwd))
+    if overridden is not None:
+        say(f"no checkpoint within the limit ({overridden}); going ahead (--force)")
+    if not ask:
+        return info
+    sig = spec.watch.checkpoint_signal
+    asked = (lambda: None) if quiet else lambda: say(f"asking for a checkpoint ({sig}) ...")
+    new = ask_checkpoint(inv.home, name, spec, timeout_s, asked)
+    if new is None:
+        return info
+    say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
+    return CheckpointInfo(watched=True, newest=info.newest, written=new)
+
+
+def run(
+    inv: Invocation,
+    name: str,
+    *,
+    grace: str | None = None,
+    order: str | None = None,
+    main_only: bool = False,
+    gpu_timeout: str | None = None,
+    ask_checkpoint: bool = False,
+    checkpoint_timeout: str = DEFAULT_CHECKPOINT_TIMEOUT,
+    require_checkpoint_within: str | None = None,
+    force: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Stop job NAME; exit 0 only when nothing of it survives and its GPUs are free."""
+    # every flag is checked before anything is done
+    grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
+    how = resolve_order(order, main_only=main_only)
+    pre = prepare(
+        inv,
+        name,
+        ask=ask_checkpoint,
+        timeout=checkpoint_timeout,
+        within=require_checkpoint_within,
+        force=force,
+        quiet=as_json,
+    )
+    home = inv.home
+    res = run_with_feedback(
+        job_dir(home, name),
+        name,
+        lambda: stop_job(home, name, grace_s=grace_s, order=how, gpu_timeout_s=gpu_s, force=force),
+        enabled=not as_json,
+    )
+    if isinstance(res, int):
+        return res  # Ctrl-C: said what happens to the stop
+    render.stop_doc(res, pre) if as_json else render.stop(res)
+    return stop_exit_code(res)

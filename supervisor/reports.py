@@ -1,0 +1,83 @@
+"""The records of what a stop did and proved: a light module, read by every reader.
+
+The supervisor, the CLI's direct stop and a Slurm node agent write a :class:`StopReport`
+(through :mod:`.terminate` and :mod:`.stop`); `status` and `stop` read one back from
+state.json or a supervisor's reply with :meth:`StopReport.from_doc`, checked field by
+field. Kept apart from the stop algorithm so that reading a report imports none of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .schema import build_document
+
+
+@dataclass(slots=True)
+class GpuRelease:
+    """The proof (or disproof) that one leased GPU was released by a stop.
+
+    ``ok`` defaults to False: a record that does not say the GPU is free does not prove it.
+    """
+
+    index: int
+    ok: bool = False
+    uuid: str | None = None
+    used_bytes: int | None = None
+    baseline_bytes: int | None = None
+    released_bytes: int | None = None
+    excess_bytes: int | None = None  # above the baseline, when held
+    seconds: float | None = None  # until it was seen released
+    error: str | None = None  # why it could not be checked at all
+    note: str | None = None
+    job_holders: list[dict[str, Any]] = field(default_factory=list)
+    holders: list[dict[str, Any]] = field(default_factory=list)  # everyone on it, when held
+
+
+@dataclass(slots=True)
+class StopReport:
+    """What a stop did and proved; rendered by the CLI and kept in state.json."""
+
+    # empty in the short report of a stop that found nothing to do (already_stopped)
+    signal: str = ""
+    grace_s: float = 0.0
+    order: str = ""
+    mode: str = ""
+    found: int = 0
+    held: int = 0  # members the supervisor already held by pidfd when the stop began
+    by_net: dict[str, int] = field(default_factory=dict)
+    escaped: int = 0
+    late_joiners: int = 0
+    signalled: int = 0  # members that got the stop signal
+    exited_on_signal: int = 0  # ... and exited on it within the grace
+    exited_unsignalled: int = 0  # exited within the grace without it (a parent shut them down)
+    exit_s: dict[str, float] = field(default_factory=dict)  # signal -> exit: first/median/last
+    killed: int = 0
+    launchers: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd, why
+    # per process, up to REPORT_NAMED each: pid, cmd, at_s (since the stop began), exit_s
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    killed_procs: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+    zombies: list[dict[str, Any]] = field(default_factory=list)
+    total_s: float = 0.0
+    gone_s: float | None = None  # from the stop's start until its last member was seen gone
+    ok: bool = False
+    already_stopped: bool = False
+    gpus: list[GpuRelease] = field(default_factory=list)  # the release proof, per GPU
+    reason: str = "stop"  # stop | main exited | stalled
+    persist_error: str | None = None  # the stop happened, but could not be recorded
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str) -> StopReport:
+        """Read a report back (state.json, a supervisor's reply), checked field by field."""
+        return build_document(cls, doc, where)
+
+    @property
+    def held_gpus(self) -> list[GpuRelease]:
+        """The GPUs this stop could not prove released."""
+        return [g for g in self.gpus if not g.ok]
