@@ -38,7 +38,17 @@ from .proctree import Member, Target, scan, scan_light, target_of
 from .roster import Roster, widen_fd_table
 from .spawn import Spawned, exit_code_of
 from .spec import Spec, StopOrder
-from .state import JobState, MemberSnap, Phase, ProcRef, log_path, mtime, open_in, write_state
+from .state import (
+    JobState,
+    MemberSnap,
+    Phase,
+    ProcRef,
+    log_path,
+    mtime,
+    open_events,
+    write_event_line,
+    write_state,
+)
 from .stop import run_stop
 from .terminate import Grace
 
@@ -71,30 +81,30 @@ STEP_SAMPLE_S = 15.0
 class _BestEffortFile:
     """events.jsonl for structlog: a full or read-only disk loses event lines, never the job.
 
-    A failed write is counted and dropped; it never raises into the supervisor, which must
-    keep reaping and answering stops (state.json's own write failures are reported).
+    Each line goes out through the same writer as the CLI's events (one write(2) on an
+    O_APPEND descriptor). A failed write is counted and dropped; it never raises into the
+    supervisor, which must keep reaping and answering stops (state.json's own write
+    failures are reported).
     """
 
     def __init__(self, path: Path) -> None:
         self.failures = 0
+        self.fd: int | None = None
         try:
-            fd = open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            self.f: Any = os.fdopen(fd, "a", buffering=1)
+            self.fd = open_events(path.parent)
         except (OSError, StateError):
-            self.f = None
             self.failures += 1
 
     def write(self, text: str) -> None:
-        if self.f is None:
+        if self.fd is None:
             return
         try:
-            self.f.write(text)
+            write_event_line(self.fd, text)
         except OSError:
             self.failures += 1
 
     def flush(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            self.f.flush()
+        """Nothing is buffered: every line was written whole."""
 
 
 class Supervisor:

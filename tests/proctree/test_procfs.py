@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.conftest import wait_for
 from trainctl.supervisor import procfs
 
 
@@ -32,6 +33,9 @@ def test_comm_with_spaces_and_parens(tmp_path: Path) -> None:
         assert st is not None
         assert st.comm.startswith("we ird) (")
         assert st.ppid == os.getpid()
+        # Popen returns once exec has closed its CLOEXEC pipe, a moment before the kernel
+        # has laid out the new argv: /proc/PID/cmdline may still read empty then
+        wait_for(lambda: procfs.read_cmdline(p.pid) != "", what="argv after exec")
         assert procfs.read_cmdline(p.pid) == f"{exe} 30"
     finally:
         p.kill()

@@ -15,14 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Harness
-from tests.e2e.test_stop_trees import stop_and_check
-
-
-def one_line(res: object) -> None:
-    err = getattr(res, "err")  # noqa: B009
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-
+from tests.helpers import one_line, stop_and_check
 
 # ---------------------------------------------------------------- symlinks
 

@@ -10,13 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, _stat, alive, wait_for
-
-
-def one_line_error(res: object, rc: int, needle: str) -> None:
-    assert res.rc == rc, (res.rc, res.out, res.err)  # type: ignore[attr-defined]
-    lines = res.err.strip().splitlines()  # type: ignore[attr-defined]
-    assert len(lines) == 1, res.err  # type: ignore[attr-defined]
-    assert needle in lines[0], lines[0]
+from tests.helpers import one_line_error
 
 
 def no_jobs(h: Harness) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
+from tests.helpers import free_port, one_line_error
 
 pytestmark = pytest.mark.slow  # starts a real sshd / Slurm cluster
 
@@ -39,12 +40,6 @@ class Sshd:
     tmp: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
@@ -59,7 +54,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     for key in ("hostkey", "client", "other"):
         _keygen(tmp / key)
     (tmp / "authorized_keys").write_text((tmp / "client.pub").read_text())
-    port = _free_port()
+    port = free_port()
     (tmp / "sshd_config").write_text(f"""Port {port}
 ListenAddress 127.0.0.1
 HostKey {tmp}/hostkey
@@ -136,7 +131,7 @@ home = "{h.home}"
 
 [hosts.closed]
 target = "lab"
-port = {_free_port()}
+port = {free_port()}
 {common}
 [hosts.wrongkey]
 target = "root@127.0.0.1"
@@ -161,13 +156,6 @@ target = "lab"
 """)
     h.env["TRAINCTL_HOSTS"] = str(hosts)
     return h
-
-
-def one_line(res: object, rc: int, needle: str) -> None:
-    assert res.rc == rc, (res.rc, res.out, res.err)  # type: ignore[attr-defined]
-    lines = res.err.strip().splitlines()  # type: ignore[attr-defined]
-    assert len(lines) == 1, res.err  # type: ignore[attr-defined]
-    assert needle in lines[0]
 
 
 def test_remote_lifecycle(lab: Harness) -> None:
@@ -230,7 +218,7 @@ def test_remote_lifecycle(lab: Harness) -> None:
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
 def test_top_over_ssh_gets_a_terminal(lab: Harness) -> None:
-    from tests.e2e.test_operator import Pane  # noqa: PLC0415
+    from tests.cli.test_operator import Pane  # noqa: PLC0415
 
     h = lab
     h.tc("--host", "lab", "start", "--name", "far", "--", "sleep", "600", check=True)
@@ -300,11 +288,11 @@ def test_restart_over_ssh_runs_new_code(lab: Harness) -> None:
     ],
 )
 def test_remote_failures_are_one_line_exit_5(lab: Harness, alias: str, needle: str) -> None:
-    one_line(lab.tc("--host", alias, "list"), 5, needle)
+    one_line_error(lab.tc("--host", alias, "list"), 5, needle)
 
 
 def test_remote_errors_and_exit_codes_pass_through(lab: Harness) -> None:
-    one_line(lab.tc("--host", "lab", "status", "ghost"), 2, "no job named 'ghost'")
+    one_line_error(lab.tc("--host", "lab", "status", "ghost"), 2, "no job named 'ghost'")
 
 
 def test_hosts_check(lab: Harness) -> None:
@@ -321,7 +309,7 @@ def test_hosts_check(lab: Harness) -> None:
 
 def test_incompatible_client_version_is_refused(harness: Harness) -> None:
     res = harness.tc("list", env={**harness.env, "TRAINCTL_CLIENT_VERSION": "9.9.0"})
-    one_line(res, 5, "incompatible trainctl versions")
+    one_line_error(res, 5, "incompatible trainctl versions")
 
 
 def test_a_jobs_own_host_and_home_flags_stay_the_jobs(lab: Harness) -> None:

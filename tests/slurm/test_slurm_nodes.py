@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TREES, Harness, kill_verified, wait_for
-from tests.e2e.test_slurm import _free_port, cluster
+from tests.helpers import free_port
+from tests.slurm.test_slurm import cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -30,7 +31,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     host = socket.gethostname().split(".")[0]
     cpus = max(1, (os.cpu_count() or 2) // 2)
     node_lines = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus}"
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus}"
         for n in NODES
     )
     yield from cluster(tmp_path_factory, "trainctltest2", node_lines, NODES)

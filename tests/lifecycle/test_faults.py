@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, TREES, Harness, alive, marked, wait_for
-from tests.e2e.test_stop_trees import stop_and_check
+from tests.helpers import stop_and_check
 
 
 def _kill_supervisor(h: Harness, name: str) -> None:

@@ -21,16 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TREES, Harness, wait_for
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow  # starts a real sshd / Slurm cluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _which(name: str) -> str | None:
@@ -43,7 +38,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield from cluster(
         tmp_path_factory,
         "trainctltest",
-        f"SlurmdPort={_free_port()}\nNodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
+        f"SlurmdPort={free_port()}\nNodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
     )
 
 
@@ -86,7 +81,7 @@ StateSaveLocation={tmp}/state
 SlurmdSpoolDir={tmp}/spool{per_node}
 SlurmctldPidFile={tmp}/ctld.pid
 SlurmdPidFile={tmp}/d{per_node.replace("/", "-")}.pid
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 SlurmctldLogFile={tmp}/log/ctld.log
 SlurmdLogFile={tmp}/log/d{per_node.replace("/", "-")}.log
 JobAcctGatherType=jobacct_gather/none
@@ -292,7 +287,7 @@ def test_slurm_errors_are_one_line(sl: Harness, tmp_path: Path) -> None:
     assert "invalid partition" in bad.err.lower()
     conf = Path(h.env["SLURM_CONF"]).read_text()
     unreachable = tmp_path / "down.conf"
-    port = _free_port()
+    port = free_port()
     unreachable.write_text(
         "\n".join(
             f"SlurmctldPort={port}" if ln.startswith("SlurmctldPort=") else ln

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_state import sample
+from tests.state.test_state import sample
 from trainctl.launcher.config import _apply
 from trainctl.supervisor.errors import ConfigError, StateError
 from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, spec_from_doc, spec_to_doc

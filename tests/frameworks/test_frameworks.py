@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TREES, Harness, wait_for
-from tests.e2e.test_stop_trees import stop_and_check
+from tests.helpers import stop_and_check
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from tests.conftest import Harness, alive, wait_for
+from tests.helpers import stop_and_check
 
 TREES = [
     # (tree, args, expect killed after grace)
@@ -21,21 +22,6 @@ TREES = [
     ("scrubbed_env.py", (), True),
     ("stopped_child.py", (), False),
 ]
-
-
-def stop_and_check(h: Harness, name: str, *args: str) -> dict:  # type: ignore[type-arg]
-    before = h.job_pids(name)
-    assert before, "the job has no live process before stop"
-    res = h.tc("stop", name, "--json", *args, timeout=90)
-    assert res.rc == 0, res.out + res.err
-    doc = res.json()
-    assert isinstance(doc, dict)
-    assert doc["ok"] is True
-    assert not h.job_pids(name), "job processes survived the stop"
-    for pid, start in before.items():
-        assert not alive(pid, start)
-    h.assert_bystanders_alive()
-    return doc
 
 
 @pytest.mark.parametrize(("tree", "args", "killed"), TREES, ids=[t[0] for t in TREES])

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from tests.conftest import Harness
-from tests.e2e.test_stop_trees import stop_and_check
+from tests.helpers import stop_and_check
 
 
 def _start(h: Harness, *args: str, grace: float = 10, extra: tuple[str, ...] = ()) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
-from tests.e2e.test_stop_trees import stop_and_check
+from tests.helpers import stop_and_check
 
 
 def test_flags_take_the_same_durations_as_spec_keys(harness: Harness) -> None:
@@ -227,7 +227,7 @@ class Pane:
 def test_top_is_a_live_screen_driven_by_keys(harness: Harness) -> None:
     """Driven for real in a tmux pane: it shows the jobs, their progress and the GPUs,
     refreshes by itself, and quits on q."""
-    from tests.e2e.test_gpus import fake_gpus  # noqa: PLC0415
+    from tests.gpu.test_gpus import fake_gpus  # noqa: PLC0415
 
     h = harness
     fake_gpus(h, n=2)

@@ -12,7 +12,6 @@ hand; an unpinned torch would pull a multi-GB CUDA build).
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HELD_TICK_S, TREES, Harness, wait_for
-from tests.e2e.test_stop_trees import stop_and_check
+from tests.helpers import free_port, stop_and_check
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,12 +32,6 @@ pytestmark = [
 
 TRAIN = str(TREES / "torch_train.py")
 VENV_BIN = Path(sys.executable).parent
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 SHAPES = {
@@ -62,7 +55,7 @@ def _start(h: Harness, shape: str, *more: str) -> Path:
         "--cwd",
         str(h.tmp),
         "--env",
-        f"TORCH_TEST_PORT={_free_port()}",
+        f"TORCH_TEST_PORT={free_port()}",
         "--env",
         "OMP_NUM_THREADS=1",
         "--",

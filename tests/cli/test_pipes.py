@@ -1,0 +1,88 @@
+"""Output into a reader that has gone (`| head -1`, a quit pager, a dropped ssh).
+
+What the verb did stays done, its exit code says what it did, nothing is printed on
+stderr and no crash file appears. The reader's end is closed before trainctl writes a
+byte, so the very first write meets EPIPE.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRAINCTL, Harness
+
+
+def closed_reader(h: Harness, *args: str, fastpath: bool = True) -> tuple[int, str, list[Path]]:
+    """Run trainctl with stdout on a pipe nobody reads; return (rc, stderr, crash files)."""
+    crashes = h.tmp / "crashes"
+    crashes.mkdir(exist_ok=True)
+    env = {**h.env, "TMPDIR": str(crashes)}
+    if not fastpath:
+        env["TRAINCTL_NO_FASTPATH"] = "1"
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write
+    try:
+        p = subprocess.run(
+            [*TRAINCTL, *args],
+            env=env,
+            stdout=w,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(w)
+    return p.returncode, p.stderr, sorted(crashes.glob("trainctl-crash-*"))
+
+
+@pytest.mark.parametrize("fastpath", [True, False], ids=["fast path", "click"])
+def test_status_into_a_closed_pipe_keeps_its_exit_code(harness: Harness, fastpath: bool) -> None:
+    h = harness
+    h.tc("start", "--name", "p", "--", "sleep", "600", check=True)
+    rc, err, crashes = closed_reader(h, "status", "p", fastpath=fastpath)
+    assert (rc, err, crashes) == (0, "", [])
+    h.tc("stop", "p", check=True)
+    rc, err, crashes = closed_reader(h, "status", "p", fastpath=fastpath)
+    assert (rc, err, crashes) == (3, "", [])  # 3: not running, as on a terminal
+
+
+@pytest.mark.parametrize("fastpath", [True, False], ids=["fast path", "click"])
+def test_stop_into_a_closed_pipe_stops_and_exits_0(harness: Harness, fastpath: bool) -> None:
+    h = harness
+    h.tc("start", "--name", "p", "--", "sleep", "600", check=True)
+    pids = h.job_pids("p")
+    assert pids
+    rc, err, crashes = closed_reader(h, "stop", "p", fastpath=fastpath)
+    assert (rc, err, crashes) == (0, "", [])
+    assert not h.job_pids("p")
+    assert h.tc("status", "p", "--json").json()["state"] == "stopped"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("list",), ("ps", "p"), ("logs", "p"), ("top", "--once"), ("status", "p", "--json")],
+    ids=" ".join,
+)
+def test_read_only_verbs_into_a_closed_pipe_end_quietly(
+    harness: Harness, args: tuple[str, ...]
+) -> None:
+    h = harness
+    h.tc("start", "--name", "p", "--", "sh", "-c", "seq 1 5000; sleep 600", check=True)
+    rc, err, crashes = closed_reader(h, *args)
+    assert (rc, err, crashes) == (0, "", [])
+    h.tc("stop", "p", check=True)
+
+
+def test_an_error_is_the_same_line_and_code_on_both_paths(harness: Harness) -> None:
+    h = harness
+    fast = h.tc("status", "ghost")
+    slow = h.tc("status", "ghost", env={**h.env, "TRAINCTL_NO_FASTPATH": "1"})
+    assert (fast.rc, fast.err) == (slow.rc, slow.err)
+    assert fast.rc == 2
+    assert fast.err.strip() == f"trainctl: error: no job named 'ghost' (in {h.home})"

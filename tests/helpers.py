@@ -1,0 +1,45 @@
+"""Assertions and helpers shared by the test areas (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from tests.conftest import Harness, alive
+
+
+def one_line_error(res: Any, rc: int, needle: str) -> None:
+    """The command failed with ``rc`` and said why in one stderr line holding ``needle``."""
+    assert res.rc == rc, (res.rc, res.out, res.err)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1, res.err
+    assert needle in lines[0], lines[0]
+
+
+def one_line(res: Any) -> None:
+    """stderr is one line and no traceback (whatever the exit code)."""
+    assert len(res.err.strip().splitlines()) == 1, res.err
+    assert "Traceback" not in res.err
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_and_check(h: Harness, name: str, *args: str) -> dict[str, Any]:
+    """Stop job ``name``; assert exit 0, ok, no member left, every bystander alive."""
+    before = h.job_pids(name)
+    assert before, "the job has no live process before stop"
+    res = h.tc("stop", name, "--json", *args, timeout=90)
+    assert res.rc == 0, res.out + res.err
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["ok"] is True
+    assert not h.job_pids(name), "job processes survived the stop"
+    for pid, start in before.items():
+        assert not alive(pid, start)
+    h.assert_bystanders_alive()
+    return doc
