@@ -20,9 +20,10 @@ from trainctl.supervisor.proctree import target_of
 
 from .config import resolve_home
 from .inputs import parse_env, parse_seconds, parse_signal
-from .ops.jobs import existing_job, live_members, remove_job, wait_job
+from .ops.jobs import existing_job, live_members, wait_job
 from .ops.logs import log_lines
 from .ops.ps import job_ps
+from .ops.remove import remove_job
 from .ops.start import build_spec, restart_job, start_job
 from .ops.status import all_statuses, job_status
 from .ops.stop import check_checkpoint, stop_exit_code, stop_job

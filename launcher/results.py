@@ -9,9 +9,10 @@ nothing here prints. A dict appears only where a JSON document is read or writte
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from trainctl.supervisor.records import record
 from trainctl.supervisor.reports import GpuRelease, StopReport
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.state import JobState, Phase
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Checkpoint:
     """A checkpoint file (or directory marker) on disk."""
 
@@ -50,7 +51,7 @@ class Checkpoint:
         return max(0.0, time.time() - self.mtime)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class CheckpointInfo:
     """What `stop` and `restart` saw of checkpoints before the first signal."""
 
@@ -70,7 +71,7 @@ class CheckpointInfo:
         return doc
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuRequest:
     """`--gpus SPEC [--share] [--force]`: a request string, or exact indices (restart)."""
 
@@ -79,7 +80,7 @@ class GpuRequest:
     force: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class SlurmAgent:
     """One node agent of a Slurm job, as it last published itself."""
 
@@ -92,7 +93,7 @@ class SlurmAgent:
     stopped: bool  # published its stop report
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Seen:
     """A job's run as its backend sees it now."""
 
@@ -112,7 +113,7 @@ class Seen:
     processes: list[PsRow] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class SlurmView:
     """What Slurm and the node agents say about a Slurm job now."""
 
@@ -124,7 +125,7 @@ class SlurmView:
     agents: list[SlurmAgent] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@record()
 class NodeStop:
     """How one node of a Slurm job was proven stopped (or not)."""
 
@@ -136,7 +137,7 @@ class NodeStop:
     by: str | None = None  # its agent, a sweep job, or this host's sweep
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class SlurmVerdict:
     """Slurm's answer about one job: its state, why, where, and how it ended."""
 
@@ -147,7 +148,7 @@ class SlurmVerdict:
     exit_code: int | None = None
 
 
-@dataclass(slots=True)
+@record()
 class SlurmStopReport:
     """What a stop of a Slurm job did: the node agents' stops, Slurm's verdict, sweeps."""
 
@@ -184,7 +185,7 @@ def last_stop_of(st: JobState) -> StopReport | SlurmStopReport | None:
     return StopReport.from_doc(doc, where)
 
 
-@dataclass(slots=True)
+@record()
 class StopResult:
     """The outcome of `trainctl stop`."""
 
@@ -207,7 +208,7 @@ class StopResult:
         return [g for g in getattr(self.report, "gpus", []) if not g.ok]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StartResult:
     """A started run."""
 
@@ -223,7 +224,7 @@ class StartResult:
     warnings: list[str] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@record()
 class Status:
     """What `trainctl status NAME` shows (and `--json` emits)."""
 
@@ -265,7 +266,7 @@ class Status:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PsRow:
     """One process of a job, for `trainctl ps`."""
 

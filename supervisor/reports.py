@@ -8,13 +8,14 @@ field. Kept apart from the stop algorithm so that reading a report imports none 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from .records import record
 from .schema import build_document
 
 
-@dataclass(slots=True)
+@record()
 class GpuRelease:
     """The proof (or disproof) that one leased GPU was released by a stop.
 
@@ -35,7 +36,7 @@ class GpuRelease:
     holders: list[dict[str, Any]] = field(default_factory=list)  # everyone on it, when held
 
 
-@dataclass(slots=True)
+@record()
 class StopReport:
     """What a stop did and proved; rendered by the CLI and kept in state.json."""
 

@@ -9,12 +9,13 @@ verification :class:`GpuBinding`. spec.json stores the same sections as JSON obj
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from signal import Signals
 from typing import Any
 
 from .errors import ConfigError, StateError
+from .records import record
 
 SCHEMA = 1
 BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends/)
@@ -38,7 +39,7 @@ def parse_order(raw: object, what: str = "stop order") -> StopOrder:
         raise ConfigError(f"{what}: unknown stop order {raw!r} (use tree, all or main)") from None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopPolicy:
     """How a stop ends the job: its signal, its order and every duration of the sequence."""
 
@@ -58,7 +59,7 @@ class StopPolicy:
         return Signals[self.signal]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class RestartPolicy:
     """When the supervisor relaunches a failed run (see supervisor/policy.py)."""
 
@@ -69,7 +70,7 @@ class RestartPolicy:
     exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Watch:
     """What the supervisor watches in a training job: checkpoints, progress, stalls."""
 
@@ -82,7 +83,7 @@ class Watch:
     snapshot_interval_s: float = 3.0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class LogPolicy:
     """How logs/run-N.log is bounded."""
 
@@ -90,7 +91,7 @@ class LogPolicy:
     keep: int = 3  # rotated copies kept: run-N.log.1 ... run-N.log.KEEP
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Isolation:
     """Where the supervisor and the job are placed on a local host."""
 
@@ -98,7 +99,7 @@ class Isolation:
     systemd: bool = True  # on systemd hosts, run the supervisor in its own delegated scope
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuBinding:
     """The GPUs bound to the job, and how their release is proven after a stop."""
 
@@ -107,7 +108,7 @@ class GpuBinding:
     tolerance_mib: int = 512
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Spec:
     """What to run; the resolved form that `restart` reuses."""
 

@@ -19,7 +19,6 @@ from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState
 
 from . import StopRequest, spec_for_stop
-from .direct import stop_direct
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
 # to its successor, finishing a stop) before the CLI calls it mute.
@@ -45,6 +44,8 @@ def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the current run once: through its supervisor if it lives, else directly."""
     if supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
         return res
+    from .direct import stop_direct  # noqa: PLC0415  (the stop algorithm: when no supervisor)
+
     if req.lock_held:
         return stop_direct(jdir, spec, req)
     with state.job_lock(jdir, req.budget_s, "another stop"):

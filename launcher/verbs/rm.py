@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops.jobs import remove_job
+from trainctl.launcher.ops.remove import remove_job
 
 from . import Invocation
 
