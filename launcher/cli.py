@@ -198,6 +198,11 @@ _ckpt_opts = [
 ]
 
 
+def _ckpt(ask: bool, timeout: str, within: str | None, force: bool) -> Any:
+    """The checkpoint flags of stop and restart, as the verbs take them."""
+    return verbs.load("stop").CheckpointFlags(ask, timeout, within, force)
+
+
 def ckpt_options(f: Any) -> Any:
     """Add the checkpoint options shared by stop and restart."""
     for opt in reversed(_ckpt_opts):
@@ -268,10 +273,7 @@ def stop(
             order=order,
             main_only=main_only,
             gpu_timeout=gpu_timeout,
-            ask_checkpoint=ask_checkpoint,
-            checkpoint_timeout=checkpoint_timeout,
-            require_checkpoint_within=require_checkpoint_within,
-            force=force,
+            ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
         )
     )
@@ -303,10 +305,7 @@ def restart(
             c,
             name,
             grace=grace,
-            ask_checkpoint=ask_checkpoint,
-            checkpoint_timeout=checkpoint_timeout,
-            require_checkpoint_within=require_checkpoint_within,
-            force=force,
+            ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
         )
     )

@@ -75,15 +75,21 @@ def reap_all() -> None:
             return
 
 
-def baseline_stop(tmp: Path, width: int, depth: int) -> float:
-    """setsid-start the tree, SIGTERM its group, poll until no member is left."""
-    ready = tmp / "base.ready"
+def bare_tree(tmp: Path, width: int, depth: int, name: str) -> subprocess.Popen[bytes]:
+    """The tree started without trainctl, in its own session; returns once it is up."""
+    ready = tmp / f"{name}.ready"
     p = subprocess.Popen(
         [sys.executable, str(FANOUT), str(width), str(depth)],
         env={**os.environ, "TREE_READY": str(ready)},
         start_new_session=True,
     )
     wait_file(ready)
+    return p
+
+
+def baseline_stop(tmp: Path, width: int, depth: int) -> float:
+    """setsid-start the tree, SIGTERM its group, poll until no member is left."""
+    p = bare_tree(tmp, width, depth, "base")
     t0 = time.perf_counter()
     os.killpg(p.pid, signal.SIGTERM)
     while True:
@@ -345,13 +351,7 @@ def _group_gone(pgid: int) -> bool:
 
 def _shell_kill_stop(tmp: Path, width: int, depth: int) -> float:
     """The tree stopped by `kill -TERM -PGID` run from a shell: exec -> last one gone."""
-    ready = tmp / "sh.ready"
-    p = subprocess.Popen(
-        [sys.executable, str(FANOUT), str(width), str(depth)],
-        env={**os.environ, "TREE_READY": str(ready)},
-        start_new_session=True,
-    )
-    wait_file(ready)
+    p = bare_tree(tmp, width, depth, "sh")
     t0 = time.monotonic()
     killer = subprocess.Popen(["sh", "-c", f"kill -TERM -{p.pid}"])
     while not _group_gone(p.pid):

@@ -17,19 +17,29 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from trainctl.launcher.config import load_config
+from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.spec import BACKENDS, Spec, StopOrder, StopPolicy
 from trainctl.supervisor.state import JobState
 
-if TYPE_CHECKING:
-    from trainctl.launcher.config import Config
-
 Asked = Callable[[], None]  # called the moment a checkpoint request goes out
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """One start: the caller holds the job lock and checked that the name is free."""
+
+    home: Path
+    jdir: Path
+    spec: Spec
+    cfg: Config
+    gpus: GpuRequest | None
+    prev: JobState | None  # the job's previous run, if it had one
+    t0: float  # monotonic time the command began (StartResult.elapsed_s counts from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +83,7 @@ class Backend(Protocol):
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """Raise JobConflictError while the backend still runs or schedules ``prev``."""
 
-    def start(
-        self,
-        home: Path,
-        jdir: Path,
-        spec: Spec,
-        cfg: Config,
-        gpus: GpuRequest | None,
-        prev: JobState | None,
-        t0: float,
-    ) -> StartResult:
+    def start(self, req: StartRequest) -> StartResult:
         """Start the next run; the caller holds the job lock and checked the name is free."""
 
     def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:

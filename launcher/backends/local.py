@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.checkpoint import wait_new_checkpoint
-from trainctl.launcher.config import Config
-from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
+from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import (
     ConfigError,
@@ -28,7 +27,7 @@ from trainctl.supervisor.proctree import alive, scan, target_of
 from trainctl.supervisor.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.state import JobState
 
-from . import Asked, StopRequest
+from . import Asked, StartRequest, StopRequest
 
 
 class Local:
@@ -49,20 +48,11 @@ class Local:
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """Nothing beyond the supervisor and member checks every backend gets."""
 
-    def start(
-        self,
-        home: Path,
-        jdir: Path,
-        spec: Spec,
-        cfg: Config,
-        gpus: GpuRequest | None,
-        prev: JobState | None,
-        t0: float,
-    ) -> StartResult:
+    def start(self, req: StartRequest) -> StartResult:
         """Hand the run to a new supervisor; undo everything if that fails."""
         from .local_start import start_run  # noqa: PLC0415  (subprocess etc.: status never pays)
 
-        return start_run(home, jdir, spec, cfg, gpus, prev, t0)
+        return start_run(req)
 
     def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
         """Stop the run; a start or restart racing the stop loses to it.

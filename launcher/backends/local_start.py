@@ -8,49 +8,33 @@ import time
 import uuid
 from pathlib import Path
 
-from trainctl.launcher.config import Config
 from trainctl.launcher.gpus import gpu_env, resolve_gpus
-from trainctl.launcher.results import GpuRequest, StartResult
+from trainctl.launcher.results import StartResult
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.spec import Spec, StopOrder
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.state import Phase
 
-from . import StopRequest
+from . import StartRequest, StopRequest
 from .local_stop import stop_once
 
 
-def start_run(
-    home: Path,
-    jdir: Path,
-    spec: Spec,
-    cfg: Config,
-    gpus: GpuRequest | None,
-    prev: JobState | None,
-    t0: float,
-) -> StartResult:
+def start_run(req: StartRequest) -> StartResult:
     """Hand the next run to a new supervisor; undo everything if that fails."""
-    run = prev.run + 1 if prev else 1
+    run = req.prev.run + 1 if req.prev else 1
     marker = uuid.uuid4().hex
     try:
-        return _launch(home, jdir, spec, cfg, gpus, Handover(run, marker), t0)
+        return _launch(req, Handover(run, marker))
     except SpawnError as e:
-        _undo_failed_start(jdir, spec, marker, str(e))
+        _undo_failed_start(req.jdir, req.spec, marker, str(e))
         raise
 
 
-def _launch(
-    home: Path,
-    jdir: Path,
-    spec: Spec,
-    cfg: Config,
-    gpus: GpuRequest | None,
-    ho: Handover,
-    t0: float,
-) -> StartResult:
+def _launch(req: StartRequest, ho: Handover) -> StartResult:
     """Spawn the run's supervisor (leasing GPUs first, if asked) and wait for its answer."""
+    home, jdir, spec, cfg, gpus = req.home, req.jdir, req.spec, req.cfg, req.gpus
     if gpus is None:
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     else:
@@ -76,7 +60,7 @@ def _launch(
         main_pid=reply.main_pid,
         mode=reply.mode,
         log=str(state.log_path(jdir, ho.run)),
-        elapsed_s=time.monotonic() - t0,
+        elapsed_s=time.monotonic() - req.t0,
         gpus=spec.gpu.indices,
         unit=reply.unit,
         warnings=[f"warning: {reply.warning}"] if reply.warning else [],

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.checkpoint import wait_new_checkpoint
-from trainctl.launcher.config import Config
 from trainctl.launcher.results import (
     Checkpoint,
-    GpuRequest,
     NodeStop,
     PsRow,
     Seen,
@@ -39,7 +37,7 @@ from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
 
-from . import Asked, StopRequest
+from . import Asked, StartRequest, StopRequest
 from .slurmctl import (
     agent_argv,
     query,
@@ -256,25 +254,16 @@ class Slurm:
                 f"{seen.slurm.job_id}); stop it first or choose another name"
             )
 
-    def start(
-        self,
-        home: Path,
-        jdir: Path,
-        spec: Spec,
-        cfg: Config,
-        gpus: GpuRequest | None,
-        prev: JobState | None,
-        t0: float,
-    ) -> StartResult:
+    def start(self, req: StartRequest) -> StartResult:
         """Submit the batch script; the node agents start the job on each node."""
-        st = submit(home, jdir, spec, prev)
+        st = submit(req.home, req.jdir, req.spec, req.prev)
         return StartResult(
-            name=spec.name,
+            name=req.spec.name,
             run=st.run,
             main_pid=None,
             mode="slurm",
-            log=str(state.log_path(jdir, st.run)),
-            elapsed_s=time.monotonic() - t0,
+            log=str(state.log_path(req.jdir, st.run)),
+            elapsed_s=time.monotonic() - req.t0,
             slurm_job_id=(st.slurm or {}).get("job_id"),
         )
 

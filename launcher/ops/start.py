@@ -148,7 +148,8 @@ def start_locked(
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         _refuse_if_live(jdir, prev)
-    return backends.backend(spec.backend).start(home, jdir, spec, cfg, gpus, prev, t0)
+    req = backends.StartRequest(home, jdir, spec, cfg, gpus, prev, t0)
+    return backends.backend(spec.backend).start(req)
 
 
 def _refuse_if_live(jdir: Path, prev: JobState) -> None:

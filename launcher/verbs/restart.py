@@ -8,7 +8,7 @@ from trainctl.launcher.inputs import parse_seconds
 from trainctl.launcher.ops.start import restart_job
 
 from . import Invocation
-from .stop import DEFAULT_CHECKPOINT_TIMEOUT, prepare
+from .stop import NO_CHECKPOINT, CheckpointFlags, prepare
 
 
 def run(
@@ -16,23 +16,12 @@ def run(
     name: str,
     *,
     grace: str | None = None,
-    ask_checkpoint: bool = False,
-    checkpoint_timeout: str = DEFAULT_CHECKPOINT_TIMEOUT,
-    require_checkpoint_within: str | None = None,
-    force: bool = False,
+    ckpt: CheckpointFlags = NO_CHECKPOINT,
     as_json: bool = False,
 ) -> int:
     """Restart job NAME on the same GPUs; refuse while anything of the old run survives."""
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
-    pre = prepare(
-        inv,
-        name,
-        ask=ask_checkpoint,
-        timeout=checkpoint_timeout,
-        within=require_checkpoint_within,
-        force=force,
-        quiet=as_json,
-    )
+    pre = prepare(inv, name, ckpt, quiet=as_json)
     stopped, started = restart_job(inv.home, name, inv.cfg, grace_s=grace_s)
     if as_json:
         render.emit_json(

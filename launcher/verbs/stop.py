@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from trainctl.launcher import render
 from trainctl.launcher.inputs import parse_duration, parse_seconds
@@ -17,25 +18,33 @@ from . import Invocation
 DEFAULT_CHECKPOINT_TIMEOUT = "10m"
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointFlags:
+    """`--checkpoint`, `--checkpoint-timeout`, `--require-checkpoint-within`, `--force`."""
+
+    ask: bool = False
+    timeout: str = DEFAULT_CHECKPOINT_TIMEOUT
+    within: str | None = None
+    force: bool = False  # past the age limit; for stop, also end a mute supervisor
+
+
+NO_CHECKPOINT = CheckpointFlags()  # the flags' defaults: show the newest, ask for nothing
+
+
 def prepare(
-    inv: Invocation,
-    name: str,
-    *,
-    ask: bool = False,
-    timeout: str = DEFAULT_CHECKPOINT_TIMEOUT,
-    within: str | None = None,
-    force: bool = False,
-    quiet: bool = False,
+    inv: Invocation, name: str, flags: CheckpointFlags, *, quiet: bool = False
 ) -> CheckpointInfo:
     """Before a stop or restart: show the newest checkpoint, check its age, ask for one.
 
     Everything here happens before any stop signal; a refusal changes nothing.
     """
-    timeout_s = parse_duration(timeout, "--checkpoint-timeout")
+    ask = flags.ask
+    timeout_s = parse_duration(flags.timeout, "--checkpoint-timeout")
+    within = flags.within
     within_s = None if within is None else parse_duration(within, "--require-checkpoint-within")
     say = (lambda _line: None) if quiet else render.line
     info, spec, overridden = check_checkpoint(
-        inv.home, name, require_within_s=within_s, ask=ask, force=force
+        inv.home, name, require_within_s=within_s, ask=ask, force=flags.force
     )
     if spec is None or spec.watch.checkpoint is None:
         return info
@@ -61,10 +70,7 @@ def run(
     order: str | None = None,
     main_only: bool = False,
     gpu_timeout: str | None = None,
-    ask_checkpoint: bool = False,
-    checkpoint_timeout: str = DEFAULT_CHECKPOINT_TIMEOUT,
-    require_checkpoint_within: str | None = None,
-    force: bool = False,
+    ckpt: CheckpointFlags = NO_CHECKPOINT,
     as_json: bool = False,
 ) -> int:
     """Stop job NAME; exit 0 only when nothing of it survives and its GPUs are free."""
@@ -72,16 +78,8 @@ def run(
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
     how = resolve_order(order, main_only=main_only)
-    pre = prepare(
-        inv,
-        name,
-        ask=ask_checkpoint,
-        timeout=checkpoint_timeout,
-        within=require_checkpoint_within,
-        force=force,
-        quiet=as_json,
-    )
-    home = inv.home
+    pre = prepare(inv, name, ckpt, quiet=as_json)
+    home, force = inv.home, ckpt.force
     res = run_with_feedback(
         job_dir(home, name),
         name,
