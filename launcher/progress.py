@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from trainctl.launcher.results import Progress
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, log_path
 from trainctl.supervisor.steps import number, numbers, progress_of, steps_path, tail_lines
@@ -20,23 +19,6 @@ from trainctl.supervisor.steps import number, numbers, progress_of, steps_path, 
 TAIL_BYTES = 256 * 1024
 RATE_WINDOW = 20  # supervisor samples (about 15 s apart) in the ETA's window: ~5 min
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass(slots=True)
-class Progress:
-    """What `status` says about training progress."""
-
-    step: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    steps_per_s: float | None = None
-    total_steps: int | None = None
-    eta_s: float | None = None
-    main_metric: str | None = None
-    history: list[float] = field(default_factory=list)
-
-    def to_doc(self) -> dict[str, Any]:
-        """Return the JSON form (numbers stay numbers)."""
-        return asdict(self)
 
 
 def _points(jdir: Path, st: JobState, spec: Spec) -> list[dict[str, float]]:

@@ -14,6 +14,7 @@ the remote exit code becomes ours.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -260,8 +261,42 @@ def _classify(host: Host, code: int, err: _Stderr) -> int:
     raise RemoteError(f"remote shell on {host.name} failed (exit {code}): {detail or 'no output'}")
 
 
-def check_host(host: Host) -> dict[str, Any]:
-    """Return {reachable, trainctl, version, compatible, error} for `trainctl hosts --check`."""
+@dataclass(frozen=True, slots=True)
+class HostCheck:
+    """What `trainctl hosts --check` found on one host."""
+
+    reachable: bool
+    trainctl: bool = False  # found on the remote PATH
+    version: str | None = None
+    compatible: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostRow:
+    """One alias of hosts.toml, and its check when one was asked for."""
+
+    host: Host
+    check: HostCheck | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form: the alias's keys, then the check's (its `trainctl`: found or not)."""
+        h = self.host
+        doc: dict[str, Any] = {
+            "name": h.name,
+            "target": h.target,
+            "port": h.port,
+            "prefix": " ".join(h.prefix),
+            "trainctl": h.trainctl,
+            "home": h.home,
+        }
+        if self.check is not None:  # `trainctl` now says whether it was found there
+            doc.update(dataclasses.asdict(self.check))
+        return doc
+
+
+def check_host(host: Host) -> HostCheck:
+    """Connect to ``host``: reachable, trainctl found there, its version compatible."""
     argv = ssh_argv(host, ["--version"])
     try:
         p = subprocess.run(
@@ -273,7 +308,7 @@ def check_host(host: Host) -> dict[str, Any]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"reachable": False, "error": "timed out"}
+        return HostCheck(reachable=False, error="timed out")
     err = _Stderr()
     lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
     err.connected = len(lines) != len(p.stderr.splitlines())
@@ -283,14 +318,9 @@ def check_host(host: Host) -> dict[str, Any]:
     try:
         _classify(host, p.returncode, err)
     except RemoteError as e:
-        return {"reachable": err.ready or p.returncode != 255, "trainctl": False, "error": str(e)}
+        return HostCheck(reachable=err.ready or p.returncode != 255, error=str(e))
     version = p.stdout.strip().rsplit(" ", 1)[-1] if p.returncode == 0 else None
-    return {
-        "reachable": True,
-        "trainctl": True,
-        "version": version,
-        "compatible": compatible(version or ""),
-    }
+    return HostCheck(True, trainctl=True, version=version, compatible=compatible(version or ""))
 
 
 def compatible(remote_version: str) -> bool:

@@ -17,17 +17,21 @@ from .progress import sparkline
 from .results import (
     Checkpoint,
     CheckpointInfo,
+    Failure,
     GpuRelease,
+    Progress,
     PsRow,
     SlurmStopReport,
     StartResult,
     Status,
     StopReport,
     StopResult,
+    Survivor,
 )
 
 if TYPE_CHECKING:
     from .gpus import GpuView
+    from .remote import HostRow
 
 
 def line(text: str) -> None:
@@ -150,9 +154,7 @@ NAMED_LINES = 8  # processes named one by one in the human report; --json has up
 def _stop_details(r: StopReport) -> None:
     """Who got the signal and when, who exited on it, who was launcher, who was killed."""
     for launcher in r.launchers:
-        print(
-            f"  launcher   pid {launcher['pid']} {clean(launcher['cmd'])[:60]} ({launcher['why']})"
-        )
+        print(f"  launcher   pid {launcher.pid} {clean(launcher.cmd)[:60]} ({launcher.why})")
         print("             skipped for its workers; it gets the signal only if it outlives them")
     ex = r.exit_s
     timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
@@ -161,13 +163,13 @@ def _stop_details(r: StopReport) -> None:
         f"{r.exited_on_signal} exited on it{timing}"
     )
     for p in r.sent[:NAMED_LINES]:
-        if p["exit_s"] is None:
+        if p.exit_s is None:
             gone = "still running"
-        elif p.get("killed"):
-            gone = f"SIGKILLed {p['exit_s']:.2f} s later"
+        elif p.killed:
+            gone = f"SIGKILLed {p.exit_s:.2f} s later"
         else:
-            gone = f"exited after {p['exit_s']:.2f} s"
-        print(f"    pid {p['pid']:<7} at +{p['at_s']:.2f} s, {gone}: {clean(p['cmd'])[:70]}")
+            gone = f"exited after {p.exit_s:.2f} s"
+        print(f"    pid {p.pid:<7} at +{p.at_s or 0:.2f} s, {gone}: {clean(p.cmd)[:70]}")
     if len(r.sent) > NAMED_LINES or r.signalled > len(r.sent):
         more = r.signalled - min(len(r.sent), NAMED_LINES)
         print(f"    ... and {more} more (--json names up to 64)")
@@ -178,7 +180,7 @@ def _stop_details(r: StopReport) -> None:
         )
     print(f"  SIGKILL    {r.killed} killed after the {r.grace_s:g} s grace")
     for p in r.killed_procs[:NAMED_LINES]:
-        print(f"    pid {p['pid']:<7} {clean(p['cmd'])[:80]}")
+        print(f"    pid {p.pid:<7} {clean(p.cmd)[:80]}")
     if r.killed > NAMED_LINES:
         print(f"    ... and {r.killed - NAMED_LINES} more (--json names up to 64)")
 
@@ -241,11 +243,10 @@ def clean(text: str) -> str:
     return text.translate(_CARET)
 
 
-def survivor_line(s: dict[str, Any]) -> str:
+def survivor_line(s: Survivor) -> str:
     """One report line for a process that outlived the stop."""
-    why = f" ({s['why']})" if s.get("why") else ""
-    wchan = s.get("wchan") or "-"
-    return f"  SURVIVOR   pid {s['pid']} state {s['state']} wchan {wchan}{why}: {clean(s['cmd'])}"
+    why = f" ({s.why})" if s.why else ""
+    return f"  SURVIVOR   pid {s.pid} state {s.state} wchan {s.wchan or '-'}{why}: {clean(s.cmd)}"
 
 
 def _warnings(res: StopResult) -> None:
@@ -268,7 +269,7 @@ def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
         return f"{len(ls.survivors)} SURVIVED"
     if not ls.killed:
         return "clean"
-    who = ", ".join(f"{p['pid']} {clean(p['cmd'])[:40]}" for p in ls.killed_procs[:3])
+    who = ", ".join(f"{p.pid} {clean(p.cmd)[:40]}" for p in ls.killed_procs[:3])
     more = f" and {ls.killed - 3} more" if ls.killed > 3 else ""
     return f"{ls.killed} needed SIGKILL ({who}{more})"
 
@@ -414,39 +415,39 @@ def gpus(views: list[GpuView]) -> None:
             print("    (no process listed: NVML may not see other PID namespaces)")
 
 
-def hosts(rows: list[dict[str, Any]]) -> None:
+def hosts(rows: list[HostRow]) -> None:
     """Render `trainctl hosts`."""
     for r in rows:
-        line = f"{r['name']:<16} {r['target']}"
-        if r.get("port"):
-            line += f":{r['port']}"
-        if r.get("prefix"):
-            line += f"  via `{r['prefix']}`"
-        if "reachable" in r:
-            if r.get("error"):
-                line += f"  FAIL: {r['error']}"
+        h = r.host
+        line = f"{h.name:<16} {h.target}"
+        if h.port:
+            line += f":{h.port}"
+        if h.prefix:
+            line += f"  via `{' '.join(h.prefix)}`"
+        if r.check is not None:
+            if r.check.error:
+                line += f"  FAIL: {r.check.error}"
             else:
-                ok = "ok" if r.get("compatible") else "INCOMPATIBLE"
-                line += f"  trainctl {r.get('version')} ({ok})"
+                ok = "ok" if r.check.compatible else "INCOMPATIBLE"
+                line += f"  trainctl {r.check.version} ({ok})"
         print(line)
 
 
-def progress_line(p: dict[str, Any]) -> str:
+def progress_line(p: Progress) -> str:
     """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`."""
-    step = p.get("step")
-    total = p.get("total_steps")
+    step, total = p.step, p.total_steps
     parts = [
         f"step {step:g}"
         + (f"/{total} ({100 * step / total:.0f}%)" if total and step is not None else "")
     ]
-    for k, v in list(p.get("metrics", {}).items())[:3]:
+    for k, v in list(p.metrics.items())[:3]:
         parts.append(f"{k} {v:.4g}")
-    if p.get("history") and len(p["history"]) > 1:
-        parts.append(sparkline(p["history"]))
-    if p.get("steps_per_s"):
-        parts.append(f"{p['steps_per_s']:.2f} steps/s")
-    if p.get("eta_s") is not None:
-        parts.append(f"ETA {duration(p['eta_s'])}")
+    if len(p.history) > 1:
+        parts.append(sparkline(p.history))
+    if p.steps_per_s:
+        parts.append(f"{p.steps_per_s:.2f} steps/s")
+    if p.eta_s is not None:
+        parts.append(f"ETA {duration(p.eta_s)}")
     return "  ".join(parts)
 
 
@@ -468,15 +469,15 @@ def _status_details(s: Status) -> None:
     if s.gpus:
         print(f"  gpus {','.join(map(str, s.gpus))}")
     if s.restarts or s.restart_in_s is not None:
-        lf = s.last_failure or {}
+        lf = s.last_failure or Failure()
         nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
         print(
-            f"  restarts {s.restarts}; last failure: run {lf.get('run')} "
-            f"({lf.get('reason')}, exit code {lf.get('exit_code')}){nxt}"
+            f"  restarts {s.restarts}; last failure: run {lf.run} "
+            f"({lf.reason}, exit code {lf.exit_code}){nxt}"
         )
     if s.checkpoint:
         ck = s.checkpoint
-        print(f"  ckpt {ck['path']} ({duration(ck['age_s'])} old)")
+        print(f"  ckpt {ck.path} ({duration(ck.age_s)} old)")
     if s.progress:
         print(f"  prog {progress_line(s.progress)}")
     if s.code_changed:

@@ -13,16 +13,20 @@ from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import GpuRelease, StopReport
+from trainctl.supervisor.reports import GpuRelease, NamedProc, StopReport, Survivor
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.state import JobState, Phase
 
 __all__ = [
     "Checkpoint",
     "CheckpointInfo",
+    "CheckpointSeen",
+    "Failure",
     "GpuRelease",
     "GpuRequest",
+    "NamedProc",
     "NodeStop",
+    "Progress",
     "PsRow",
     "Seen",
     "SlurmAgent",
@@ -33,6 +37,7 @@ __all__ = [
     "Status",
     "StopReport",
     "StopResult",
+    "Survivor",
     "last_stop_of",
 ]
 
@@ -49,6 +54,42 @@ class Checkpoint:
     def age_s(self) -> float:
         """Seconds since it was written."""
         return max(0.0, time.time() - self.mtime)
+
+
+@record()
+class Progress:
+    """What `status` says about training progress."""
+
+    step: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps_per_s: float | None = None
+    total_steps: int | None = None
+    eta_s: float | None = None
+    main_metric: str | None = None
+    history: list[float] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form (numbers stay numbers)."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class CheckpointSeen:
+    """The newest checkpoint as `status` shows it."""
+
+    path: str
+    age_s: float
+    size: int
+
+
+@record(frozen=True)
+class Failure:
+    """The run whose failure the restart policy answered (state.json last_failure)."""
+
+    run: int | None = None
+    exit_code: int | None = None
+    at: float | None = None
+    reason: str | None = None
 
 
 @record(frozen=True)
@@ -133,7 +174,7 @@ class NodeStop:
     ok: bool = False
     found: int | None = None
     killed: int | None = None
-    survivors: list[dict[str, Any]] = field(default_factory=list)
+    survivors: list[Survivor] = field(default_factory=list)
     by: str | None = None  # its agent, a sweep job, or this host's sweep
 
 
@@ -160,14 +201,14 @@ class SlurmStopReport:
     cancelled_after_grace: bool = False
     local_leftovers: int = 0
     sweep_jobs: list[str] = field(default_factory=list)
-    survivors: list[dict[str, Any]] = field(default_factory=list)
+    survivors: list[Survivor] = field(default_factory=list)
     total_s: float = 0.0
     ok: bool = False  # fails closed: only a report that proves the job gone says True
     already_stopped: bool = False
     mode: str = "slurm"
     reason: str = "stop"
     killed: int = 0  # the verdict line of `status` reads it from every kind of report
-    killed_procs: list[dict[str, Any]] = field(default_factory=list)
+    killed_procs: list[NamedProc] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -253,11 +294,11 @@ class Status:
     unit: str | None = None  # the run's systemd scope
     gpus: list[int] = field(default_factory=list)
     restarts: int = 0
-    last_failure: dict[str, Any] | None = None
+    last_failure: Failure | None = None
     restart_in_s: float | None = None
     stalled_for_s: float | None = None
-    checkpoint: dict[str, Any] | None = None  # newest: path, age_s, size
-    progress: dict[str, Any] | None = None
+    checkpoint: CheckpointSeen | None = None  # the newest one
+    progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
 

@@ -7,6 +7,7 @@ its line; unknown keys are errors, never silently ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import tomllib
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.records import record
 from trainctl.supervisor.spec import parse_order
 
 from .inputs import check_env_key, parse_duration, parse_signal
@@ -164,6 +166,59 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
 }
 
 
+@record(frozen=True)
+class SpecDraft:
+    """The spec keys a start was given, each checked; None: not given at this layer.
+
+    A start merges three drafts, each later one winning key by key: the spec file, then
+    every ``--set``, then the flags. The field names are the spec file's keys (``KEYS``).
+    """
+
+    name: str | None = None
+    argv: list[str] | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    grace: float | None = None
+    stop_signal: str | None = None
+    stop_order: str | None = None
+    kill_wait: float | None = None
+    log_max_size: int | None = None
+    log_keep: int | None = None
+    gpus: str | None = None
+    share: bool | None = None
+    force: bool | None = None
+    gpu_timeout: float | None = None
+    checkpoint: str | None = None
+    checkpoint_signal: str | None = None
+    progress_regex: str | None = None
+    total_steps: int | None = None
+    stall_timeout: float | None = None
+    on_stall: str | None = None
+    restart: str | None = None
+    max_restarts: int | None = None
+    restart_backoff: float | None = None
+    restart_backoff_max: float | None = None
+    restart_exit_codes: list[int] | None = None
+    backend: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    sbatch_args: list[str] | None = None
+
+    def merged(self, later: SpecDraft) -> SpecDraft:
+        """This draft with every key ``later`` gives; ``env`` is merged, later winning."""
+        given = {k: v for k, v in later.given().items() if k != "env"}
+        env = {**(self.env or {}), **(later.env or {})}
+        return dataclasses.replace(self, **given, env=env or None)
+
+    def given(self) -> dict[str, Any]:
+        """The keys this draft sets, by name (for messages and the Slurm section)."""
+        return {
+            f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None
+        }
+
+
 def _line_of(text: str, key: str) -> int | None:
     for n, line in enumerate(text.splitlines(), 1):
         if re.match(rf"^\s*{re.escape(key)}\s*=", line):
@@ -171,7 +226,7 @@ def _line_of(text: str, key: str) -> int | None:
     return None
 
 
-def load_spec_file(path: str) -> dict[str, Any]:
+def load_spec_file(path: str) -> SpecDraft:
     """Read and validate a job spec file; relative ``cwd`` is relative to the file."""
     p = Path(path).expanduser()
     try:
@@ -195,10 +250,10 @@ def load_spec_file(path: str) -> dict[str, Any]:
         out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
     elif "argv" in out:
         out["cwd"] = str(p.parent.resolve())
-    return out
+    return SpecDraft(**out)
 
 
-def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+def parse_sets(pairs: tuple[str, ...] | list[str]) -> SpecDraft:
     """Parse ``--set key=value`` (the value is TOML when it parses as TOML, else a string)."""
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -213,4 +268,4 @@ def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
         except tomllib.TOMLDecodeError:
             value = raw
         out[key] = KEYS[key](value, f"--set {key}")
-    return out
+    return SpecDraft(**out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -125,7 +126,7 @@ def main(argv: list[str]) -> int:
         found=report.found,
         killed=report.killed,
         ok=report.ok,
-        survivors=report.survivors,
+        survivors=[dataclasses.asdict(sv) for sv in report.survivors],
     )
     return exit_code_of(status) if status is not None else 143
 

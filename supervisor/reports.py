@@ -15,6 +15,37 @@ from .records import record
 from .schema import build_document
 
 
+@record(frozen=True)
+class NamedProc:
+    """A process a report names: its pid and command (and, for the stop signal, when)."""
+
+    pid: int
+    cmd: str = ""
+    at_s: float | None = None  # the stop signal, seconds after the stop began
+    exit_s: float | None = None  # its exit, seconds after its signal (None: not seen gone)
+    killed: bool = False  # it needed SIGKILL
+    why: str | None = None  # a launcher: why it was taken for one
+
+
+@record(frozen=True)
+class Survivor:
+    """A process that outlived the stop: enough to see why (state, wchan, owner)."""
+
+    pid: int
+    state: str = "?"
+    wchan: str | None = None
+    cmd: str = ""
+    why: str | None = None
+
+
+@record(frozen=True)
+class Zombie:
+    """A member that has exited and waits for its parent to reap it (harmless)."""
+
+    pid: int
+    ppid: int = 0
+
+
 @record()
 class GpuRelease:
     """The proof (or disproof) that one leased GPU was released by a stop.
@@ -55,12 +86,12 @@ class StopReport:
     exited_unsignalled: int = 0  # exited within the grace without it (a parent shut them down)
     exit_s: dict[str, float] = field(default_factory=dict)  # signal -> exit: first/median/last
     killed: int = 0
-    launchers: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd, why
+    launchers: list[NamedProc] = field(default_factory=list)  # pid, cmd, why
     # per process, up to REPORT_NAMED each: pid, cmd, at_s (since the stop began), exit_s
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    killed_procs: list[dict[str, Any]] = field(default_factory=list)  # pid, cmd
-    survivors: list[dict[str, Any]] = field(default_factory=list)
-    zombies: list[dict[str, Any]] = field(default_factory=list)
+    sent: list[NamedProc] = field(default_factory=list)
+    killed_procs: list[NamedProc] = field(default_factory=list)  # pid, cmd
+    survivors: list[Survivor] = field(default_factory=list)
+    zombies: list[Zombie] = field(default_factory=list)
     total_s: float = 0.0
     gone_s: float | None = None  # from the stop's start until its last member was seen gone
     ok: bool = False

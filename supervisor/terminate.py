@@ -23,13 +23,13 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict
 
 from . import cgroup as cg
 from . import procfs
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup
-from .reports import StopReport
+from .reports import NamedProc, StopReport, Survivor, Zombie
 from .roster import Held, Roster
 from .spec import StopOrder, StopPolicy
 from .state import ProcRef
@@ -415,7 +415,7 @@ def _count_exits(report: StopReport, tr: _Tracker, plan: Planner) -> None:
 
 def _escalate(
     tr: _Tracker, target: Target, policy: StopPolicy, emit: Emit
-) -> tuple[int, list[dict[str, Any]]]:
+) -> tuple[int, list[NamedProc]]:
     """Freeze what is left so nothing can fork, SIGKILL all of it, wait for it to go.
 
     Returns how many were killed and, for up to REPORT_NAMED of them, pid and command
@@ -431,7 +431,7 @@ def _escalate(
         frozen_by="cgroup" if frozen else "sigstop",
         remaining=len(victims),
         stop_rounds=stopped,
-        victims=named,
+        victims=[asdict(n) for n in named],
     )
     killed = 0
     if target.cgroup is not None:
@@ -449,8 +449,8 @@ def _escalate(
     return max(killed, len(victims)), named
 
 
-def _named(ref: ProcRef) -> dict[str, Any]:
-    return {"pid": ref.pid, "cmd": procfs.read_cmdline(ref.pid)[:200]}
+def _named(ref: ProcRef) -> NamedProc:
+    return NamedProc(ref.pid, procfs.read_cmdline(ref.pid)[:200])
 
 
 def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) -> int:
@@ -479,40 +479,36 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
             report.by_net[net] = report.by_net.get(net, 0) + 1
     report.escaped = sum(1 for m in tr.known.values() if m.escaped)
     report.launchers = [
-        {"pid": ref.pid, "cmd": tr.cmd(ref), "why": why} for ref, why in plan.launchers.items()
+        NamedProc(ref.pid, tr.cmd(ref), why=why) for ref, why in plan.launchers.items()
     ]
     for ref, at in list(plan.sent.items())[:REPORT_NAMED]:
         gone = tr.gone_at.get(ref)
+        exit_s = None if gone is None else round(max(0.0, gone - at), 4)
         report.sent.append(
-            {
-                "pid": ref.pid,
-                "cmd": tr.cmd(ref),
-                "at_s": round(at - t0, 4),
-                "exit_s": None if gone is None else round(max(0.0, gone - at), 4),
-                "killed": ref in tr.killed,
-            }
+            NamedProc(ref.pid, tr.cmd(ref), round(at - t0, 4), exit_s, ref in tr.killed)
         )
     for ref in left:
         st = procfs.read_stat(ref.pid)
         uid = procfs.read_uid(ref.pid)
-        survivor = {
-            "pid": ref.pid,
-            "state": st.state if st else "?",
-            "wchan": procfs.read_wchan(ref.pid),
-            "cmd": procfs.read_cmdline(ref.pid)[:200],
-        }
-        if uid is not None and uid != os.geteuid() and os.geteuid() != 0:
-            survivor["why"] = f"not permitted to signal it: owned by uid {uid}"
-        report.survivors.append(survivor)
+        foreign = uid is not None and uid != os.geteuid() and os.geteuid() != 0
+        report.survivors.append(
+            Survivor(
+                ref.pid,
+                st.state if st else "?",
+                procfs.read_wchan(ref.pid),
+                procfs.read_cmdline(ref.pid)[:200],
+                f"not permitted to signal it: owned by uid {uid}" if foreign else None,
+            )
+        )
     for ref in tr.known:
         st = procfs.read_stat(ref.pid)
         if st is not None and st.start_ticks == ref.start_ticks and st.state == "Z":
-            report.zombies.append({"pid": ref.pid, "ppid": st.ppid})
+            report.zombies.append(Zombie(ref.pid, st.ppid))
     report.ok = not left
     report.total_s = round(time.monotonic() - t0, 4)
     exits = [at for ref, at in tr.gone_at.items() if ref not in tr.found_dead]
     report.gone_s = round(max(exits) - t0, 4) if exits and not left else None
     if left:
-        emit("survivors", survivors=report.survivors)
+        emit("survivors", survivors=[asdict(sv) for sv in report.survivors])
     emit("stop_report", **{k: v for k, v in report.to_doc().items() if k != "survivors"})
     return report

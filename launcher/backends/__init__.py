@@ -17,10 +17,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
+from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.spec import BACKENDS, Spec, StopOrder, StopPolicy
@@ -74,7 +75,7 @@ class Backend(Protocol):
 
     kind: str
 
-    def check_values(self, values: dict[str, Any]) -> None:
+    def check_values(self, draft: SpecDraft) -> None:
         """Refuse spec keys that make no sense for this backend (ConfigError)."""
 
     def seen(self, jdir: Path, st: JobState) -> Seen:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
+from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import (
     ConfigError,
@@ -35,9 +35,9 @@ class Local:
 
     kind = "local"
 
-    def check_values(self, values: dict[str, Any]) -> None:
+    def check_values(self, draft: SpecDraft) -> None:
         """Slurm's keys only make sense with --backend slurm."""
-        if keys := SLURM_KEYS & set(values):
+        if keys := SLURM_KEYS & set(draft.given()):
             raise ConfigError(f"{', '.join(sorted(keys))}: only with --backend slurm")
 
     def seen(self, jdir: Path, st: JobState) -> Seen:

@@ -13,7 +13,6 @@ import dataclasses
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import (
@@ -28,11 +27,13 @@ from trainctl.launcher.results import (
     StartResult,
     StopResult,
 )
+from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import nodefiles as nf
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError, JobConflictError, TrainctlError
+from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import Target, alive, scan
+from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
@@ -163,24 +164,34 @@ def _verify_nodes(jdir: Path, run: int, local_ok: bool) -> list[NodeStop]:
     here = socket.gethostname()
     nodes = []
     for rec in nf.read_records(jdir, run):
-        stop = rec.stop
         swept_here = rec.host == here and local_ok
+        stop = _node_report(rec)
         by = None
-        if stop:
-            by = "a sweep job" if stop.get("swept") else "its agent"
+        if stop is not None:
+            by = "a sweep job" if (rec.stop or {}).get("swept") else "its agent"
         elif swept_here:
             by = "this host's sweep"
         nodes.append(
             NodeStop(
                 rec.node,
-                ok=bool(stop and stop.get("ok") is True) or swept_here,
-                found=stop.get("found") if stop else None,
-                killed=stop.get("killed") if stop else None,
-                survivors=list(stop.get("survivors", [])) if stop else [],
+                ok=(stop is not None and stop.ok) or swept_here,
+                found=None if stop is None else stop.found,
+                killed=None if stop is None else stop.killed,
+                survivors=[] if stop is None else stop.survivors,
                 by=by,
             )
         )
     return nodes
+
+
+def _node_report(rec: nf.NodeRecord) -> StopReport | None:
+    """The stop report a node published, checked; None when it has none (or a bad one)."""
+    if rec.stop is None:
+        return None
+    try:
+        return StopReport.from_doc(rec.stop, f"node {rec.node}'s stop report")
+    except StateError:
+        return None  # an unreadable report proves nothing: the node stays unverified
 
 
 def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
@@ -193,15 +204,16 @@ class Slurm:
 
     kind = "slurm"
 
-    def check_values(self, values: dict[str, Any]) -> None:
+    def check_values(self, draft: SpecDraft) -> None:
         """--gpus binds this host's GPUs; Slurm allocates its own. A line break in any
         sbatch setting would start a new line of the batch script: a shell command."""
-        if values.get("gpus"):
+        if draft.gpus:
             raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
-        for key in ("partition", "time", "sbatch_args"):
-            value = values.get(key)
-            for item in value if isinstance(value, list | tuple) else [value]:
-                if isinstance(item, str) and ("\n" in item or "\r" in item):
+        settings = {"partition": [draft.partition], "time": [draft.time]}
+        settings["sbatch_args"] = list(draft.sbatch_args or [])
+        for key, items in settings.items():
+            for item in items:
+                if item is not None and ("\n" in item or "\r" in item):
                     raise ConfigError(f"{key}: a line break is not allowed ({item!r})")
 
     def seen(self, jdir: Path, st: JobState) -> Seen:

@@ -7,12 +7,13 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from trainctl.launcher import backends
 from trainctl.launcher.config import Config
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.results import GpuRequest, StartResult, StopResult
+from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.spec import (
@@ -29,6 +30,8 @@ from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
 
 from .jobs import existing_job, live_members
 from .stop import stop_job
+
+T = TypeVar("T")
 
 
 def _check_command(argv: list[str], cwd: str, env: dict[str, str]) -> None:
@@ -58,67 +61,71 @@ def build_spec(
     stop_signal: str | None = None,
 ) -> Spec:
     """Validate start flags and resolve them into a Spec (nothing is touched on disk)."""
-    values: dict[str, Any] = {"name": name, "argv": list(argv), "env": parse_env(env)}
-    if cwd:
-        values["cwd"] = os.path.abspath(os.path.expanduser(cwd))
-    if grace_s is not None:
-        values["grace"] = parse_seconds(grace_s, "--grace")
-    if stop_signal:
-        values["stop_signal"] = parse_signal(stop_signal)
-    return resolve_spec(values, cfg)
+    draft = SpecDraft(
+        name=name,
+        argv=list(argv),
+        env=parse_env(env),
+        cwd=os.path.abspath(os.path.expanduser(cwd)) if cwd else None,
+        grace=None if grace_s is None else parse_seconds(grace_s, "--grace"),
+        stop_signal=parse_signal(stop_signal) if stop_signal else None,
+    )
+    return resolve_spec(draft, cfg)
 
 
-def resolve_spec(values: dict[str, Any], cfg: Config, spec_file: str | None = None) -> Spec:
-    """Turn validated spec keys (file < --set < flags, already merged) into a Spec."""
-    if not values.get("name"):
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spec:
+    """Turn a merged draft (file < --set < flags) into a Spec, the config filling the rest."""
+    if not d.name:
         raise ConfigError("no job name: give --name or set name in the job spec")
-    state.check_name(values["name"])
-    argv = list(values.get("argv") or [])
+    state.check_name(d.name)
+    argv = list(d.argv or [])
     inherited = (*TRAINCTL_VARS, *TRANSPORT_VARS)
     full_env = {k: v for k, v in os.environ.items() if k not in inherited}
-    full_env.update(values.get("env", {}))
-    workdir = values.get("cwd") or os.getcwd()
-    backoff = values.get("restart_backoff", 5.0)
+    full_env.update(d.env or {})
+    workdir = d.cwd or os.getcwd()
+    backoff = _or(d.restart_backoff, 5.0)
+    given = d.given()
     spec = Spec(
-        name=values["name"],
+        name=d.name,
         argv=tuple(argv),
         cwd=workdir,
         env=full_env,
         stop=StopPolicy(
-            signal=values.get("stop_signal") or parse_signal(cfg.stop_signal),
-            grace_s=values.get("grace", cfg.grace_s),
-            kill_wait_s=values.get("kill_wait", cfg.kill_wait_s),
-            order=values.get("stop_order", cfg.stop_order),
+            signal=d.stop_signal or parse_signal(cfg.stop_signal),
+            grace_s=_or(d.grace, cfg.grace_s),
+            kill_wait_s=_or(d.kill_wait, cfg.kill_wait_s),
+            order=_or(d.stop_order, cfg.stop_order),
         ),
         restart=RestartPolicy(
-            mode=values.get("restart", "never"),
-            max_restarts=values.get("max_restarts", 3),
+            mode=_or(d.restart, "never"),
+            max_restarts=_or(d.max_restarts, 3),
             backoff_s=backoff,
-            backoff_max_s=max(backoff, values.get("restart_backoff_max", 300.0)),
-            exit_codes=tuple(values["restart_exit_codes"])
-            if "restart_exit_codes" in values
-            else None,
+            backoff_max_s=max(backoff, _or(d.restart_backoff_max, 300.0)),
+            exit_codes=None if d.restart_exit_codes is None else tuple(d.restart_exit_codes),
         ),
         watch=Watch(
-            checkpoint=values.get("checkpoint"),
-            checkpoint_signal=values.get("checkpoint_signal", "SIGUSR2"),
-            progress_regex=values.get("progress_regex"),
-            total_steps=values.get("total_steps"),
-            stall_timeout_s=values.get("stall_timeout"),
-            on_stall=values.get("on_stall", "mark"),
+            checkpoint=d.checkpoint,
+            checkpoint_signal=_or(d.checkpoint_signal, "SIGUSR2"),
+            progress_regex=d.progress_regex,
+            total_steps=d.total_steps,
+            stall_timeout_s=d.stall_timeout,
+            on_stall=_or(d.on_stall, "mark"),
             snapshot_interval_s=cfg.snapshot_interval_s,
         ),
         logs=LogPolicy(
-            max_bytes=values.get("log_max_size", cfg.log_max_mib << 20),
-            keep=values.get("log_keep", cfg.log_keep),
+            max_bytes=_or(d.log_max_size, cfg.log_max_mib << 20),
+            keep=_or(d.log_keep, cfg.log_keep),
         ),
         isolation=Isolation(cgroup=cfg.cgroup, systemd=cfg.systemd),
         gpu=GpuBinding(
-            timeout_s=values.get("gpu_timeout", cfg.gpu_timeout_s),
+            timeout_s=_or(d.gpu_timeout, cfg.gpu_timeout_s),
             tolerance_mib=cfg.gpu_tolerance_mib,
         ),
-        backend=values.get("backend", "local"),
-        slurm={k: values[k] for k in sorted(SLURM_KEYS) if k in values} or None,
+        backend=_or(d.backend, "local"),
+        slurm={k: given[k] for k in sorted(SLURM_KEYS) if k in given} or None,
         spec_file=spec_file,
     )
     _check_command(argv, workdir, full_env)

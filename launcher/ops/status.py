@@ -6,17 +6,25 @@ import contextlib
 import dataclasses
 import os
 import time
+from dataclasses import field
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher import backends
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.progress import read_progress
-from trainctl.launcher.results import Status, last_stop_of
+from trainctl.launcher.results import (
+    CheckpointSeen,
+    Failure,
+    Progress,
+    Status,
+    last_stop_of,
+)
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
+from trainctl.supervisor.records import record
+from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import Phase
 
@@ -108,34 +116,39 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         unit=st.unit,
         gpus=[g.index for g in st.gpus],
         restarts=st.restarts,
-        last_failure=st.last_failure,
+        last_failure=None
+        if st.last_failure is None
+        else build_document(Failure, st.last_failure, f"job {st.name}: last_failure"),
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
         slurm=seen.slurm,
-        **training,
+        checkpoint=training.checkpoint,
+        progress=training.progress,
+        code_changed=training.code_changed,
     )
 
 
-def _training_view(
-    jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool
-) -> dict[str, Any]:
+@record(frozen=True)
+class _Training:
+    checkpoint: CheckpointSeen | None = None
+    progress: Progress | None = None
+    code_changed: list[str] = field(default_factory=list)
+
+
+def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool) -> _Training:
     """Checkpoint, progress and code drift for `status` (cheap: tails and one git diff)."""
     if spec is None:
-        return {}
-    out: dict[str, Any] = {}
+        return _Training()
     ck = newest_checkpoint(spec)
-    if ck is not None:
-        out["checkpoint"] = {"path": ck.path, "age_s": round(ck.age_s, 1), "size": ck.size}
-    prog = read_progress(jdir, st, spec)
-    if prog is not None:
-        out["progress"] = prog.to_doc()
+    seen = None if ck is None else CheckpointSeen(ck.path, round(ck.age_s, 1), ck.size)
+    changed: list[str] = []
     if live and st.drift_checked_at is not None:
-        out["code_changed"] = list(st.code_drift)  # kept current by the supervisor
+        changed = list(st.code_drift)  # kept current by the supervisor
     elif live:  # a supervisor from before this field, or one that has not looked yet
         from trainctl.supervisor.drift import drift  # noqa: PLC0415  (git, hashlib: ~9 ms)
 
-        out["code_changed"] = drift(st.code, spec)
-    return out
+        changed = drift(st.code, spec)
+    return _Training(seen, read_progress(jdir, st, spec), changed)
 
 
 def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:

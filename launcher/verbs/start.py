@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.ops.start import resolve_spec, start_job
 from trainctl.launcher.results import GpuRequest
-from trainctl.launcher.specfile import load_spec_file, parse_sets
+from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
 
@@ -44,47 +43,45 @@ class StartFlags:
     argv: tuple[str, ...] = ()
 
 
-def merged_values(f: StartFlags) -> dict[str, Any]:
+def merged_draft(f: StartFlags) -> SpecDraft:
     """The spec keys: the spec file's, then each --set, then the flags (each checked)."""
-    values: dict[str, Any] = load_spec_file(f.spec_file) if f.spec_file else {}
-    values.update(parse_sets(f.sets))
+    draft = load_spec_file(f.spec_file) if f.spec_file else SpecDraft()
+    draft = draft.merged(parse_sets(f.sets))
     if f.nodes is not None and f.nodes < 1:
         raise ConfigError("--nodes must be >= 1")
-    flags: dict[str, Any] = {
-        "name": f.name,
-        "argv": list(f.argv) or None,
-        "cwd": os.path.abspath(os.path.expanduser(f.cwd)) if f.cwd else None,
-        "grace": None if f.grace is None else parse_seconds(f.grace, "--grace"),
-        "stop_signal": None if f.stop_signal is None else parse_signal(f.stop_signal),
-        "stop_order": None
-        if f.stop_order is None
-        else str(parse_order(f.stop_order, "--stop-order")),
-        "gpus": f.gpus,
-        "share": f.share or None,
-        "force": f.force or None,
-        "backend": f.backend,
-        "nodes": f.nodes,
-        "gpus_per_node": f.gpus_per_node,
-        "partition": f.partition,
-        "time": f.time_limit,
-        "sbatch_args": list(f.sbatch_args) or None,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
-    values["env"] = {**values.get("env", {}), **parse_env(f.env)}
-    if (values.get("share") or values.get("force")) and not values.get("gpus"):
+    flags = SpecDraft(
+        name=f.name,
+        argv=list(f.argv) or None,
+        cwd=os.path.abspath(os.path.expanduser(f.cwd)) if f.cwd else None,
+        env=parse_env(f.env) or None,
+        grace=None if f.grace is None else parse_seconds(f.grace, "--grace"),
+        stop_signal=None if f.stop_signal is None else parse_signal(f.stop_signal),
+        stop_order=None if f.stop_order is None else str(parse_order(f.stop_order, "--stop-order")),
+        gpus=f.gpus,
+        share=f.share or None,
+        force=f.force or None,
+        backend=f.backend,
+        nodes=f.nodes,
+        gpus_per_node=f.gpus_per_node,
+        partition=f.partition,
+        time=f.time_limit,
+        sbatch_args=list(f.sbatch_args) or None,
+    )
+    draft = draft.merged(flags)
+    if (draft.share or draft.force) and not draft.gpus:
         raise ConfigError("--share and --force only make sense with --gpus")
-    return values
+    return draft
 
 
 def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
-    values = merged_values(f)
-    backends.backend(values.get("backend", "local")).check_values(values)
+    draft = merged_draft(f)
+    backends.backend(draft.backend or "local").check_values(draft)
     spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
-    spec = resolve_spec(values, inv.cfg, spec_file)
+    spec = resolve_spec(draft, inv.cfg, spec_file)
     request = (
-        GpuRequest(values["gpus"], share=bool(values.get("share")), force=bool(values.get("force")))
-        if values.get("gpus")
+        GpuRequest(draft.gpus, share=bool(draft.share), force=bool(draft.force))
+        if draft.gpus
         else None
     )
     res = start_job(inv.home, spec, inv.cfg, request)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from trainctl.launcher.inputs import parse_duration
-from trainctl.launcher.specfile import load_spec_file, parse_sets
+from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
 
 CONF = Path(__file__).parents[2] / "conf" / "jobs"
@@ -39,9 +40,10 @@ def test_bad_durations(raw: object) -> None:
 @pytest.mark.parametrize("name", ["demo.toml", "torchrun.toml", "datagen.toml"])
 def test_shipped_examples_are_valid(name: str) -> None:
     spec = load_spec_file(str(CONF / name))
-    assert spec["name"]
-    assert spec["argv"]
-    assert Path(spec["cwd"]).is_absolute()
+    assert spec.name
+    assert spec.argv
+    assert spec.cwd is not None
+    assert Path(spec.cwd).is_absolute()
 
 
 @pytest.mark.parametrize(
@@ -73,17 +75,17 @@ def test_relative_cwd_is_relative_to_the_file(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     path = tmp_path / "sub" / "job.toml"
     path.write_text('argv = ["true"]\ncwd = ".."\n')
-    assert load_spec_file(str(path))["cwd"] == str(tmp_path)
+    assert load_spec_file(str(path)).cwd == str(tmp_path)
 
 
 def test_sets() -> None:
-    assert parse_sets(["grace=2m", "max_restarts=5", 'argv=["a", "b c"]', "name=x"]) == {
-        "grace": 120.0,
-        "max_restarts": 5,
-        "argv": ["a", "b c"],
-        "name": "x",
-    }
-    assert parse_sets(["argv=python train.py --lr 3e-4"])["argv"] == [
+    assert parse_sets(["grace=2m", "max_restarts=5", 'argv=["a", "b c"]', "name=x"]) == SpecDraft(
+        grace=120.0,
+        max_restarts=5,
+        argv=["a", "b c"],
+        name="x",
+    )
+    assert parse_sets(["argv=python train.py --lr 3e-4"]).argv == [
         "python",
         "train.py",
         "--lr",
@@ -92,3 +94,13 @@ def test_sets() -> None:
     for bad in (["grace"], ["bogus=1"], ["max_restarts=many"]):
         with pytest.raises(ConfigError):
             parse_sets(bad)
+
+
+def test_the_draft_has_a_field_for_every_spec_key() -> None:
+    assert {f.name for f in dataclasses.fields(SpecDraft)} == set(KEYS)
+
+
+def test_later_drafts_win_key_by_key_and_env_merges() -> None:
+    file = SpecDraft(name="a", grace=5.0, env={"A": "1", "B": "1"})
+    flags = SpecDraft(grace=9.0, env={"B": "2"})
+    assert file.merged(flags) == SpecDraft(name="a", grace=9.0, env={"A": "1", "B": "2"})
