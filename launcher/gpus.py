@@ -15,6 +15,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import MIB, Gpu, GpuBackend, NoDriverError, open_backend
 from trainctl.supervisor.gpu.verify import holders_of
+from trainctl.supervisor.reports import GpuHolder
 from trainctl.supervisor.state import GpuLease
 
 
@@ -46,11 +47,11 @@ def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[int, str]]:
     return markers, leased
 
 
-def owner_of(holder: dict[str, Any], markers: dict[str, JobRef]) -> str:
+def owner_of(holder: GpuHolder, markers: dict[str, JobRef]) -> str:
     """Classify a GPU holder: a job name, ``orphan``, ``foreign``, or ``not visible``."""
-    if "cmd" not in holder:
+    if holder.cmd is None:
         return "not visible here"
-    marker = holder.get("marker")
+    marker = holder.marker
     if not marker:
         return "foreign"
     job = markers.get(marker)
@@ -59,11 +60,11 @@ def owner_of(holder: dict[str, Any], markers: dict[str, JobRef]) -> str:
     return f"orphan of {job.name} run {job.run}" if job else "orphan"
 
 
-def _foreign_bytes(gpu: Gpu, holders: list[dict[str, Any]], markers: dict[str, JobRef]) -> int:
+def _foreign_bytes(gpu: Gpu, holders: list[GpuHolder], markers: dict[str, JobRef]) -> int:
     job_bytes = sum(
-        h["used_bytes"] or 0
+        h.used_bytes or 0
         for h in holders
-        if (j := markers.get(h.get("marker") or "")) is not None and j.live
+        if (j := markers.get(h.marker or "")) is not None and j.live
     )
     return max(0, gpu.memory_used_bytes - job_bytes)
 
@@ -119,7 +120,7 @@ def resolve_gpus(
                 busy[g.index] = f"GPU {g.index} is leased by job {leased[g.index]} (--share)"
             elif foreign > foreign_threshold_bytes and not force:
                 names = ", ".join(
-                    f"pid {h['pid']} ({owner_of(h, markers)})"
+                    f"pid {h.pid} ({owner_of(h, markers)})"
                     for h in holders
                     if owner_of(h, markers) not in {j.name for j in markers.values() if j.live}
                 )
@@ -167,11 +168,13 @@ class GpuView:
     memory_total_bytes: int
     utilization_pct: int | None
     leased_by: str | None
-    processes: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[GpuHolder] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
-        """Return the JSON form."""
-        return asdict(self)
+        """Return the JSON form (each process without its marker)."""
+        doc = asdict(self)
+        doc["processes"] = [p.to_view() for p in self.processes]
+        return doc
 
 
 def gpu_views(home: Path) -> list[GpuView]:
@@ -183,8 +186,7 @@ def gpu_views(home: Path) -> list[GpuView]:
         for g in backend.gpus():
             procs = holders_of(g.index, backend)
             for p in procs:
-                p["owner"] = owner_of(p, markers)
-                p.pop("marker", None)
+                p.owner = owner_of(p, markers)
             out.append(
                 GpuView(
                     g.index,
@@ -212,11 +214,11 @@ def gpu_memory_by_pid() -> dict[int, int | None]:
     try:
         for g in backend.gpus():
             for h in holders_of(g.index, backend):
-                if "cmd" not in h:
+                if h.cmd is None:
                     continue
-                out.setdefault(h["pid"], None)
-                if h["used_bytes"] is not None:
-                    out[h["pid"]] = (out[h["pid"]] or 0) + h["used_bytes"]
+                out.setdefault(h.pid, None)
+                if h.used_bytes is not None:
+                    out[h.pid] = (out[h.pid] or 0) + h.used_bytes
     except GpuError:
         return {}
     finally:

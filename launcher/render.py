@@ -388,8 +388,7 @@ def gpu_line(g: GpuRelease) -> str:
     if g.error is not None:
         return f"GPU {g.index}  NOT VERIFIED: {g.error}"
     who = "; ".join(
-        f"pid {h['pid']} {h.get('owner', '')} {h.get('cmd', '(not visible here)')}".strip()
-        for h in g.holders
+        f"pid {h.pid} {h.owner or ''} {h.cmd or '(not visible here)'}".strip() for h in g.holders
     )
     return (
         f"GPU {g.index}  NOT RELEASED: {gib(g.used_bytes)} used vs baseline "
@@ -408,8 +407,8 @@ def gpus(views: list[GpuView]) -> None:
         )
         for p in v.processes:
             print(
-                f"    pid {p['pid']:>7}  {gib(p['used_bytes']):>9}  {p['owner']:<22} "
-                f"{p.get('cmd', '')[:80]}"
+                f"    pid {p.pid:>7}  {gib(p.used_bytes):>9}  {p.owner or '':<22} "
+                f"{(p.cmd or '')[:80]}"
             )
         if not v.processes and v.memory_used_bytes:
             print("    (no process listed: NVML may not see other PID namespaces)")

@@ -85,7 +85,7 @@ def _gpu_lines(home: Path, width: int) -> list[Line]:
         util = "-" if v.utilization_pct is None else f"{v.utilization_pct}%"
         lease = f"job {v.leased_by}" if v.leased_by else "free"
         mem = f"{render.gib(v.memory_used_bytes)} / {render.gib(v.memory_total_bytes)}"
-        who = ", ".join(f"{p['pid']} {p['owner']}" for p in v.processes[:4])
+        who = ", ".join(f"{p.pid} {p.owner}" for p in v.processes[:4])
         more = f" +{len(v.processes) - 4}" if len(v.processes) > 4 else ""
         line = f"{v.index:>3} {v.name[:24]:<24} {mem:>20}  util {util:>4}  {lease:<14} {who}{more}"
         out.append((_fit(line, width), "yellow" if v.leased_by else None))

@@ -47,6 +47,26 @@ class Zombie:
 
 
 @record()
+class GpuHolder:
+    """A process on a GPU: from NVML's list, the fd scan, or both."""
+
+    pid: int
+    used_bytes: int | None = None  # its GPU memory, when the driver reports it
+    seen: str = "fd"  # fd | nvml+fd | nvml (why it is not confirmed)
+    marker: str | None = None  # its TRAINCTL_JOB, read only for a confirmed local process
+    cmd: str | None = None  # None: never read (NVML could not confirm the process here)
+    owner: str | None = None  # whose it is, as the reader classified it
+
+    def to_view(self) -> dict[str, Any]:
+        """The JSON form `trainctl gpus` shows: no marker, no command it never read."""
+        doc = {"pid": self.pid, "used_bytes": self.used_bytes, "seen": self.seen}
+        if self.cmd is not None:
+            doc["cmd"] = self.cmd
+        doc["owner"] = self.owner
+        return doc
+
+
+@record()
 class GpuRelease:
     """The proof (or disproof) that one leased GPU was released by a stop.
 
@@ -63,8 +83,8 @@ class GpuRelease:
     seconds: float | None = None  # until it was seen released
     error: str | None = None  # why it could not be checked at all
     note: str | None = None
-    job_holders: list[dict[str, Any]] = field(default_factory=list)
-    holders: list[dict[str, Any]] = field(default_factory=list)  # everyone on it, when held
+    job_holders: list[GpuHolder] = field(default_factory=list)
+    holders: list[GpuHolder] = field(default_factory=list)  # everyone on it, when held
 
 
 @record()

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.procfs import read_cmdline
-from trainctl.supervisor.reports import GpuRelease
+from trainctl.supervisor.reports import GpuHolder, GpuRelease
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import GpuLease
 
@@ -64,7 +64,7 @@ def snapshot(leases: tuple[GpuLease, ...]) -> dict[int, int] | str:
         backend.close()
 
 
-def holders_of(index: int, backend: GpuBackend) -> list[dict[str, Any]]:
+def holders_of(index: int, backend: GpuBackend) -> list[GpuHolder]:
     """Return everyone on GPU ``index``: NVML's list joined with the fd scan."""
     fd = find_holders(backend.device_paths()).get(index, set())
     seen: dict[int, str] = {pid: "fd" for pid in fd}
@@ -73,13 +73,13 @@ def holders_of(index: int, backend: GpuBackend) -> list[dict[str, Any]]:
         how = classify_pid(p.pid, fd)
         seen[p.pid] = "nvml+fd" if how == "visible" else f"nvml ({how})"
         used[p.pid] = p.used_bytes
-    out: list[dict[str, Any]] = []
+    out = []
     for pid in sorted(seen):
-        entry: dict[str, Any] = {"pid": pid, "used_bytes": used[pid], "seen": seen[pid]}
+        h = GpuHolder(pid, used[pid], seen[pid])
         if seen[pid] in ("fd", "nvml+fd"):  # only a confirmed local process is read
-            entry["marker"] = read_env_var(pid, "TRAINCTL_JOB")
-            entry["cmd"] = read_cmdline(pid)[:160]
-        out.append(entry)
+            h.marker = read_env_var(pid, "TRAINCTL_JOB")
+            h.cmd = read_cmdline(pid)[:160]
+        out.append(h)
     return out
 
 
@@ -120,12 +120,12 @@ def verify_release(
         time.sleep(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
 
 
-def _owner(holder: dict[str, Any], marker: str) -> str:
-    if "cmd" not in holder:
+def _owner(holder: GpuHolder, marker: str) -> str:
+    if holder.cmd is None:
         return "not visible here"
-    if holder.get("marker") == marker:
+    if holder.marker == marker:
         return "this job"
-    return "another trainctl job or orphan" if holder.get("marker") else "foreign"
+    return "another trainctl job or orphan" if holder.marker else "foreign"
 
 
 def _check(
@@ -137,8 +137,8 @@ def _check(
         )
     holders = holders_of(lease.index, backend)
     for h in holders:
-        h["owner"] = _owner(h, marker)
-    ours = [h for h in holders if h.get("marker") == marker]
+        h.owner = _owner(h, marker)
+    ours = [h for h in holders if h.marker == marker]
     excess = gpu.memory_used_bytes - lease.baseline_used_bytes
     res = GpuRelease(
         lease.index,

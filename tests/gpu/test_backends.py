@@ -66,8 +66,8 @@ def test_fake_counts_a_holder_by_its_open_fd(tmp_path: Path) -> None:
         assert [p.pid for p in b.processes(1)] == [os.getpid()]
         assert find_holders(b.device_paths()) == {1: {os.getpid()}}
         [h] = holders_of(1, b)
-        assert h["seen"] == "nvml+fd"
-        assert h["cmd"]
+        assert h.seen == "nvml+fd"
+        assert h.cmd
     finally:
         os.close(fd)
     assert FakeBackend(str(path)).gpus()[1].memory_used_bytes == 10 * MIB
@@ -83,7 +83,7 @@ def test_fake_container_and_phantom_modes(tmp_path: Path) -> None:
     assert classify_pid(4194001, set()) == "absent"
     assert classify_pid(os.getpid(), set()) == "unconfirmed"  # exists, holds no GPU
     [h] = holders_of(0, b)
-    assert "cmd" not in h  # never read a process NVML could not confirm
+    assert h.cmd is None  # never read a process NVML could not confirm
 
 
 def test_fake_init_errors(tmp_path: Path) -> None:
