@@ -345,6 +345,21 @@ def ps(c: Invocation, name: str, as_json: bool) -> int:
 
 
 @cli.command()
+@click.argument("name")
+@click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
+@json_opt
+@pass_ctx
+def stack(c: Invocation, name: str, native: bool, as_json: bool) -> int:
+    """Show the Python stack of every process of job NAME, identical stacks grouped.
+
+    Each group lists its pids and ranks (RANK from the environment). Reads through py-spy
+    (the `stack` extra: pip install 'trainctl[stack]'), which pauses each process for a
+    moment and signals nothing.
+    """
+    return int(verbs.load("stack").run(c, name, native=native, as_json=as_json))
+
+
+@cli.command()
 @click.option(
     "--interval",
     default="1s",

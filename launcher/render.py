@@ -22,6 +22,7 @@ from .results import (
     Progress,
     PsRow,
     SlurmStopReport,
+    StackReport,
     StartResult,
     Status,
     StopReport,
@@ -364,6 +365,29 @@ def ps(rows: list[PsRow], cwd: str | None = None) -> None:
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
             f"{size(r.rss_bytes):>7}{gpu}  {indent}{cmd}{term.paint(flag, 'yellow')}"
         )
+
+
+def stacks(r: StackReport) -> None:
+    """Render `trainctl stack`: each distinct stack once, with who stands at it."""
+    n = len({t.pid for g in r.groups for t in g.threads})
+    print(
+        f"{r.name} run {r.run}: {n} Python process(es), {len(r.groups)} distinct "
+        f"stack(s) ({r.elapsed_s:.2f} s)"
+    )
+    for g in sorted(r.groups, key=lambda g: -len(g.threads)):
+        who = ", ".join(
+            f"pid {t.pid}"
+            + (f" rank {t.rank}" if t.rank is not None else "")
+            + (f" thread {clean(t.thread)}" if not t.thread.isdigit() else "")
+            for t in g.threads[:NAMED_LINES]
+        )
+        more = f" and {len(g.threads) - NAMED_LINES} more" if len(g.threads) > NAMED_LINES else ""
+        print(f"\n  {len(g.threads)} thread(s): {who}{more}")
+        for f in g.frames:
+            where = f"{clean(f.filename)}:{f.line}" if f.line is not None else clean(f.filename)
+            print(f"    {clean(f.name)} ({where})")
+    for sk in r.skipped:
+        print(f"\n  skipped pid {sk.pid} {clean(sk.cmd)[:60]}: {sk.why}")
 
 
 def write(text: str) -> None:

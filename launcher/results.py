@@ -22,6 +22,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointSeen",
     "Failure",
+    "Frame",
     "GpuRelease",
     "GpuRequest",
     "NamedProc",
@@ -29,10 +30,14 @@ __all__ = [
     "Progress",
     "PsRow",
     "Seen",
+    "Skipped",
     "SlurmAgent",
     "SlurmStopReport",
     "SlurmVerdict",
     "SlurmView",
+    "StackGroup",
+    "StackReport",
+    "StackThread",
     "StartResult",
     "Status",
     "StopReport",
@@ -301,6 +306,58 @@ class Status:
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class Frame:
+    """One frame of a Python stack, innermost first in a list."""
+
+    name: str
+    filename: str
+    line: int | None = None
+
+
+@record(frozen=True)
+class StackThread:
+    """One thread whose stack a group holds: its process, rank and command."""
+
+    pid: int
+    thread: str  # its name, else its id
+    cmd: str
+    rank: str | None = None  # RANK / LOCAL_RANK from its environment, where set
+    local_rank: str | None = None
+
+
+@record()
+class StackGroup:
+    """Threads that stand at the very same stack (compared frame by frame)."""
+
+    frames: list[Frame]
+    threads: list[StackThread] = field(default_factory=list)
+
+
+@record(frozen=True)
+class Skipped:
+    """A member whose stack could not be read, and why."""
+
+    pid: int
+    cmd: str
+    why: str
+
+
+@record()
+class StackReport:
+    """`trainctl stack NAME`: every Python stack of the job, grouped."""
+
+    name: str
+    run: int
+    groups: list[StackGroup] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    elapsed_s: float = 0.0
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

@@ -24,6 +24,9 @@
 
 8. `trainctl list` with 50 running jobs vs with 1. Target: <= 1.5x.
 
+9. `trainctl stack` of an 8-process Python job (py-spy, every process read in parallel),
+   median of 5. Target: <= 2 s.
+
 0. start-up: `trainctl status NAME` and `stop`'s first signal after the command's exec,
    against a bare `python -c pass` from the same venv (targets <= 3.5x and <= 4x); and
    the end-to-end `trainctl stop` of the tree, from the command's exec until its last
@@ -31,7 +34,7 @@
    shell (target <= 1.5x killpg).
 
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only startup|latency|order|crowd|repo|list]
+                      [--only startup|latency|order|crowd|repo|list|stack]
 (every part by default; --quick leaves out 6 and 7)
 """
 
@@ -269,8 +272,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument(
         "--only",
-        choices=["startup", "latency", "order", "crowd", "repo", "list"],
-        help="run only part 0, 1, 5, 6, 7 or 8",
+        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack"],
+        help="run only part 0, 1, 5, 6, 7, 8 or 9",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -289,6 +292,7 @@ def main() -> None:
         "crowd": lambda: bench_crowd(tmp, env, args),
         "repo": lambda: bench_repo(tmp, env),
         "list": lambda: bench_list(tmp, env),
+        "stack": lambda: bench_stack(tmp, env),
     }
     if args.only:
         only[args.only]()
@@ -335,6 +339,7 @@ def main() -> None:
     )
     bench_orders(tmp, env, args)
     bench_list(tmp, env)
+    bench_stack(tmp, env)
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
@@ -441,6 +446,38 @@ def bench_latency(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> N
         f"/proc/PID/stat and pidfd per member)\n"
         f"   `trainctl stop` wall (a new Python process, imports, report) {o:.0f} ms -> "
         f"ratio {o / b:.2f}x"
+    )
+
+
+STACK_JOB = (
+    "import subprocess, sys, time\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
+    " for _ in range(7)]\n"
+    "open(sys.argv[1], 'w').close()\n"
+    "time.sleep(600)\n"
+)
+
+
+def bench_stack(tmp: Path, env: dict[str, str]) -> None:
+    """9. `trainctl stack` of an 8-process Python job."""
+    ready = tmp / "stack.ready"
+    r = tc("start", "--name", "stk", "--", sys.executable, "-c", STACK_JOB, str(ready), env=env)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    wait_file(ready)
+    time.sleep(0.5)  # the seven child interpreters are past their start-up
+    walls = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        out = tc("stack", "stk", "--json", env=env)
+        walls.append(time.perf_counter() - t0)
+        if out.returncode:
+            raise SystemExit(out.stderr)
+    n = len({t["pid"] for g in json.loads(out.stdout)["groups"] for t in g["threads"]})
+    tc("stop", "stk", env=env)
+    print(
+        f"9. trainctl stack of an {n}-process Python job: {statistics.median(walls):.2f} s "
+        "median of 5 (target <= 2 s)"
     )
 
 

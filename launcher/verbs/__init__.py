@@ -31,6 +31,7 @@ VERBS: dict[str, Verb] = {
     "status": Verb("status", "Show one job's phase, pids, members and last log line."),
     "list": Verb("list_", "List the jobs."),
     "ps": Verb("ps", "Show a job's live process tree."),
+    "stack": Verb("stack", "Show the Python stack of every process of a job, grouped."),
     "top": Verb("top", "A live full-screen view of every job and GPU."),
     "gpus": Verb("gpus", "Show every GPU, its lease and who is on it."),
     "logs": Verb("logs", "Print (and follow) a job's log."),

@@ -1,0 +1,77 @@
+"""`trainctl stack`: the Python stacks of a real job's processes, read with py-spy."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import Harness, wait_for
+from tests.helpers import one_line_error
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+
+    CHILD = "import time\\ndef child_sleeps():\\n    time.sleep(600)\\nchild_sleeps()\\n"
+
+    def parent_waits(ready):
+        open(ready, "w").close()
+        time.sleep(600)
+
+    kids = [subprocess.Popen([sys.executable, "-c", CHILD]), subprocess.Popen(["sleep", "600"])]
+    time.sleep(0.3)  # the child interpreter is past its start-up
+    parent_waits(sys.argv[1])
+    """
+)
+
+
+@pytest.fixture
+def job(harness: Harness) -> Harness:
+    h = harness
+    script = h.tmp / "stacked.py"
+    script.write_text(SCRIPT)
+    ready = h.ready_file("stacked")
+    h.tc(
+        "start", "--name", "st", "--env", "RANK=3", "--",
+        sys.executable, str(script), str(ready), check=True,
+    )  # fmt: skip
+    wait_for(ready.exists, what="the job's tree")
+    return h
+
+
+def test_stack_groups_every_python_process_and_names_the_rest(job: Harness) -> None:
+    h = job
+    pids = set(h.job_pids("st"))
+    doc = h.tc("stack", "st", "--json", check=True).json()
+    assert isinstance(doc, dict)
+    by_function = {g["frames"][0]["name"]: g for g in doc["groups"]}
+    parent, child = by_function["parent_waits"], by_function["child_sleeps"]
+    assert [t["rank"] for t in parent["threads"]] == ["3"]
+    assert {t["pid"] for t in parent["threads"] + child["threads"]} <= pids
+    assert parent["threads"][0]["pid"] != child["threads"][0]["pid"]
+    [sleep] = [s for s in doc["skipped"] if s["cmd"].startswith("sleep")]
+    assert sleep["why"] == "not a Python process"
+    assert sleep["pid"] in pids
+    text = h.tc("stack", "st", check=True).out
+    assert "parent_waits (stacked.py:" in text
+    assert "rank 3" in text
+    assert f"skipped pid {sleep['pid']} sleep 600: not a Python process" in text
+    assert set(h.job_pids("st")) == pids  # reading stacks signalled nothing, lost nothing
+    h.tc("stop", "st", check=True)
+
+
+def test_stack_of_an_unknown_or_stopped_job(harness: Harness) -> None:
+    h = harness
+    one_line_error(h.tc("stack", "ghost"), 2, "no job named 'ghost'")
+    h.tc("start", "--name", "done", "--", "true", check=True)
+    h.tc("wait", "done", "--timeout", "30")
+    doc = h.tc("stack", "done", "--json", check=True).json()
+    assert doc == {
+        "name": "done",
+        "run": 1,
+        "groups": [],
+        "skipped": [],
+        "elapsed_s": doc["elapsed_s"],
+    }  # type: ignore[index]
