@@ -138,6 +138,8 @@ def stop(res: StopResult) -> None:
             "the cgroup) and signalled too"
         )
     _stop_details(r)
+    if r.stacks:
+        print(f"  stacks     of what outlived the grace, read before the SIGKILL: {r.stacks}")
     if r.zombies:
         print(f"  zombies    {len(r.zombies)} exited, waiting for their parent to reap them")
     for sv in r.survivors:
@@ -298,6 +300,8 @@ def status(s: Status) -> None:
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ls = s.last_stop
         print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
+        if getattr(ls, "stacks", None):
+            print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
 
 
 def job_table(rows: list[Status | tuple[str, str]]) -> None:

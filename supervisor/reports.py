@@ -119,6 +119,7 @@ class StopReport:
     gpus: list[GpuRelease] = field(default_factory=list)  # the release proof, per GPU
     reason: str = "stop"  # stop | main exited | stalled
     persist_error: str | None = None  # the stop happened, but could not be recorded
+    stacks: str | None = None  # where the stacks of what outlived the grace were written
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

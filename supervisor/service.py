@@ -38,6 +38,7 @@ from .proctree import Member, Target, scan, scan_light, target_of
 from .roster import Roster, widen_fd_table
 from .spawn import Spawned, exit_code_of
 from .spec import Spec, StopOrder
+from .stacks import before_kill_writer
 from .state import (
     JobState,
     MemberSnap,
@@ -400,6 +401,7 @@ class Supervisor:
             emit=self.log.info,
             grace=self.grace,
             roster=self.roster(),
+            before_kill=before_kill_writer(self.jdir, self.state.run),
         )
         with anyio.CancelScope(shield=True):
             self._stopping = True

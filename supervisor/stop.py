@@ -19,7 +19,7 @@ from .reports import StopReport
 from .roster import Roster
 from .spec import Spec, StopOrder, StopPolicy
 from .state import GpuLease
-from .terminate import Emit, Grace, stop_tree
+from .terminate import BeforeKill, Emit, Grace, stop_tree
 
 
 def run_stop(
@@ -34,6 +34,7 @@ def run_stop(
     emit: Emit | None = None,
     grace: Grace | None = None,
     roster: Roster | None = None,
+    before_kill: BeforeKill | None = None,
 ) -> StopReport:
     """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
 
@@ -53,6 +54,7 @@ def run_stop(
         emit=emit,
         grace=grace,
         roster=roster,
+        before_kill=before_kill,
     )
     report.reason = reason
     if target.cgroup is not None:
@@ -69,11 +71,14 @@ def stop_and_verify(
     emit: Emit | None = None,
     grace: Grace | None = None,
     roster: Roster | None = None,
+    before_kill: BeforeKill | None = None,
 ) -> StopReport:
     """Stop the tree, then prove its GPUs were released; return the combined report."""
     emit = emit or (lambda *_a, **_k: None)
     pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
-    report = stop_tree(target, policy, emit=emit, grace=grace, roster=roster)
+    report = stop_tree(
+        target, policy, emit=emit, grace=grace, roster=roster, before_kill=before_kill
+    )
     if leases:
         report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
         released = all(g.ok for g in report.gpus)

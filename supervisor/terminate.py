@@ -35,6 +35,7 @@ from .spec import StopOrder, StopPolicy
 from .state import ProcRef
 
 Emit = Callable[..., None]
+BeforeKill = Callable[[list[ProcRef]], str | None]
 
 
 # How many processes a report names one by one (the counts always cover everyone).
@@ -313,11 +314,14 @@ def stop_tree(
     emit: Emit | None = None,
     grace: Grace | None = None,
     roster: Roster | None = None,
+    before_kill: BeforeKill | None = None,
 ) -> StopReport:
     """Stop every process of the job and nothing else; return the proof.
 
     A supervisor passes its ``roster`` (cgroup mode): the members it already holds by
     pidfd, brought up to date, so the first signals need no read of every member.
+    ``before_kill`` sees who outlived the grace, before the SIGKILL (stacks.py writes
+    their stacks) and returns where it put what it saw.
     """
     emit = emit or (lambda *_a, **_k: None)
     sig, order = policy.signum, StopOrder(policy.order)
@@ -363,6 +367,10 @@ def stop_tree(
         )
         _count_exits(report, tr, plan)
         if left:
+            if before_kill is not None:
+                report.stacks = before_kill(left)
+                if report.stacks:
+                    emit("stacks_written", path=report.stacks, processes=len(left))
             report.killed, report.killed_procs = _escalate(tr, target, policy, emit)
         return _finish(report, tr, plan, t0, emit)
     finally:

@@ -19,6 +19,7 @@ from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
 from trainctl.supervisor.proctree import alive, scan, target_of
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.stacks import before_kill_writer
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
 
@@ -53,6 +54,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         leases=st.gpus,
         gpu_timeout_s=req.gpu_timeout_s,
         emit=emit,
+        before_kill=before_kill_writer(jdir, st.run),
     )
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)

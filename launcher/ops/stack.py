@@ -1,40 +1,34 @@
 """`stack`: the Python stack of every process of a job, read with py-spy, grouped.
 
-py-spy (MIT, a ~3 MB binary wheel, the `stack` extra) reads another process's memory
-through ptrace; it pauses each process for a moment and signals nothing. The members
-are the job's own (every net, pid + start time): a pid that was reused while it was
-read is dropped, never shown as the job's. Each process is read in parallel, so a job's
-stacks take about as long as its slowest process.
+py-spy (MIT, a ~3 MB binary wheel, the `stack` extra; run by supervisor/stacks.py)
+reads another process's memory through ptrace; it pauses each process for a moment and
+signals nothing. The members are the job's own (every net, pid + start time): a pid that
+was reused while it was read is dropped, never shown as the job's. Each process is read
+in parallel, so a job's stacks take about as long as its slowest process.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from trainctl.launcher import backends
 from trainctl.launcher.results import Frame, Skipped, StackGroup, StackReport, StackThread
-from trainctl.supervisor import procfs, state
+from trainctl.supervisor import procfs, stacks, state
 from trainctl.supervisor.errors import ConfigError, ProcessTreeError
 from trainctl.supervisor.gpu.holders import read_env_var
 from trainctl.supervisor.proctree import Member, alive, scan, target_of
 
 from .jobs import existing_job
 
-PYSPY_TIMEOUT_S = 10.0  # one process's dump; a hung ptrace must not hang the verb
 NOT_PYTHON = "Failed to find python version"
 PTRACE_REFUSED = ("Permission denied", "Operation not permitted", "ptrace")
 
 
 def pyspy_path() -> str:
-    """The py-spy next to this interpreter (the extra's console script), else on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    found = str(beside) if beside.is_file() else shutil.which("py-spy")
+    """py-spy, or one line saying how to install it."""
+    found = stacks.pyspy_path()
     if found is None:
         raise ConfigError(
             "trainctl stack needs py-spy: pip install 'trainctl[stack]' (or pip install py-spy)"
@@ -51,7 +45,7 @@ def job_stacks(home: Path, name: str, *, native: bool = False) -> StackReport:
         raise ConfigError(f"job {name} runs under Slurm: run `trainctl stack` on its nodes")
     members = sorted(alive(scan(target_of(st))).values(), key=lambda m: m.stat.pid)
     tool = pyspy_path()
-    dumps = _dump_all(tool, members, native)
+    dumps = stacks.dump(tool, [m.stat.pid for m in members], native=native)
     report = StackReport(name, st.run)
     refused = []
     for m in members:
@@ -70,34 +64,6 @@ def job_stacks(home: Path, name: str, *, native: bool = False) -> StackReport:
         raise ProcessTreeError(_ptrace_fix(len(refused)))
     report.elapsed_s = round(time.monotonic() - t0, 3)
     return report
-
-
-def _dump_all(tool: str, members: list[Member], native: bool) -> dict[int, tuple[bool, Any]]:
-    """Run one py-spy per member at once; (True, parsed JSON) or (False, its error text)."""
-    procs = {}
-    for m in members:
-        argv = [tool, "dump", "--pid", str(m.stat.pid), "--json", *(["--native"] if native else [])]
-        procs[m.stat.pid] = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
-        )
-    out: dict[int, tuple[bool, Any]] = {}
-    deadline = time.monotonic() + PYSPY_TIMEOUT_S
-    for pid, p in procs.items():
-        try:
-            stdout, stderr = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()  # our own child, not yet reaped: its pid cannot have been reused
-            p.communicate()
-            out[pid] = (False, f"py-spy did not answer within {PYSPY_TIMEOUT_S:g} s")
-            continue
-        if p.returncode == 0:
-            try:
-                out[pid] = (True, json.loads(stdout))
-                continue
-            except ValueError:
-                stderr = b"py-spy printed no JSON"
-        out[pid] = (False, stderr.decode(errors="replace"))
-    return out
 
 
 def _why(err: str) -> str:

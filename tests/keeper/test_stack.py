@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import Harness, wait_for
+from tests.conftest import Harness, alive, kill_verified, wait_for
 from tests.helpers import one_line_error
 
 SCRIPT = textwrap.dedent(
@@ -60,6 +62,31 @@ def test_stack_groups_every_python_process_and_names_the_rest(job: Harness) -> N
     assert f"skipped pid {sleep['pid']} sleep 600: not a Python process" in text
     assert set(h.job_pids("st")) == pids  # reading stacks signalled nothing, lost nothing
     h.tc("stop", "st", check=True)
+
+
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervisor", "direct"])
+def test_a_stop_past_its_grace_keeps_the_stacks_of_what_it_kills(
+    harness: Harness, supervised: bool
+) -> None:
+    h = harness
+    h.start_tree("hung", "ignore_signals.py", grace=0.5)
+    pids = h.job_pids("hung")
+    if not supervised:  # the stop then runs in the CLI, from state.json
+        sup = h.state("hung")["supervisor"]
+        kill_verified(sup["pid"], sup["start_ticks"])
+        wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
+    doc = h.tc("stop", "hung", "--json", check=True).json()
+    assert isinstance(doc, dict)
+    assert doc["via"] == ("supervisor" if supervised else "direct")
+    report = doc["report"]
+    assert report["killed"] == 4
+    dump = json.loads(Path(report["stacks"]).read_text())
+    assert {p["pid"] for p in dump["processes"]} == set(pids)
+    assert all(p["threads"] and p["error"] is None for p in dump["processes"])
+    frames = {f["name"] for p in dump["processes"] for f in p["threads"][0]["frames"]}
+    assert "forever" in frames  # where tests/trees/_common.py parks them
+    st = h.tc("status", "hung", check=False)
+    assert f"stacks before SIGKILL: {report['stacks']}" in st.out
 
 
 def test_stack_of_an_unknown_or_stopped_job(harness: Harness) -> None:

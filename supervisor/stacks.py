@@ -1,0 +1,94 @@
+"""Python stacks of a job's processes, read with py-spy: the one runner of py-spy.
+
+Used by `trainctl stack` and, when a stop's grace has run out, by the stop itself: the
+stacks of what is still alive are written to ``jobs/<name>/stacks/run-N.before-kill.json``
+before the SIGKILL, so a hung rank is seen before it is killed. Reading a stack pauses a
+process for a moment through ptrace and signals nothing. Without py-spy (the `stack`
+extra) the stop goes on exactly as before and the report says the stacks were not read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import procfs
+from .state import ProcRef, write_json_atomic
+
+DUMP_TIMEOUT_S = 10.0  # a hung ptrace must not hang `stack`
+BEFORE_KILL_TIMEOUT_S = 3.0  # what reading the stacks may add to a stop that ran out of grace
+
+
+def pyspy_path() -> str | None:
+    """The py-spy next to this interpreter (the extra's console script), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+def dump(
+    tool: str, pids: list[int], *, native: bool = False, timeout_s: float = DUMP_TIMEOUT_S
+) -> dict[int, tuple[bool, Any]]:
+    """Run one py-spy per pid, all at once: (True, its JSON) or (False, its error text)."""
+    procs = {}
+    for pid in pids:
+        argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+        procs[pid] = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
+    out: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    for pid, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()  # our own child, not yet reaped: its pid cannot have been reused
+            p.communicate()
+            out[pid] = (False, f"py-spy did not answer within {timeout_s:g} s")
+            continue
+        if p.returncode == 0:
+            try:
+                out[pid] = (True, json.loads(stdout))
+                continue
+            except ValueError:
+                stderr = b"py-spy printed no JSON"
+        out[pid] = (False, stderr.decode(errors="replace"))
+    return out
+
+
+def before_kill_writer(jdir: Path, run: int) -> Callable[[list[ProcRef]], str | None]:
+    """A stop's hook: write the survivors' stacks to the job directory; return the path."""
+
+    def write(refs: list[ProcRef]) -> str | None:
+        tool = pyspy_path()
+        if tool is None or not refs:
+            return None
+        pids = [r.pid for r in refs[:64]]
+        found = dump(tool, pids, timeout_s=BEFORE_KILL_TIMEOUT_S)
+        doc = {
+            "at": time.time(),
+            "run": run,
+            "processes": [
+                {
+                    "pid": r.pid,
+                    "cmd": procfs.read_cmdline(r.pid)[:200],
+                    "threads": found[r.pid][1] if found[r.pid][0] else [],
+                    "error": None if found[r.pid][0] else str(found[r.pid][1]).strip()[:300],
+                }
+                for r in refs[:64]
+            ],
+        }
+        path = jdir / "stacks" / f"run-{run}.before-kill.json"
+        try:
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            write_json_atomic(path, doc, durable=False)
+        except OSError:
+            return None  # a full disk costs the stacks, never the stop
+        return str(path)
+
+    return write
