@@ -514,6 +514,8 @@ def _status_details(s: Status) -> None:
         )
     if s.stalled_for_s is not None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
+        if s.stall_stacks:
+            print(f"  stacks at the stall: {s.stall_stacks} (now: trainctl stack {s.name})")
     if s.error:
         print(f"  note {clean(s.error)}")
 

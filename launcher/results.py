@@ -302,6 +302,7 @@ class Status:
     last_failure: Failure | None = None
     restart_in_s: float | None = None
     stalled_for_s: float | None = None
+    stall_stacks: str | None = None  # the stacks read when the stall was first seen
     checkpoint: CheckpointSeen | None = None  # the newest one
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)

@@ -34,11 +34,11 @@ from .errors import StateError, TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
-from .proctree import Member, Target, scan, scan_light, target_of
+from .proctree import Member, Target, alive, scan, scan_light, target_of
 from .roster import Roster, widen_fd_table
 from .spawn import Spawned, exit_code_of
 from .spec import Spec, StopOrder
-from .stacks import before_kill_writer
+from .stacks import before_kill_writer, stacks_writer
 from .state import (
     JobState,
     MemberSnap,
@@ -313,7 +313,8 @@ class Supervisor:
         while True:
             await anyio.sleep(self.spec.watch.snapshot_interval_s)
             self.reap()
-            self._check_stall()
+            if self._check_stall():
+                await self._write_stall_stacks()
             self._sample_steps()
             self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
@@ -465,10 +466,11 @@ class Supervisor:
 
     # ------------------------------------------------------------ stall watchdog
 
-    def _check_stall(self) -> None:
+    def _check_stall(self) -> bool:
+        """Mark or clear STALLED; True the moment a stall is first seen."""
         timeout = self.spec.watch.stall_timeout_s
         if not timeout or self.life.stage is not lc.Stage.RUNNING:
-            return
+            return False
         st = self.state
         progress = self.jdir / "logs" / f"run-{st.run}.progress.jsonl"
         last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
@@ -477,12 +479,22 @@ class Supervisor:
             if st.stalled_since is not None:
                 self._set(st.phase, stalled_since=None)
                 self.log.info("unstalled")
-            return
-        if st.stalled_since is None:
+            return False
+        first = st.stalled_since is None
+        if first:
             self._set(st.phase, stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
         if self.spec.watch.on_stall == "restart":
             self.send(lc.Stalled())
+        return first
+
+    async def _write_stall_stacks(self) -> None:
+        """Where every process of the stalled run stands, read once, off the event loop."""
+        refs = [m.ref for m in alive(scan_light(self._target())).values()]
+        write = stacks_writer(self.jdir, self.state.run, "stall")
+        path = await anyio.to_thread.run_sync(write, refs)
+        if path:
+            self.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
 
     def _sample_steps(self) -> None:
         """Record (time, newest step) now and then, for an ETA over a recent window."""

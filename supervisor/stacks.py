@@ -1,8 +1,9 @@
 """Python stacks of a job's processes, read with py-spy: the one runner of py-spy.
 
-Used by `trainctl stack` and, when a stop's grace has run out, by the stop itself: the
-stacks of what is still alive are written to ``jobs/<name>/stacks/run-N.before-kill.json``
-before the SIGKILL, so a hung rank is seen before it is killed. Reading a stack pauses a
+Used by `trainctl stack`, and by the supervisor at the two moments a run is seen stuck:
+when the stall watchdog first fires (``jobs/<name>/stacks/run-N.stall.json``) and when a
+stop's grace has run out, before the SIGKILL (``run-N.before-kill.json``), so a hung
+rank is seen before it is killed. Reading a stack pauses a
 process for a moment through ptrace and signals nothing. Without py-spy (the `stack`
 extra) the stop goes on exactly as before and the report says the stacks were not read.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
-from .state import ProcRef, write_json_atomic
+from .state import ProcRef, stacks_path, write_json_atomic
 
 DUMP_TIMEOUT_S = 10.0  # a hung ptrace must not hang `stack`
 BEFORE_KILL_TIMEOUT_S = 3.0  # what reading the stacks may add to a stop that ran out of grace
@@ -63,6 +64,11 @@ def dump(
 
 def before_kill_writer(jdir: Path, run: int) -> Callable[[list[ProcRef]], str | None]:
     """A stop's hook: write the survivors' stacks to the job directory; return the path."""
+    return stacks_writer(jdir, run, "before-kill")
+
+
+def stacks_writer(jdir: Path, run: int, moment: str) -> Callable[[list[ProcRef]], str | None]:
+    """Write the stacks of the given processes for ``moment``; return the path (or None)."""
 
     def write(refs: list[ProcRef]) -> str | None:
         tool = pyspy_path()
@@ -83,7 +89,7 @@ def before_kill_writer(jdir: Path, run: int) -> Callable[[list[ProcRef]], str | 
                 for r in refs[:64]
             ],
         }
-        path = jdir / "stacks" / f"run-{run}.before-kill.json"
+        path = stacks_path(jdir, run, moment)
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
             write_json_atomic(path, doc, durable=False)

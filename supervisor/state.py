@@ -9,6 +9,7 @@ Layout under ``$TRAINCTL_HOME`` (mode 0700)::
     jobs/<name>/lock             flock: held by start / restart / supervisor-less stop
     jobs/<name>/supervisor.lock  flock: held by the live supervisor for its whole life
     jobs/<name>/logs/run-N.log   stdout+stderr of run N
+    jobs/<name>/stacks/run-N.*.json  Python stacks read at a stall / before a SIGKILL
 
 Only one process writes state.json at a time: the supervisor while it lives (the CLI asks it
 over the socket), otherwise the CLI holding ``lock``. Readers never need a lock because
@@ -221,6 +222,11 @@ def open_in(path: Path, flags: int, mode: int = 0o600) -> int:
             if e.errno == errno.ELOOP:
                 raise StateError(f"{path} is a symlink; refusing to follow it") from None
             raise
+
+
+def stacks_path(jdir: Path, run: int, moment: str) -> Path:
+    """Where the Python stacks of run ``run`` at ``moment`` (stall, before-kill) go."""
+    return jdir / "stacks" / f"run-{run}.{moment}.json"
 
 
 def log_path(jdir: Path, run: int) -> Path:

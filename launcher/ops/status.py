@@ -121,6 +121,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         else build_document(Failure, st.last_failure, f"job {st.name}: last_failure"),
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
+        stall_stacks=_stall_stacks(jdir, st),
         slurm=seen.slurm,
         checkpoint=training.checkpoint,
         progress=training.progress,
@@ -149,6 +150,14 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
 
         changed = drift(st.code, spec)
     return _Training(seen, read_progress(jdir, st, spec), changed)
+
+
+def _stall_stacks(jdir: Path, st: state.JobState) -> str | None:
+    """The stacks the supervisor read when it saw this run stall, while it is stalled."""
+    if st.stalled_since is None:
+        return None
+    path = state.stacks_path(jdir, st.run, "stall")
+    return str(path) if path.exists() else None
 
 
 def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:

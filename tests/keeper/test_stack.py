@@ -89,6 +89,29 @@ def test_a_stop_past_its_grace_keeps_the_stacks_of_what_it_kills(
     assert f"stacks before SIGKILL: {report['stacks']}" in st.out
 
 
+def test_a_stall_keeps_the_stacks_of_the_stalled_run(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.2\n")
+    script = h.tmp / "quiet.py"
+    script.write_text(
+        "import time\nprint('up', flush=True)\n"
+        "def stuck_here():\n    time.sleep(600)\n\nstuck_here()\n"
+    )
+    h.tc(
+        "start", "--name", "q", "--set", "stall_timeout=1", "--",
+        sys.executable, str(script), check=True,
+    )  # fmt: skip
+    path = h.home / "jobs" / "q" / "stacks" / "run-1.stall.json"
+    wait_for(path.exists, 20, "the stacks of the stall")
+    dump = json.loads(path.read_text())
+    [proc] = dump["processes"]
+    assert proc["pid"] in h.job_pids("q")
+    assert proc["threads"][0]["frames"][0]["name"] == "stuck_here"
+    assert f"stacks at the stall: {path}" in h.tc("status", "q").out
+    assert '"stacks_written"' in (h.home / "jobs/q/events.jsonl").read_text()
+    h.tc("stop", "q", check=True)
+
+
 def test_stack_of_an_unknown_or_stopped_job(harness: Harness) -> None:
     h = harness
     one_line_error(h.tc("stack", "ghost"), 2, "no job named 'ghost'")
