@@ -488,6 +488,11 @@ def hosts(check: bool, as_json: bool) -> int:
     return int(verbs.load("hosts").run(Invocation(), check=check, as_json=as_json))
 
 
+# `trainctl --help` lists each verb with its line from the verb table: one place for it.
+for _name, _command in cli.commands.items():
+    _command.short_help = verbs.VERBS[_name].summary
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run click on ``argv``; map every error to one line and an exit code (returned)."""
     try:

@@ -29,7 +29,7 @@ VERBS: dict[str, Verb] = {
     "stop": Verb("stop", "Stop every process of a job and nothing else; prove it."),
     "restart": Verb("restart", "Stop a job (verified), then start its spec again."),
     "status": Verb("status", "Show one job's phase, pids, members and last log line."),
-    "list": Verb("list_", "List the jobs."),
+    "list": Verb("list_", "List the jobs: phase, run, main pid, members, last log line."),
     "ps": Verb("ps", "Show a job's live process tree."),
     "stack": Verb("stack", "Show the Python stack of every process of a job, grouped."),
     "top": Verb("top", "A live full-screen view of every job and GPU."),
@@ -37,7 +37,9 @@ VERBS: dict[str, Verb] = {
     "logs": Verb("logs", "Print (and follow) a job's log."),
     "wait": Verb("wait", "Wait until a job's run ends; exit with its exit code."),
     "rm": Verb("rm", "Remove a finished job."),
-    "doctor": Verb("doctor", "Report what decides whether jobs survive logout on this host."),
+    "doctor": Verb(
+        "doctor", "Report what decides whether jobs survive logout and stop cleanly here."
+    ),
     "hosts": Verb("hosts", "List (and check) the host aliases of hosts.toml."),
 }
 

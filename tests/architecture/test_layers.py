@@ -212,3 +212,13 @@ def test_status_verb_loads_no_heavy_module() -> None:
         "trainctl.launcher.ops.ps",
     ):
         assert m not in loaded, m
+
+
+def test_every_verb_has_a_module_a_summary_and_a_click_command() -> None:
+    from trainctl.launcher import verbs  # noqa: PLC0415  (the table under test)
+    from trainctl.launcher.cli import cli  # noqa: PLC0415
+
+    assert set(verbs.VERBS) == set(cli.commands)
+    for name, verb in verbs.VERBS.items():
+        assert callable(verbs.load(name).run), name
+        assert verb.summary.endswith("."), name
