@@ -122,7 +122,7 @@ class Spec:
     logs: LogPolicy = field(default_factory=LogPolicy)
     isolation: Isolation = field(default_factory=Isolation)
     gpu: GpuBinding = field(default_factory=GpuBinding)
-    backend: str = "local"  # "local" | "slurm" (see launcher/backends.py)
+    backend: str = "local"  # "local" | "slurm" (see launcher/backends/)
     slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
     spec_file: str | None = None
     schema: int = SCHEMA
