@@ -505,8 +505,6 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.ClickException as e:  # UsageError included
         click.echo(f"trainctl: error: {e.format_message()}", err=True)
         rv = ExitCode.USAGE
-    except Exception as e:  # noqa: BLE001  (every error ends in the one mapping)
-        rv = exit_for_exception(e)
-    except KeyboardInterrupt as e:
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (every error: the one mapping)
         rv = exit_for_exception(e)
     return int(rv) if isinstance(rv, int) else 0

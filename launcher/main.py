@@ -78,9 +78,7 @@ def run_fast(call: FastCall) -> int:
                 as_json=as_json,
             )
         )
-    except Exception as e:  # noqa: BLE001  (every error ends in the one mapping)
-        return exit_for_exception(e)
-    except KeyboardInterrupt as e:
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (every error: the one mapping)
         return exit_for_exception(e)
 
 

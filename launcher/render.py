@@ -110,17 +110,16 @@ def start(res: StartResult) -> None:
 def stop(res: StopResult) -> None:
     """Render a stop report."""
     r = res.report
-    if isinstance(r, SlurmStopReport) and not res.message:
-        print(slurm_stop(res.name, res.run, r))
+    if isinstance(r, SlurmStopReport):  # its own text, or the no-op's one line
+        print(res.message or slurm_stop(res.name, res.run, r))
         _warnings(res)
         return
     if res.message:  # a no-op: one line, and the GPUs it checked again
         print(res.message)
         _warnings(res)
-        for g in getattr(r, "gpus", []):
+        for g in r.gpus:
             print(f"  {gpu_line(g)}")
         return
-    assert isinstance(r, StopReport)  # noqa: S101  (a Slurm report was rendered above)
     if r.already_stopped:
         why = r.reason
         print(

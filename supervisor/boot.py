@@ -247,8 +247,10 @@ def main(argv: list[str]) -> int:
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)
         return 1
     with contextlib.suppress(OSError):  # the CLI gave up waiting: the job is recorded anyway
-        ready = Ready(ok=True, main_pid=spawned.pid, run=state.run, mode=state.mode)
-        _reply(sock, dataclasses.replace(ready, unit=state.unit).to_doc())
+        ready = Ready(
+            ok=True, main_pid=spawned.pid, run=state.run, mode=state.mode, unit=state.unit
+        )
+        _reply(sock, ready.to_doc())
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
     state = dataclasses.replace(state, code=code_version(spec))

@@ -54,15 +54,15 @@ class StopAsk:
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> StopAsk:
         """Read a request (``main_only`` is the older spelling of order ``main``)."""
-        order = doc.get("order")
-        if order is None and doc.get("main_only") is True:
-            order = "main"
-        values = {"order": order, "gpu_timeout_s": doc.get("gpu_timeout_s")}
-        values["grace_s"] = doc.get("grace_s")
+        values = {k: doc.get(k) for k in ("gpu_timeout_s", "order", "grace_s")}
+        if values["order"] is None and doc.get("main_only") is True:
+            values["order"] = "main"
         ask = build_document(cls, values, "stop request")
-        grace, gpu = ask.grace_s, ask.gpu_timeout_s
-        return cls(
-            None if gpu is None else float(gpu), ask.order, None if grace is None else float(grace)
+        grace, gpu = ask.grace_s, ask.gpu_timeout_s  # JSON may say 5 for 5.0
+        return dataclasses.replace(
+            ask,
+            grace_s=None if grace is None else float(grace),
+            gpu_timeout_s=None if gpu is None else float(gpu),
         )
 
 

@@ -86,13 +86,17 @@ def write_stop_request(jdir: Path, ask: StopFile) -> None:
     write_json_atomic(slurm_dir(jdir) / STOP_REQUEST, dataclasses.asdict(ask))
 
 
+MAX_GRACE_S = 3e7  # a grace beyond a year is no grace a user asked for: the job's own wins
+
+
 def read_stop_request(jdir: Path) -> StopFile | None:
-    """The stop the CLI asked for, or None when there is none or it is unreadable."""
+    """The stop the CLI asked for; None when there is none, or it is unreadable or insane."""
     try:
         doc = json.loads((slurm_dir(jdir) / STOP_REQUEST).read_text())
-        return build_document(StopFile, doc, "stop request")
+        ask = build_document(StopFile, doc, "stop request")  # refuses NaN, negatives
     except (OSError, ValueError, StateError):
         return None
+    return ask if ask.grace_s <= MAX_GRACE_S else None
 
 
 def write_checkpoint_request(jdir: Path) -> float:

@@ -554,13 +554,12 @@ class Supervisor:
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
         if op == "stop":
-            token = next(self.tokens)
-            done = self.replies[token] = anyio.Event()
             try:
                 ask = control.StopAsk.from_doc(req)
             except StateError as e:
-                del self.replies[token]
                 return control.StopReply(error=str(e)).to_doc()
+            token = next(self.tokens)
+            done = self.replies[token] = anyio.Event()
             order = ask.order if ask.order in tuple(StopOrder) else None
             self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s))
             await done.wait()

@@ -3,9 +3,9 @@
 Used by `trainctl stack`, and by the supervisor at the two moments a run is seen stuck:
 when the stall watchdog first fires (``jobs/<name>/stacks/run-N.stall.json``) and when a
 stop's grace has run out, before the SIGKILL (``run-N.before-kill.json``), so a hung
-rank is seen before it is killed. Reading a stack pauses a
-process for a moment through ptrace and signals nothing. Without py-spy (the `stack`
-extra) the stop goes on exactly as before and the report says the stacks were not read.
+rank is seen before it is killed. Reading a stack pauses a process for a moment through
+ptrace and signals nothing. Without py-spy (the `stack` extra) the stop and the watchdog
+go on exactly as before and write no file (the report's ``stacks`` stays empty).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Local:
         """
         from .local_stop import stop_run  # noqa: PLC0415  (the stop machinery: not for status)
 
-        return stop_run(jdir, st, spec, req)
+        return stop_run(jdir, spec, req)
 
     def checkpoint(
         self, jdir: Path, st: JobState, spec: Spec, timeout_s: float, asked: Asked

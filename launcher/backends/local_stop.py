@@ -16,7 +16,6 @@ from trainctl.supervisor.errors import JobConflictError, TrainctlError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState
 
 from . import StopRequest, spec_for_stop
 
@@ -25,7 +24,7 @@ from . import StopRequest, spec_for_stop
 MUTE_AFTER_S = 5.0
 
 
-def stop_run(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
+def stop_run(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the run, and any run a racing start or restart launched meanwhile."""
     if req.lock_held:  # restart: it holds the job lock across its stop and its start
         return stop_once(jdir, spec, req)
