@@ -439,10 +439,17 @@ def logs(
 @cli.command()
 @click.argument("name")
 @click.option("--timeout", metavar="SECONDS", help="Give up after this long (exit 124).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the run's end (phase, exit code, cause) as JSON."
+)
 @pass_ctx
-def wait(c: Invocation, name: str, timeout: str | None) -> int:
-    """Wait until job NAME's run ends; exit with the job's exit code (128+N for signal N)."""
-    return int(verbs.load("wait").run(c, name, timeout=timeout))
+def wait(c: Invocation, name: str, timeout: str | None, as_json: bool) -> int:
+    """Wait until job NAME's run ends; exit with the job's exit code (128+N for signal N).
+
+    A run that the restart policy relaunches has not ended: `wait` goes on through the
+    restarts until the job ends for good. The line (or `--json`) names why it ended.
+    """
+    return int(verbs.load("wait").run(c, name, timeout=timeout, as_json=as_json))
 
 
 @cli.command()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ class Config:
     gpu_foreign_threshold_mib: int
     gpu_tolerance_mib: int
     gpu_timeout_s: float
+    # [hooks]: defaults for every job's hook keys (on_failure, notify, ...), checked at start
+    hooks: dict[str, Any] = field(default_factory=dict)
+    # [causes]: extra pattern classes, name = "regex" (supervisor/causes.py)
+    causes: dict[str, str] = field(default_factory=dict)
 
 
 _KEYS: dict[tuple[str, str], tuple[str, type]] = {
@@ -88,10 +93,55 @@ def _load(text: str, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: invalid TOML: {e}") from None
 
 
+# [hooks] keys, as the spec file spells them (their values are checked like spec keys)
+HOOK_KEYS = (
+    "on_exit",
+    "on_failure",
+    "on_stall",
+    "on_restart",
+    "on_checkpoint_stale",
+    "checkpoint_stale",
+    "notify",
+    "hook_timeout",
+)
+_CLASS_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+
+
+def _apply_hooks(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:
+    hooks = dict(values.get("hooks") or {})
+    for key, raw in entries.items():
+        if key not in HOOK_KEYS:
+            raise ConfigError(f"{where}: unknown key hooks.{key} (known: {', '.join(HOOK_KEYS)})")
+        hooks[key] = (raw, f"{where}: hooks.{key}")
+    values["hooks"] = hooks
+
+
+def _apply_causes(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:
+    found = dict(values.get("causes") or {})
+    for name, rx in entries.items():
+        what = f"{where}: causes.{name}"
+        if not _CLASS_NAME.match(name) or name in ("failure", "oom", "signal"):
+            raise ConfigError(f"{what}: a class name is lower-case letters, digits and -")
+        if not isinstance(rx, str):
+            raise ConfigError(f"{what}: expected a regular expression string")
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise ConfigError(f"{what}: invalid regular expression: {e}") from None
+        found[name] = rx
+    values["causes"] = found
+
+
 def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
     for table, entries in doc.items():
         if not isinstance(entries, dict):
             raise ConfigError(f"{where}: [{table}] must be a table")
+        if table == "hooks":
+            _apply_hooks(values, entries, where)
+            continue
+        if table == "causes":
+            _apply_causes(values, entries, where)
+            continue
         for key, raw in entries.items():
             if (table, key) not in _KEYS:
                 raise ConfigError(f"{where}: unknown key {table}.{key}")

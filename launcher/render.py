@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import term
@@ -19,6 +20,7 @@ from .results import (
     CheckpointInfo,
     Failure,
     GpuRelease,
+    MemoryView,
     Progress,
     PsRow,
     SlurmStopReport,
@@ -147,6 +149,8 @@ def stop(res: StopResult) -> None:
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
     print(f"  total      {r.total_s:.2f} s — {_verdict(r)}{code}")
+    if r.cause is not None:
+        print(f"  cause      {clean(r.cause.summary)}")
     _warnings(res)
 
 
@@ -281,6 +285,8 @@ def status(s: Status) -> None:
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
     boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
     print(f"{s.name}: {term.phase(s.state, s.state)}{code}, run {s.run}{boot}")
+    if s.cause is not None:
+        print(f"  cause {term.middle(clean(s.cause.summary), term.width() - 8)}")
     if s.slurm is None:
         sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
         print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
@@ -316,7 +322,7 @@ def job_table(rows: list[Status | tuple[str, str]]) -> None:
         code = f"({row.exit_code})" if row.exit_code is not None else ""
         main = str(row.main_pid) if row.main_pid else "-"
         up = duration(row.uptime_s)
-        last = clean(row.last_log_line)
+        last = clean(row.last_log_line if row.cause is None else f"({row.cause.summary})")
         cells.append(
             (row.name, row.state + code, row.state, str(row.run), main, str(row.members), up, last)
         )
@@ -459,6 +465,34 @@ def hosts(rows: list[HostRow]) -> None:
         print(line)
 
 
+def _restart_lines(s: Status) -> None:
+    """The restart count, the last failure, and why each recent restart was made."""
+    lf = s.last_failure or Failure()
+    nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
+    why = lf.cause.summary if lf.cause else f"{lf.reason}, exit code {lf.exit_code}"
+    print(f"  restarts {s.restarts}; last failure: run {lf.run} ({clean(why)}){nxt}")
+    for h in s.restart_history[-5:]:
+        when = time.strftime("%H:%M:%S", time.localtime(h.at)) if h.at else "?"
+        met = f" [restart_on {h.matched}]" if h.matched else ""
+        print(f"    run {h.run} ended {when}: {clean(h.cause or h.kind or '?')}{met}")
+
+
+def memory_line(m: MemoryView) -> str:
+    """`1.2 GiB of 64.0 GiB (memory_max), high 48.0 GiB; 1 OOM kill`."""
+    parts = []
+    if m.used_bytes is not None:
+        cap = f" of {size(m.max_bytes)} (memory_max)" if m.max_bytes else ""
+        parts.append(f"{size(m.used_bytes)}{cap}")
+    elif m.max_bytes:
+        parts.append(f"cap {size(m.max_bytes)}")
+    if m.high_bytes:
+        parts.append(f"high {size(m.high_bytes)}")
+    text = ", ".join(parts) or "memory cap"
+    if m.oom_kills:
+        text += f"; {m.oom_kills} OOM kill(s) in the job"
+    return text
+
+
 def progress_line(p: Progress) -> str:
     """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`."""
     step, total = p.step, p.total_steps
@@ -495,12 +529,9 @@ def _status_details(s: Status) -> None:
     if s.gpus:
         print(f"  gpus {','.join(map(str, s.gpus))}")
     if s.restarts or s.restart_in_s is not None:
-        lf = s.last_failure or Failure()
-        nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
-        print(
-            f"  restarts {s.restarts}; last failure: run {lf.run} "
-            f"({lf.reason}, exit code {lf.exit_code}){nxt}"
-        )
+        _restart_lines(s)
+    if s.memory is not None:
+        print(f"  mem  {memory_line(s.memory)}")
     if s.checkpoint:
         ck = s.checkpoint
         print(f"  ckpt {ck.path} ({duration(ck.age_s)} old)")

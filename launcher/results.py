@@ -13,11 +13,12 @@ from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import GpuRelease, NamedProc, StopReport, Survivor
+from trainctl.supervisor.reports import Cause, GpuRelease, NamedProc, StopReport, Survivor
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.state import JobState, Phase
 
 __all__ = [
+    "Cause",
     "Checkpoint",
     "CheckpointInfo",
     "CheckpointSeen",
@@ -25,10 +26,12 @@ __all__ = [
     "Frame",
     "GpuRelease",
     "GpuRequest",
+    "MemoryView",
     "NamedProc",
     "NodeStop",
     "Progress",
     "PsRow",
+    "RestartEntry",
     "Seen",
     "Skipped",
     "SlurmAgent",
@@ -95,6 +98,28 @@ class Failure:
     exit_code: int | None = None
     at: float | None = None
     reason: str | None = None
+    cause: Cause | None = None
+
+
+@record(frozen=True)
+class RestartEntry:
+    """One automatic restart: the run that failed, when, and why (state.json history)."""
+
+    run: int | None = None
+    at: float | None = None
+    cause: str | None = None  # the failed run's cause, as a line
+    kind: str | None = None
+    matched: str | None = None  # the restart_on entry it met
+
+
+@record(frozen=True)
+class MemoryView:
+    """The job's memory group now: use against its cap, and the OOM kills so far."""
+
+    used_bytes: int | None = None
+    max_bytes: int | None = None
+    high_bytes: int | None = None
+    oom_kills: int = 0
 
 
 @record(frozen=True)
@@ -307,6 +332,9 @@ class Status:
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
+    cause: Cause | None = None  # why the run ended (None while it runs)
+    restart_history: list[RestartEntry] = field(default_factory=list)
+    memory: MemoryView | None = None  # memory_max/memory_high jobs
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

@@ -11,6 +11,7 @@ import dataclasses
 import re
 import shlex
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,54 @@ def _strlist(v: object, what: str) -> list[str]:
     return list(v)
 
 
+def _memory(v: object, what: str) -> int:
+    """A memory cap: "64G", "512M", bytes; at least 1 MiB (less cannot even exec)."""
+    size = _size(v, what)
+    if size < 1 << 20:
+        raise ConfigError(f"{what}: {v!r} is below 1 MiB; a job cannot run in that")
+    return size
+
+
+def _hook(v: object, what: str) -> list[str]:
+    """A hook: an argv list, or one string split like a shell would (no shell runs it)."""
+    return _argv(v, what)
+
+
+def _on_stall(v: object, what: str) -> str | list[str]:
+    """``mark`` / ``restart`` (what the watchdog does, the older form), else a hook."""
+    if v in ("mark", "restart"):
+        return str(v)
+    return _hook(v, what)
+
+
+def _url(v: object, what: str) -> str:
+    """An http(s) URL with a host (ntfy's topic may be its #fragment)."""
+    text = _str(v, what).strip()
+    parts = urllib.parse.urlsplit(text)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in text)
+    ):
+        raise ConfigError(
+            f"{what}: {v!r} is not an http(s) URL (e.g. https://ntfy.sh/#my-runs or a "
+            "Slack/Discord incoming-webhook URL)"
+        )
+    try:
+        _ = parts.port  # a port that is not a number
+    except ValueError:
+        raise ConfigError(f"{what}: {v!r} has an invalid port") from None
+    return text
+
+
+def _restart_on(v: object, what: str) -> list[str]:
+    """A list of causes (one string is a list of one); names are checked at start."""
+    words = [v] if isinstance(v, str) else v
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) for w in words):
+        raise ConfigError(f'{what}: expected a list of causes, e.g. ["oom", "exit:29"]')
+    return [w.strip() for w in words]
+
+
 def _regex(v: object, what: str) -> str:
     text = _str(v, what)
     try:
@@ -151,7 +200,6 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "progress_regex": _regex,
     "total_steps": _int,
     "stall_timeout": parse_duration,
-    "on_stall": _choice("mark", "restart"),
     "restart": _choice("never", "on-failure"),
     "max_restarts": _int,
     "restart_backoff": parse_duration,
@@ -163,6 +211,19 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "partition": _str,
     "time": _str,
     "sbatch_args": _strlist,
+    "restart_on": _restart_on,
+    "restart_window": parse_duration,
+    "stall_action": _choice("mark", "restart"),
+    "on_exit": _hook,
+    "on_failure": _hook,
+    "on_stall": _on_stall,
+    "on_restart": _hook,
+    "on_checkpoint_stale": _hook,
+    "checkpoint_stale": parse_duration,
+    "notify": _url,
+    "hook_timeout": parse_duration,
+    "memory_max": _memory,
+    "memory_high": _memory,
 }
 
 
@@ -193,7 +254,6 @@ class SpecDraft:
     progress_regex: str | None = None
     total_steps: int | None = None
     stall_timeout: float | None = None
-    on_stall: str | None = None
     restart: str | None = None
     max_restarts: int | None = None
     restart_backoff: float | None = None
@@ -205,6 +265,19 @@ class SpecDraft:
     partition: str | None = None
     time: str | None = None
     sbatch_args: list[str] | None = None
+    restart_on: list[str] | None = None
+    restart_window: float | None = None
+    stall_action: str | None = None
+    on_exit: list[str] | None = None
+    on_failure: list[str] | None = None
+    on_stall: str | list[str] | None = None  # "mark"/"restart" (the action) or a hook
+    on_restart: list[str] | None = None
+    on_checkpoint_stale: list[str] | None = None
+    checkpoint_stale: float | None = None
+    notify: str | None = None
+    hook_timeout: float | None = None
+    memory_max: int | None = None
+    memory_high: int | None = None
 
     def merged(self, later: SpecDraft) -> SpecDraft:
         """This draft with every key ``later`` gives; ``env`` is merged, later winning."""

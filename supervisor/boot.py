@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroup as cg
-from . import control, procfs
+from . import control, memory, procfs
 from .drift import code_version
 from .errors import SpawnError, TrainctlError
 from .launch import Handover, Ready
@@ -87,27 +87,30 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     is killed before the error is answered.
     """
     run, marker = ho.run, ho.marker
-    cgroup = (
-        cg.create_job_cgroup(f"{spec.name}.{run}.{marker[:8]}") if spec.isolation.cgroup else None
-    )
+    leaf = f"{spec.name}.{run}.{marker[:8]}"
+    cgroup = cg.create_job_cgroup(leaf) if spec.isolation.cgroup else None
     before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
+    mem: Path | None = None
+    procs_fds: list[int] = []
     try:
-        starting = _record_starting(jdir, spec, ho, cgroup)
-        procs_fd = cg.open_procs_fd(cgroup) if cgroup else None
-    except OSError:
-        _restore(jdir, before, cgroup)
+        if spec.memory.wanted:
+            mem = memory.place(spec.memory.max_bytes, spec.memory.high_bytes, leaf, cgroup)
+        starting = _record_starting(jdir, spec, ho, cgroup, mem)
+        procs_fds += [cg.open_procs_fd(g) for g in (cgroup, memory.separate(mem, cgroup)) if g]
+    except (OSError, SpawnError):
+        _close_all(procs_fds)
+        _restore(jdir, before, cgroup, mem)
         raise
     progress = jdir / "logs" / f"run-{run}.progress.jsonl"
     try:
         spawned = spawn_main(
-            spec, job_env(spec, marker, run, progress), log_path(jdir, run), procs_fd
+            spec, job_env(spec, jdir, marker, run, progress), log_path(jdir, run), procs_fds
         )
     except SpawnError:
-        _restore(jdir, before, cgroup)  # main never ran: a failed start changes nothing
+        _restore(jdir, before, cgroup, mem)  # main never ran: a failed start changes nothing
         raise
     finally:
-        if procs_fd is not None:
-            os.close(procs_fd)
+        _close_all(procs_fds)
     _fault("exit-after-spawn")
     st = procfs.read_stat(spawned.pid)
     if st is None:  # cannot happen: an unreaped child keeps its /proc entry
@@ -123,7 +126,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
         write_state(jdir, state)
     except OSError as e:
         _abort_main(spawned, cgroup)
-        _restore(jdir, before, cgroup)  # main is gone again: the start changed nothing
+        _restore(jdir, before, cgroup, mem)  # main is gone again: the start changed nothing
         raise SpawnError(
             f"cannot record the job in {jdir}: {e.strerror}; nothing was left running"
         ) from None
@@ -143,7 +146,15 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     return state, spawned, cgroup
 
 
-def _record_starting(jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None) -> JobState:
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
+
+
+def _record_starting(
+    jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None, mem: Path | None
+) -> JobState:
     """Write spec.json and a `starting` state for the run before its main process exists."""
     me = procfs.read_stat(os.getpid())
     if me is None:  # cannot happen: we are reading our own /proc entry
@@ -157,9 +168,11 @@ def _record_starting(jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None) 
         supervisor=ProcRef(me.pid, me.start_ticks),
         mode="cgroup" if cgroup else "signals",
         cgroup=str(cgroup) if cgroup else None,
+        memory_cgroup=str(mem) if mem else None,
         gpus=ho.gpus,
         restarts=ho.restarts,
         last_failure=ho.last_failure,
+        restart_history=ho.restart_history,
         boot_id=current_boot_id(),
         unit=own_unit(),
     )
@@ -191,8 +204,13 @@ def _read_or_none(path: Path) -> bytes | None:
         return None
 
 
-def _restore(jdir: Path, before: dict[str, bytes | None], cgroup: Path | None) -> None:
+def _restore(
+    jdir: Path, before: dict[str, bytes | None], cgroup: Path | None, mem: Path | None = None
+) -> None:
     """Put spec.json and state.json back as they were before this start (best effort)."""
+    sep = memory.separate(mem, cgroup)
+    if sep is not None:
+        cg.remove(sep)
     if cgroup is not None:
         cg.remove(cgroup)
     for name, data in before.items():
@@ -237,6 +255,7 @@ def main(argv: list[str]) -> int:
         spec = spec_from_doc(req.pop("spec"))
         listener = control.bind(jdir)
         req["gpus"] = tuple(GpuLease(**g) for g in req.get("gpus", ()))
+        req["restart_history"] = tuple(req.get("restart_history", ()))
         state, spawned, cgroup = launch(jdir, spec, Handover(**req))
     except TrainctlError as e:
         _reply(sock, Ready(error=str(e)).to_doc())

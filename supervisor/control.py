@@ -40,6 +40,7 @@ class StopAsk:
     gpu_timeout_s: float | None = None
     order: str | None = None  # a StopOrder value
     grace_s: float | None = None
+    verb: str = "stop"  # the verb that asked (stop, restart, rm): the run's cause names it
 
     def to_doc(self) -> dict[str, Any]:
         """The request on the wire."""
@@ -49,12 +50,16 @@ class StopAsk:
             doc["main_only"] = self.order == "main"  # read by older supervisors
         if self.grace_s is not None:
             doc["grace_s"] = self.grace_s
+        if self.verb != "stop":
+            doc["verb"] = self.verb
         return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> StopAsk:
         """Read a request (``main_only`` is the older spelling of order ``main``)."""
         values = {k: doc.get(k) for k in ("gpu_timeout_s", "order", "grace_s")}
+        verb = doc.get("verb", "stop")
+        values["verb"] = verb if verb in ("stop", "restart", "rm") else "stop"
         if values["order"] is None and doc.get("main_only") is True:
             values["order"] = "main"
         ask = build_document(cls, values, "stop request")

@@ -31,6 +31,7 @@ class Handover:
     gpus: tuple[GpuLease, ...] = ()
     restarts: int = 0
     last_failure: dict[str, Any] | None = field(default=None)
+    restart_history: tuple[dict[str, Any], ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form sent over the handshake socket."""

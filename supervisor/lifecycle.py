@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .policy import backoff_s, restart_refusal
+from . import causes
+from .policy import backoff_s, count_in_window, decide
 from .spec import Spec
 from .state import Phase
 
@@ -64,6 +65,7 @@ class StopRequested:
     grace_s: float | None  # None: the job's own grace (the user gave no --grace)
     order: str | None = None
     gpu_timeout_s: float | None = None
+    verb: str = "stop"  # the verb that asked: stop, restart, rm (for the run's cause)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +75,14 @@ class Stalled:
 
 @dataclass(frozen=True, slots=True)
 class StopFinished:
-    """The stop sequence ended; ``report`` is its JSON form."""
+    """The stop sequence ended; ``report`` is its JSON form.
+
+    ``cause``: the supervisor's analysis of a run whose main ended on its own (its kind
+    and the job's reason: supervisor/causes.py); None for a stop trainctl began.
+    """
 
     report: dict[str, Any]
+    cause: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +164,18 @@ class Log:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = RunStop | Persist | WaitBackoff | CancelBackoff | ShortenGrace | Relaunch | Reply | Log
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """Run the job's hook for ``event`` and tell its notify URL (never waited for)."""
+
+    event: str  # exit | failure | restart (stall and checkpoint_stale come from watchers)
+    cause: dict[str, Any]
+    notify: bool = True  # False: the hook only (a failed end notifies once, as `failure`)
+
+
+Action = (
+    RunStop | Persist | WaitBackoff | CancelBackoff | ShortenGrace | Relaunch | Reply | Log | Hook
+)
 
 # ---------------------------------------------------------------- the machine
 
@@ -172,6 +190,9 @@ class Life:
     main_code: int | None = None
     stop_reason: str | None = None  # why the current/last stop sequence ran
     user_stop: bool = False  # a user asked to stop this run: no relaunch, phase `stopped`
+    stop_by: str = "stop"  # ... with this verb (the first one that asked)
+    grace_s: float | None = None  # the grace of the stop that ran
+    history: tuple[dict[str, Any], ...] = ()  # the job's restarts so far: {run, at, cause}
     waiters: tuple[int, ...] = ()  # clients waiting for the stop's answer
     joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
     report: dict[str, Any] | None = None  # the final answer, once the run has ended
@@ -204,9 +225,16 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
 def _timer(life: Life, ev: Stalled | BackoffElapsed, spec: Spec) -> Outcome:
     """The watchdog and the backoff: each matters in one stage only."""
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
+        life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
         return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
-        failure = {"run": life.run, "exit_code": life.main_code, "reason": life.stop_reason}
+        cause = (life.report or {}).get("cause")
+        failure = {
+            "run": life.run,
+            "exit_code": life.main_code,
+            "reason": life.stop_reason,
+            "cause": cause,
+        }
         return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
     return life, []
 
@@ -230,19 +258,23 @@ def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
         return life, []  # a stop is running (it made main exit) or the run is over
     # Whatever main left behind (orphaned workers holding GPUs) is cleaned up now, with
     # the grace a stop would give.
+    life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
     return _begin_stop(life, "main exited", RunStop("main exited", spec.stop.grace_s, None))
 
 
 def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     stage = life.stage
     if stage is Stage.RUNNING:
-        life = dataclasses.replace(life, user_stop=True, waiters=(ev.token,))
         grace = spec.stop.grace_s if ev.grace_s is None else ev.grace_s
+        life = dataclasses.replace(
+            life, user_stop=True, waiters=(ev.token,), stop_by=ev.verb, grace_s=grace
+        )
         return _begin_stop(life, "stop", RunStop("stop", grace, ev.order, ev.gpu_timeout_s))
     if stage in (Stage.STOPPING, Stage.RELAUNCHING):
         # Join the running stop (or the launch); from now on nothing relaunches this run.
         joined = dataclasses.replace(
             life,
+            stop_by=life.stop_by if life.user_stop else ev.verb,
             user_stop=True,
             waiters=(*life.waiters, ev.token),
             joined=(*life.joined, ev.token),
@@ -253,11 +285,14 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
         return joined, actions
     if stage is Stage.BACKOFF:
         ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
+        cause = causes.stopped(ev.verb, life.main_code).to_doc()
+        cause["summary"] += " during the restart backoff"
         return ended, [
             CancelBackoff(),
             Persist(Phase.STOPPING),  # STARTING -> STOPPING -> STOPPED: the legal path
-            Persist(Phase.STOPPED, {"restart_at": None, "last_stop": CANCELLED}),
-            Log("restart_cancelled"),
+            Persist(Phase.STOPPED, {"restart_at": None, "last_stop": CANCELLED, "cause": cause}),
+            Log("restart_cancelled", {"cause": cause}),
+            Hook("exit", cause),
             Reply((ev.token,), CANCELLED),
         ]
     if stage is Stage.HANDED_OVER:
@@ -265,9 +300,21 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     return life, [Reply((ev.token,), life.report or {"ok": True, "already_stopped": True})]
 
 
+def _cause_of(life: Life, ev: StopFinished) -> dict[str, Any]:
+    """The run's cause: who stopped it, or the supervisor's analysis of its own end."""
+    if life.user_stop:
+        return causes.stopped(life.stop_by, life.main_code, life.grace_s).to_doc()
+    if life.stop_reason == "stalled":
+        return causes.stopped("stall watchdog", life.main_code, life.grace_s).to_doc()
+    if ev.cause is not None:
+        return ev.cause
+    return causes.ended_on_its_own(life.main_code, None, causes.Reason()).to_doc()
+
+
 def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     if life.stage is not Stage.STOPPING:
         return life, []
+    cause = _cause_of(life, ev)
     report = {**ev.report, "reason": "stop" if life.user_stop else life.stop_reason}
     code = life.main_code
     ended: dict[str, Any] = {
@@ -277,28 +324,70 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         "members": (),
     }
     reason = "stop" if life.user_stop else str(life.stop_reason)
-    why_not = restart_refusal(spec, life.restarts, code, bool(report.get("ok")), reason)
-    if why_not is None:
-        wait = backoff_s(spec, life.restarts)
-        failure = {"run": life.run, "exit_code": code, "at": life.now, "reason": reason}
+    verdict = decide(
+        spec,
+        restarts=life.restarts,
+        cause=cause,
+        cleaned_up=bool(report.get("ok")),
+        reason=reason,
+        history=life.history,
+        now=life.now,
+    )
+    if verdict.relaunch:
+        wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
+        failure = {
+            "run": life.run,
+            "exit_code": code,
+            "at": life.now,
+            "reason": reason,
+            "cause": cause,
+        }
+        entry = {
+            "run": life.run,
+            "at": life.now,
+            "cause": cause.get("summary"),
+            "kind": cause.get("kind"),
+            "matched": verdict.matched,
+        }
+        history = (*life.history, entry)[-50:]
+        report["cause"] = cause
         # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
         # terminal phase for a run that is about to be relaunched.
-        return _to(life, Stage.BACKOFF, report=report), [
+        return _to(life, Stage.BACKOFF, report=report, history=history), [
             Persist(
-                Phase.STARTING, {**ended, "restart_at": life.now + wait, "last_failure": failure}
+                Phase.STARTING,
+                {
+                    **ended,
+                    "restart_at": life.now + wait,
+                    "last_failure": failure,
+                    "cause": cause,
+                    "restart_history": history,
+                },
             ),
             Log("restart_scheduled", {"backoff_s": wait, "restarts": life.restarts, **failure}),
+            Hook("restart", cause),
             WaitBackoff(wait),
         ]
     if reason == "stop":
         final = Phase.STOPPED
     else:
-        final = Phase.EXITED if code == 0 and reason == "main exited" else Phase.FAILED
+        final = Phase.EXITED if cause.get("kind") == "clean" else Phase.FAILED
+    if verdict.gave_up:
+        cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why).to_doc()
+    report["cause"] = cause
+    ended["cause"] = cause
     actions: list[Action] = []
-    if why_not:
-        actions.append(Log("not_restarting", {"why": why_not}))
-        ended["error"] = why_not
-    actions += [Persist(final, ended), Reply(life.waiters, report)]
+    if verdict.why:
+        actions.append(Log("not_restarting", {"why": verdict.why}))
+        ended["error"] = verdict.why
+    actions += [
+        Persist(final, ended),
+        Log("ended", {"phase": str(final), "cause": cause}),
+        Hook("exit", cause, notify=final is not Phase.FAILED),
+    ]
+    if final is Phase.FAILED:
+        actions.append(Hook("failure", cause))
+    actions.append(Reply(life.waiters, report))
     return _to(life, Stage.ENDED, report=report, waiters=()), actions
 
 
@@ -312,9 +401,15 @@ def _relaunched(life: Life, ev: Relaunched) -> Outcome:
     report = life.report or {"ok": True, "already_stopped": True}
     actions: list[Action] = [Log("relaunch_failed", {"error": ev.error})]
     if life.user_stop:
-        actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, failed)]
+        cause = causes.stopped(life.stop_by, life.main_code).to_doc()
+        actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, {**failed, "cause": cause})]
+        actions.append(Hook("exit", cause))
     else:
-        actions.append(Persist(Phase.FAILED, failed))
+        last = dict(report.get("cause") or {"summary": "a failed run"})
+        why = f"relaunch failed: {ev.error}"
+        gave = causes.gave_up("relaunch-failed", last, life.restarts, why).to_doc()
+        actions.append(Persist(Phase.FAILED, {**failed, "cause": gave}))
+        actions += [Hook("exit", gave, notify=False), Hook("failure", gave)]
     actions.append(Reply(life.waiters, report))
     return _to(life, Stage.ENDED, report=report, waiters=()), actions
 

@@ -88,9 +88,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
     set_subreaper()
     progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
-    env = {**job_env(spec, args.marker, args.run, progress), **slurm_task_env(os.environ)}
+    env = {**job_env(spec, jdir, args.marker, args.run, progress), **slurm_task_env(os.environ)}
     env.pop("TRAINCTL_MASTER_ADDR", None)
-    spawned = spawn_main(spec, env, node_log(jdir, args.run), None)
+    spawned = spawn_main(spec, env, node_log(jdir, args.run), [])
     me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
     if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry
         raise SystemExit(f"trainctl-node: {spec.argv[0]} vanished right after exec")

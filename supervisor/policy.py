@@ -2,32 +2,122 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from .causes import matches
 from .spec import Spec
 
 
-def restart_refusal(
-    spec: Spec, restarts: int, code: int | None, cleaned_up: bool, reason: str
-) -> str | None:
-    """Return None to relaunch the job; otherwise why not ('' when it never applied).
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Relaunch, or why not; ``gave_up`` names a policy end (restarts-exhausted, crash-loop)."""
+
+    relaunch: bool
+    why: str = ""  # '' when the policy never applied (a clean exit, a user's stop)
+    gave_up: str | None = None
+    matched: str | None = None  # the restart_on entry the failure met
+
+
+def decide(
+    spec: Spec,
+    *,
+    restarts: int,
+    cause: dict[str, Any],
+    cleaned_up: bool,
+    reason: str,
+    history: tuple[dict[str, Any], ...] = (),
+    now: float = 0.0,
+) -> Verdict:
+    """Whether to relaunch after a run ended with ``cause``.
 
     ``reason``: "stop" (a user stopped it: never restarted), "main exited" (main ended on
     its own), "stalled" (the watchdog stopped it because ``on_stall = "restart"``).
+    ``history``: the restarts made so far ({at, ...}), for ``restart_window``.
     """
-    applies = (reason == "main exited" and code != 0 and spec.restart.mode == "on-failure") or (
-        reason == "stalled" and spec.watch.on_stall == "restart"
-    )
-    if not applies:
-        return ""
-    codes = spec.restart.exit_codes
-    if reason == "main exited" and codes is not None and code not in codes:
-        return f"exit code {code} is not in restart_exit_codes {list(codes)}"
-    if restarts >= spec.restart.max_restarts:
-        return f"restarts exhausted ({restarts} of {spec.restart.max_restarts})"
+    r = spec.restart
+    if reason == "stalled":
+        if spec.watch.on_stall != "restart":
+            return Verdict(False)
+        matched: str | None = "stalled"
+    elif (
+        reason != "main exited"
+        or r.mode != "on-failure"
+        or cause.get("kind")
+        in (
+            "clean",
+            "stopped",
+        )
+    ):
+        return Verdict(False)
+    else:
+        matched = _matched(spec, cause)
+        if matched is None:
+            return Verdict(False, _not_listed(spec, cause))
+    over = _over_budget(spec, restarts, history, now)
+    if over is not None:
+        return over
     if not cleaned_up:
-        return "the failed run left processes or GPU memory behind; not relaunching"
-    return None
+        return Verdict(False, "the failed run left processes or GPU memory behind; not relaunching")
+    return Verdict(True, matched=matched)
+
+
+def _over_budget(
+    spec: Spec, restarts: int, history: tuple[dict[str, Any], ...], now: float
+) -> Verdict | None:
+    """The crash-loop breaker (with restart_window), else the lifetime max_restarts."""
+    r = spec.restart
+    if r.window_s is not None:
+        recent = [h for h in history if now - float(h.get("at") or 0) <= r.window_s]
+        if len(recent) < r.max_restarts:
+            return None
+        return Verdict(
+            False,
+            f"crash loop: {len(recent) + 1} failures within {_span(r.window_s)} "
+            f"(restart_window; at most {r.max_restarts} restarts in it)",
+            gave_up="crash-loop",
+        )
+    if restarts < r.max_restarts:
+        return None
+    return Verdict(
+        False, f"restarts exhausted ({restarts} of {r.max_restarts})", "restarts-exhausted"
+    )
+
+
+def _matched(spec: Spec, cause: dict[str, Any]) -> str | None:
+    codes = spec.restart.exit_codes
+    if codes is not None:  # restart_exit_codes: the older spelling of exit:N entries
+        code = cause.get("exit_code")
+        words = [w for w in spec.restart.on if w != "failure"]
+        hit = matches(cause, words) if words else None
+        return hit or (f"exit:{code}" if cause.get("kind") == "exit" and code in codes else None)
+    return matches(cause, spec.restart.on)
+
+
+def _not_listed(spec: Spec, cause: dict[str, Any]) -> str:
+    codes = spec.restart.exit_codes
+    if codes is not None and cause.get("kind") == "exit":
+        return f"exit code {cause.get('exit_code')} is not in restart_exit_codes {list(codes)}"
+    what = cause.get("reason_class") or cause.get("kind")
+    return f"{cause.get('summary') or what}: not in restart_on {list(spec.restart.on)}"
+
+
+def _span(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
 
 
 def backoff_s(spec: Spec, restarts: int) -> float:
     """Exponential backoff before relaunch number ``restarts + 1``, capped."""
     return float(min(spec.restart.backoff_s * 2**restarts, spec.restart.backoff_max_s))
+
+
+def count_in_window(spec: Spec, history: tuple[dict[str, Any], ...], now: float) -> int:
+    """How many of the restarts made so far count against the budget now."""
+    w = spec.restart.window_s
+    if w is None:
+        return len(history)
+    return sum(1 for h in history if now - float(h.get("at") or 0) <= w)

@@ -27,7 +27,7 @@ from pathlib import Path
 from . import cgroup as cg
 from . import procfs
 from .procfs import Stat
-from .state import JobState, ProcRef
+from .state import HELPER_VAR, JobState, ProcRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +142,7 @@ def _add_by_fields(
 ) -> None:
     """The per-process nets: marker, subreaper, process group, session."""
     needle = f"TRAINCTL_JOB={target.marker}".encode()
+    helper = f"{HELPER_VAR}={target.marker}".encode()
     # The supervisor started before main, so it is not among the candidates: check it alone.
     sup = target.supervisor
     sup_pid = (
@@ -154,8 +155,8 @@ def _add_by_fields(
     for pid, st in stats.items():
         if procfs.has_marker(pid, needle):
             add(pid, "marker")
-        if sup_pid is not None and st.ppid == sup_pid:
-            add(pid, "subreaper")
+        if sup_pid is not None and st.ppid == sup_pid and not procfs.has_marker(pid, helper):
+            add(pid, "subreaper")  # an orphan of the job, not one of the supervisor's helpers
         if pgid is not None and st.pgid == pgid:
             add(pid, "pgroup")
         if sid is not None and st.sid == sid:
@@ -201,7 +202,8 @@ def scan_light(target: Target) -> dict[int, Member]:
     me = os.getpid()
     floor = target.main.start_ticks if target.main else 0
     out: dict[int, Member] = {}
-    stack = procfs.children(me)
+    helper = f"{HELPER_VAR}={target.marker}".encode()
+    stack = [p for p in procfs.children(me) if not procfs.has_marker(p, helper)]
     while stack:
         pid = stack.pop()
         if pid in out or pid == me:

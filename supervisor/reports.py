@@ -8,11 +8,52 @@ field. Kept apart from the stop algorithm so that reading a report imports none 
 
 from __future__ import annotations
 
+import signal
 from dataclasses import asdict, field
 from typing import Any
 
 from .records import record
 from .schema import build_document
+
+
+@record(frozen=True)
+class Cause:
+    """Why one run ended (state.json ``cause``; in status, list, wait, events, reports)."""
+
+    kind: str
+    summary: str  # one line for people
+    exit_code: int | None = None
+    signal: str | None = None  # e.g. "SIGKILL": what main died of
+    signal_from: str | None = None  # "trainctl" (its stop's escalation) | "outside"
+    by: str | None = None  # stopped: the verb, or "stall watchdog"
+    reason: str | None = None  # from the job: its exception, or a matched log line
+    reason_class: str | None = None  # the pattern class of the reason
+    rank: int | None = None  # the failing rank, where the job says
+    source: str | None = None  # where the reason came from: torchelastic | log
+    at: float | None = None  # when the job recorded its failure (torchelastic)
+    oom_pid: int | None = None
+    oom_cmd: str | None = None
+    oom_kills: int | None = None
+    cap_bytes: int | None = None  # the memory cap in force, if any
+    restarts: int | None = None  # restarts-exhausted / crash-loop: how many were made
+    last: str | None = None  # ... and the final run's own cause, as a line
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (state.json, events, --json)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @property
+    def failed(self) -> bool:
+        """Tell whether this end is a failure (not clean, not a stop by trainctl)."""
+        return self.kind not in ("clean", "stopped")
+
+
+def signal_name(num: int) -> str:
+    """``9`` -> ``SIGKILL`` (``signal 77`` for numbers without a name)."""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 @record(frozen=True)
@@ -120,6 +161,7 @@ class StopReport:
     reason: str = "stop"  # stop | main exited | stalled
     persist_error: str | None = None  # the stop happened, but could not be recorded
     stacks: str | None = None  # where the stacks of what outlived the grace were written
+    cause: Cause | None = None  # why the run ended (supervisor/causes.py)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

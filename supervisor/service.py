@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import glob
 import itertools
 import logging
 import math
@@ -27,7 +28,7 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import control, procfs, steps
+from . import causes, control, hooks, memory, procfs, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import StateError, TrainctlError
@@ -44,6 +45,7 @@ from .state import (
     MemberSnap,
     Phase,
     ProcRef,
+    error_file,
     log_path,
     mtime,
     open_events,
@@ -75,8 +77,20 @@ def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundL
 FULL_SCAN_S = 60.0
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
 REAP_BATCH_S = 0.01
+# How often, at most, the checkpoint's age is looked at (on_checkpoint_stale).
+STALE_CHECK_S = 30.0
 # How often, at most, the newest step of a log-reported progress is sampled for the ETA.
 STEP_SAMPLE_S = 15.0
+
+
+def _newest_mtime(cwd: str, pattern: str) -> float | None:
+    """The newest modification time among files matching ``pattern`` under ``cwd``."""
+    best: float | None = None
+    for path in glob.iglob(os.path.join(cwd, pattern), recursive=True):
+        t = mtime(Path(path))
+        if t and (best is None or t > best):
+            best = t
+    return best
 
 
 class _BestEffortFile:
@@ -131,7 +145,7 @@ class Supervisor:
         )
         self.log = _configure_events(jdir, spec.name)
         self.lock_fd = lock_fd
-        self.life = lc.Life(restarts=state.restarts, run=state.run)
+        self.life = lc.Life(restarts=state.restarts, run=state.run, history=state.restart_history)
         self.main_status: int | None = None
         self.main_reaped = anyio.Event()
         self.events_tx, self.events_rx = anyio.create_memory_object_stream[lc.Event](64)
@@ -149,6 +163,8 @@ class Supervisor:
         self._roster: Roster | None = None  # cgroup mode: the run's members, held by pidfd
         self._stopping = False  # a stop sequence is running (see _reaper)
         self._reap_on_signal: anyio.CancelScope | None = None
+        self._stale_checked = 0.0  # when the checkpoint's age was last looked at
+        self._stale_fired = False  # on_checkpoint_stale fired; re-armed by a newer checkpoint
 
     # ------------------------------------------------------------ state
 
@@ -218,6 +234,16 @@ class Supervisor:
         elif isinstance(a, lc.Reply):
             for token in a.tokens:
                 self._answer(token, a)
+        elif isinstance(a, lc.Hook):
+            self._fire(a.event, a.cause, notify=a.notify)
+
+    def _fire(self, event: str, cause: dict[str, Any], *, notify: bool = True) -> None:
+        """Hand the event to a hook runner, if the job has a hook or a URL for it."""
+        step = self._sampled_step[1] if self._sampled_step else None
+        progress = None if step is None else {"step": step, "total": self.spec.watch.total_steps}
+        error = hooks.fire(event, self.spec, self.jdir, self.state, cause, progress, notify=notify)
+        if error:
+            self.log.warning("hook_failed", hook_event=event, error=error)
 
     def _answer(self, token: int, a: lc.Reply) -> None:
         if a.forward:
@@ -319,6 +345,8 @@ class Supervisor:
             self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
+            self._watch_oom()
+            await self._watch_checkpoint_age()
             await self._check_drift()
             full = time.monotonic() - last_full >= FULL_SCAN_S
             if full:
@@ -402,7 +430,7 @@ class Supervisor:
             emit=self.log.info,
             grace=self.grace,
             roster=self.roster(),
-            before_kill=before_kill_writer(self.jdir, self.state.run),
+            before_kill=before_kill_writer(self.jdir, self.state.run, self.state.marker),
         )
         with anyio.CancelScope(shield=True):
             self._stopping = True
@@ -415,7 +443,57 @@ class Supervisor:
             # main's exit status comes through the reaper; let it land before deciding
             with anyio.move_on_after(2):
                 await self.main_reaped.wait()
-        self.send(lc.StopFinished(report.to_doc()))
+            cause = None
+            if a.reason == "main exited" and not self.life.user_stop:
+                cause = await anyio.to_thread.run_sync(self._analyse)
+            self._watch_oom()  # the last kills, recorded before the group goes
+            memory.remove(self._memory_group(), self._target().cgroup)
+        self.send(lc.StopFinished(report.to_doc(), cause))
+
+    def _memory_group(self) -> Path | None:
+        group = self.state.memory_cgroup
+        return Path(group) if group and memory.is_ours(Path(group)) else None
+
+    def _analyse(self) -> dict[str, Any]:
+        """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason."""
+        st, status = self.state, self.main_status
+        code = self.life.main_code
+        died_of = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+        reason = causes.Reason()
+        if code != 0 or died_of is not None:
+            ef = self.spec.env.get("TORCHELASTIC_ERROR_FILE")
+            reason = causes.job_reason(
+                log_path(self.jdir, st.run),
+                Path(ef) if ef else error_file(self.jdir, st.run),
+                st.started_at,
+                self.spec.causes,
+            )
+        return causes.ended_on_its_own(code, died_of, reason, self._oom_of(died_of)).to_doc()
+
+    def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
+        """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
+        group = self._memory_group()
+        kills = memory.oom_kills(group) if group is not None else 0
+        if not kills and died_of != signal.SIGKILL:
+            return None
+        st = self.state
+        cmds = {m.pid: m.cmd for m in st.members}
+        main = st.main.pid if st.main else 0
+        leaf = Path(st.cgroup).name if st.cgroup else None
+        victims = memory.oom_victims({*cmds, main}, leaf)
+        if not kills and not victims:
+            return None  # a SIGKILL from someone else, not the OOM killer
+        pick = next((v for v in victims if v.pid == main), victims[0] if victims else None)
+        if pick is None and died_of == signal.SIGKILL:
+            pick = memory.Victim(main, "")
+        cap = self.spec.memory.max_bytes
+        if pick is None:
+            return (0, None, kills, cap)
+        cmd = cmds.get(pick.pid)
+        if not cmd and pick.pid == main:
+            cmd = " ".join(self.spec.argv)
+        cmd = (cmd or pick.comm)[:200] or None
+        return (pick.pid, cmd, kills or len(victims), cap)
 
     async def _wait_backoff(self, seconds: float, scope: anyio.CancelScope) -> None:
         with scope:
@@ -484,6 +562,10 @@ class Supervisor:
         if first:
             self._set(st.phase, stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
+            self._fire(
+                "stall",
+                {"kind": "stalled", "summary": f"no progress and no output for {idle:.0f} s"},
+            )
         if self.spec.watch.on_stall == "restart":
             self.send(lc.Stalled())
         return first
@@ -491,10 +573,56 @@ class Supervisor:
     async def _write_stall_stacks(self) -> None:
         """Where every process of the stalled run stands, read once, off the event loop."""
         refs = [m.ref for m in alive(scan_light(self._target())).values()]
-        write = stacks_writer(self.jdir, self.state.run, "stall")
+        write = stacks_writer(self.jdir, self.state.run, "stall", self.state.marker)
         path = await anyio.to_thread.run_sync(write, refs)
         if path:
             self.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
+
+    def _watch_oom(self) -> None:
+        """Name each OOM kill in the job's memory group as it happens (one small read)."""
+        group = self._memory_group()
+        if group is None:
+            return
+        kills = memory.oom_kills(group)
+        if kills <= self.state.oom_kills:
+            return
+        st = self.state
+        cmds = {m.pid: m.cmd for m in st.members}
+        leaf = Path(st.cgroup).name if st.cgroup else None
+        pids = {*cmds, *([st.main.pid] if st.main else [])}
+        victims = memory.oom_victims(pids, leaf)
+        self.log.warning(
+            "oom_kill",
+            oom_kills=kills,
+            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in victims],
+            cap_bytes=self.spec.memory.max_bytes,
+        )
+        self._set(st.phase, oom_kills=kills)
+
+    async def _watch_checkpoint_age(self) -> None:
+        """Fire on_checkpoint_stale once the newest checkpoint is older than allowed.
+
+        Looked at every STALE_CHECK_S at most (a glob may walk a big folder), off the loop;
+        fired once, and armed again when a newer checkpoint appears.
+        """
+        limit = self.spec.hooks.checkpoint_stale_s
+        pattern = self.spec.watch.checkpoint
+        now = time.time()
+        if limit is None or not pattern or now - self._stale_checked < STALE_CHECK_S:
+            return
+        self._stale_checked = now
+        newest = await anyio.to_thread.run_sync(_newest_mtime, self.spec.cwd, pattern)
+        age = now - max(newest or 0.0, self.state.started_at)
+        if age < limit:
+            self._stale_fired = False
+            return
+        if self._stale_fired:
+            return
+        self._stale_fired = True
+        what = "no checkpoint yet" if newest is None else "the newest checkpoint"
+        summary = f"{what}: {age:.0f} s since {'start' if newest is None else 'it was written'}"
+        self.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
+        self._fire("checkpoint_stale", {"kind": "checkpoint_stale", "summary": summary})
 
     def _sample_steps(self) -> None:
         """Record (time, newest step) now and then, for an ETA over a recent window."""
@@ -561,7 +689,7 @@ class Supervisor:
             token = next(self.tokens)
             done = self.replies[token] = anyio.Event()
             order = ask.order if ask.order in tuple(StopOrder) else None
-            self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s))
+            self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s, ask.verb))
             await done.wait()
             del self.replies[token]
             return self.answers.pop(token)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import SpawnError, StateError
 from .spec import Spec
-from .state import TRAINCTL_VARS, TRANSPORT_VARS, open_in
+from .state import ERROR_FILE_VAR, TRAINCTL_VARS, TRANSPORT_VARS, error_file, open_in
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
@@ -35,10 +35,15 @@ class Spawned:
     pidfd: int  # opened before anything can reap main, so it always refers to it
 
 
-def job_env(spec: Spec, marker: str, run: int, progress: Path) -> dict[str, str]:
-    """Return the job's environment: the recorded one plus trainctl's variables."""
+def job_env(spec: Spec, jdir: Path, marker: str, run: int, progress: Path) -> dict[str, str]:
+    """Return the job's environment: the recorded one plus trainctl's variables.
+
+    ``TORCHELASTIC_ERROR_FILE`` (unless the job sets its own) makes torchrun write the
+    failing worker's exception there, which is where the run's cause is read from.
+    """
     # a spec recorded by an older release may still hold the transport variables
     env = {k: v for k, v in spec.env.items() if k not in (*TRAINCTL_VARS, *TRANSPORT_VARS)}
+    env.setdefault(ERROR_FILE_VAR, str(error_file(jdir, run)))
     env.update(
         TRAINCTL_JOB=marker,
         TRAINCTL_NAME=spec.name,
@@ -49,7 +54,7 @@ def job_env(spec: Spec, marker: str, run: int, progress: Path) -> dict[str, str]
     return env
 
 
-def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int | None) -> Spawned:
+def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fds: list[int]) -> Spawned:
     """Start the main process in a new session; raise SpawnError if it cannot be exec'd."""
 
     def in_child() -> None:
@@ -57,9 +62,10 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fd: int 
         for sig in _RESET:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        if cgroup_procs_fd is not None:
-            # "0" moves the writing process: the job is inside its cgroup before it can fork.
-            os.write(cgroup_procs_fd, b"0")
+        for fd in cgroup_procs_fds:
+            # "0" moves the writing process: the job is inside its cgroup(s) (v2, and v1
+            # memory on hybrid hosts) before it can fork.
+            os.write(fd, b"0")
 
     try:  # relative to the logs directory's descriptor: no symlink on the way
         log_fd = open_in(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)

@@ -68,6 +68,12 @@ class RestartPolicy:
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0
     exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
+    # which ends of a run restart it (supervisor/causes.py RESTART_ON): "failure" (any
+    # failed end), "oom", "signal", "exit:N", or a pattern class such as "nccl-timeout"
+    on: tuple[str, ...] = ("failure",)
+    # crash-loop breaker: at most max_restarts restarts within any window this long
+    # (None: max_restarts over the job's whole life)
+    window_s: float | None = None
 
 
 @record(frozen=True)
@@ -81,6 +87,46 @@ class Watch:
     stall_timeout_s: float | None = None
     on_stall: str = "mark"  # "mark" | "restart"
     snapshot_interval_s: float = 3.0
+
+
+@record(frozen=True)
+class Hooks:
+    """Commands the supervisor runs, and the URL it tells, when something happens to a run.
+
+    Each command is an argv. The supervisor never waits for one: a small runner process
+    (supervisor/hookrun.py) runs it with ``timeout_s`` and records its exit in events.
+    """
+
+    on_exit: tuple[str, ...] | None = None  # the job ended (stopped, exited or failed)
+    on_failure: tuple[str, ...] | None = None  # the job ended failed (no restart follows)
+    on_stall: tuple[str, ...] | None = None  # the stall watchdog saw the run stall
+    on_restart: tuple[str, ...] | None = None  # a failed run is about to be relaunched
+    on_checkpoint_stale: tuple[str, ...] | None = None  # newest checkpoint too old
+    checkpoint_stale_s: float | None = None  # ... older than this
+    notify: str | None = None  # http(s) URL: one JSON POST per event above
+    timeout_s: float = 30.0
+
+    def command(self, event: str) -> tuple[str, ...] | None:
+        """The command for ``event`` (exit, failure, stall, restart, checkpoint_stale)."""
+        cmd: tuple[str, ...] | None = getattr(self, f"on_{event}")
+        return cmd
+
+    def any_for(self, event: str) -> bool:
+        """Tell whether ``event`` has a command or goes to the notify URL."""
+        return self.command(event) is not None or self.notify is not None
+
+
+@record(frozen=True)
+class MemoryCap:
+    """The job cgroup's memory limits (supervisor/memory.py); None: no limit."""
+
+    max_bytes: int | None = None  # memory.max (v2) / memory.limit_in_bytes (v1)
+    high_bytes: int | None = None  # memory.high (v2) / memory.soft_limit_in_bytes (v1)
+
+    @property
+    def wanted(self) -> bool:
+        """Tell whether any limit is set."""
+        return self.max_bytes is not None or self.high_bytes is not None
 
 
 @record(frozen=True)
@@ -122,6 +168,10 @@ class Spec:
     logs: LogPolicy = field(default_factory=LogPolicy)
     isolation: Isolation = field(default_factory=Isolation)
     gpu: GpuBinding = field(default_factory=GpuBinding)
+    hooks: Hooks = field(default_factory=Hooks)
+    memory: MemoryCap = field(default_factory=MemoryCap)
+    # pattern classes added by config ([causes] name = "regex"), tried before the built-in
+    causes: dict[str, str] = field(default_factory=dict)
     backend: str = "local"  # "local" | "slurm" (see launcher/backends/)
     slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
     spec_file: str | None = None
@@ -139,6 +189,8 @@ _SECTIONS: dict[str, type] = {
     "logs": LogPolicy,
     "isolation": Isolation,
     "gpu": GpuBinding,
+    "hooks": Hooks,
+    "memory": MemoryCap,
 }
 
 
@@ -153,16 +205,23 @@ def _object(value: Any, key: str) -> dict[str, Any]:
     return value
 
 
+def _tuples(section: Any) -> Any:
+    """The section with each list field (JSON has no tuples) made the tuple it is declared."""
+    lists = {
+        f.name: tuple(v)
+        for f in dataclasses.fields(section)
+        if isinstance(v := getattr(section, f.name), list)
+    }
+    return dataclasses.replace(section, **lists) if lists else section
+
+
 def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
     """Build a Spec from its JSON form, rejecting missing, unknown or mistyped fields."""
     try:
         d = dict(doc)
         for key, cls in _SECTIONS.items():
-            d[key] = cls(**_object(d.get(key, {}), key))
+            d[key] = _tuples(cls(**_object(d.get(key, {}), key)))
         d["argv"] = tuple(d["argv"])
-        codes = d["restart"].exit_codes
-        if isinstance(codes, list):
-            d["restart"] = dataclasses.replace(d["restart"], exit_codes=tuple(codes))
         spec = Spec(**d)
     except (TypeError, KeyError, ValueError) as e:
         raise StateError(f"{where} is incomplete or malformed: {e}") from None

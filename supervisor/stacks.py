@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
-from .state import ProcRef, stacks_path, write_json_atomic
+from .state import ProcRef, helper_env, stacks_path, write_json_atomic
 
 DUMP_TIMEOUT_S = 10.0  # a hung ptrace must not hang `stack`
 BEFORE_KILL_TIMEOUT_S = 3.0  # what reading the stacks may add to a stop that ran out of grace
@@ -33,14 +33,23 @@ def pyspy_path() -> str | None:
 
 
 def dump(
-    tool: str, pids: list[int], *, native: bool = False, timeout_s: float = DUMP_TIMEOUT_S
+    tool: str,
+    pids: list[int],
+    *,
+    native: bool = False,
+    timeout_s: float = DUMP_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> dict[int, tuple[bool, Any]]:
-    """Run one py-spy per pid, all at once: (True, its JSON) or (False, its error text)."""
+    """Run one py-spy per pid, all at once: (True, its JSON) or (False, its error text).
+
+    ``env``: the supervisor passes its helpers' environment (state.helper_env), so that
+    no membership net takes a py-spy it started for a member of the job.
+    """
     procs = {}
     for pid in pids:
         argv = [tool, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
         procs[pid] = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env
         )
     out: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout_s
@@ -62,12 +71,14 @@ def dump(
     return out
 
 
-def before_kill_writer(jdir: Path, run: int) -> Callable[[list[ProcRef]], str | None]:
+def before_kill_writer(jdir: Path, run: int, marker: str) -> Callable[[list[ProcRef]], str | None]:
     """A stop's hook: write the survivors' stacks to the job directory; return the path."""
-    return stacks_writer(jdir, run, "before-kill")
+    return stacks_writer(jdir, run, "before-kill", marker)
 
 
-def stacks_writer(jdir: Path, run: int, moment: str) -> Callable[[list[ProcRef]], str | None]:
+def stacks_writer(
+    jdir: Path, run: int, moment: str, marker: str
+) -> Callable[[list[ProcRef]], str | None]:
     """Write the stacks of the given processes for ``moment``; return the path (or None)."""
 
     def write(refs: list[ProcRef]) -> str | None:
@@ -75,7 +86,7 @@ def stacks_writer(jdir: Path, run: int, moment: str) -> Callable[[list[ProcRef]]
         if tool is None or not refs:
             return None
         pids = [r.pid for r in refs[:64]]
-        found = dump(tool, pids, timeout_s=BEFORE_KILL_TIMEOUT_S)
+        found = dump(tool, pids, timeout_s=BEFORE_KILL_TIMEOUT_S, env=helper_env(marker))
         doc = {
             "at": time.time(),
             "run": run,

@@ -42,6 +42,11 @@ from .spec import SCHEMA, Spec, spec_from_doc
 TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
 # Set by `--host` on the remote side for one call; never part of a job's environment.
 TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
+# In the environment of the supervisor's own helpers (hook runners, py-spy), set to the
+# run's marker: no membership net takes them for members of the job (proctree.py).
+HELPER_VAR = "TRAINCTL_HELPER"
+# torchrun writes the first failing worker's exception to this file (see causes.py)
+ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -118,6 +123,7 @@ class JobState:
     sid: int | None = None
     mode: str = "signals"  # "cgroup" or "signals": how the tree is frozen and killed
     cgroup: str | None = None
+    memory_cgroup: str | None = None  # the group holding memory.max (memory caps), if any
     ended_at: float | None = None
     exit_code: int | None = None  # 128+N when killed by signal N
     error: str | None = None
@@ -126,7 +132,11 @@ class JobState:
     last_stop: dict[str, Any] | None = None
     gpus: tuple[GpuLease, ...] = ()
     restarts: int = 0  # automatic relaunches so far (restart policy)
-    last_failure: dict[str, Any] | None = None  # {run, exit_code, at, reason}
+    last_failure: dict[str, Any] | None = None  # {run, exit_code, at, reason, cause}
+    # each automatic restart so far: {run, at, cause} (newest last, at most 50)
+    restart_history: tuple[dict[str, Any], ...] = ()
+    cause: dict[str, Any] | None = None  # why the run ended (supervisor/causes.py Cause)
+    oom_kills: int = 0  # OOM kills the kernel counted in the job's memory group
     restart_at: float | None = None  # set while waiting out the restart backoff
     stalled_since: float | None = None  # stall watchdog: no progress nor output since
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
@@ -227,6 +237,18 @@ def open_in(path: Path, flags: int, mode: int = 0o600) -> int:
 def stacks_path(jdir: Path, run: int, moment: str) -> Path:
     """Where the Python stacks of run ``run`` at ``moment`` (stall, before-kill) go."""
     return jdir / "stacks" / f"run-{run}.{moment}.json"
+
+
+def helper_env(marker: str) -> dict[str, str]:
+    """The environment of a process the supervisor starts for itself, not for the job."""
+    env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
+    env[HELPER_VAR] = marker
+    return env
+
+
+def error_file(jdir: Path, run: int) -> Path:
+    """Where torchrun (TORCHELASTIC_ERROR_FILE) records run ``run``'s failing worker."""
+    return jdir / "logs" / f"run-{run}.error.json"
 
 
 def log_path(jdir: Path, run: int) -> Path:
@@ -378,8 +400,9 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
-        if isinstance(d.get("code_drift"), list):
-            d["code_drift"] = tuple(d["code_drift"])
+        for key in ("code_drift", "restart_history"):
+            if isinstance(d.get(key), list):
+                d[key] = tuple(d[key])
         st = JobState(**d)
     except (TypeError, KeyError, ValueError, AttributeError) as e:
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None

@@ -58,6 +58,7 @@ class StopRequest:
     asked_grace_s: float | None = None
     asked_order: StopOrder | None = None  # --order / --main-only; else the job's own
     lock_held: bool = False  # restart holds the job lock across its stop and its start
+    verb: str = "stop"  # the verb that stops the run (stop, restart, rm): its cause says it
 
     @property
     def budget_s(self) -> float:

@@ -15,9 +15,10 @@ from typing import Any
 
 from trainctl.launcher.results import StopResult, last_stop_of
 from trainctl.supervisor import state
+from trainctl.supervisor.causes import stopped
 from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
 from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.reports import StopReport
+from trainctl.supervisor.reports import Cause, StopReport
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.stacks import before_kill_writer
 from trainctl.supervisor.state import JobState, Phase
@@ -54,12 +55,21 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         leases=st.gpus,
         gpu_timeout_s=req.gpu_timeout_s,
         emit=emit,
-        before_kill=before_kill_writer(jdir, st.run),
+        before_kill=before_kill_writer(jdir, st.run, st.marker),
     )
+    changes: dict[str, Any] = {}
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
+        cause = stopped(req.verb, st.exit_code)
+        cause = dataclasses.replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
+        report.cause = cause
+        changes["cause"] = cause.to_doc()
     st = st.moved(
-        st.phase, ended_at=st.ended_at or time.time(), last_stop=report.to_doc(), members=()
+        st.phase,
+        ended_at=st.ended_at or time.time(),
+        last_stop=report.to_doc(),
+        members=(),
+        **changes,
     )
     report.persist_error = write_best_effort(jdir, st) or (failures[0] if failures else None)
     res = StopResult(st.name, st.run, "direct", report, st.exit_code)
@@ -99,7 +109,13 @@ def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> St
 def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
     msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); nothing to stop"
     if st.phase not in state.TERMINAL:
-        st = st.moved(Phase.STOPPING).moved(Phase.STOPPED, ended_at=time.time(), members=())
+        lost = Cause(
+            kind="lost",
+            summary="lost: its supervisor and every process of the run were gone when seen",
+        )
+        st = st.moved(Phase.STOPPING).moved(
+            Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc()
+        )
         write_best_effort(jdir, st)
     elif st.last_stop is not None and st.last_stop.get("ok") is not True:
         # The survivors an earlier stop reported are gone now: say so from here on.

@@ -60,6 +60,7 @@ def _stop_via_supervisor(jdir: Path, req: StopRequest) -> StopResult | None:
         gpu_timeout_s=req.gpu_timeout_s,
         order=None if req.asked_order is None else str(req.asked_order),
         grace_s=req.asked_grace_s,
+        verb=req.verb,
     )
     reply = _ask_supervisor(jdir, msg, req.budget_s, force=req.force)
     if reply is None:

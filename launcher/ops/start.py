@@ -10,17 +10,23 @@ from pathlib import Path
 from typing import TypeVar
 
 from trainctl.launcher import backends
-from trainctl.launcher.config import Config
+from trainctl.launcher.config import HOOK_KEYS, Config
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.results import GpuRequest, StartResult, StopResult
-from trainctl.launcher.specfile import SpecDraft
+from trainctl.launcher.specfile import KEYS, SpecDraft
 from trainctl.supervisor import state
+from trainctl.supervisor.causes import check_restart_on
+from trainctl.supervisor.cgroup import find_mount
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
+from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
+from trainctl.supervisor.memory import find_home as memory_home
 from trainctl.supervisor.spec import (
     SLURM_KEYS,
     GpuBinding,
+    Hooks,
     Isolation,
     LogPolicy,
+    MemoryCap,
     RestartPolicy,
     Spec,
     StopPolicy,
@@ -100,11 +106,13 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
             order=_or(d.stop_order, cfg.stop_order),
         ),
         restart=RestartPolicy(
-            mode=_or(d.restart, "never"),
+            mode=_restart_mode(d),
             max_restarts=_or(d.max_restarts, 3),
             backoff_s=backoff,
             backoff_max_s=max(backoff, _or(d.restart_backoff_max, 300.0)),
             exit_codes=None if d.restart_exit_codes is None else tuple(d.restart_exit_codes),
+            on=tuple(d.restart_on or ("failure",)),
+            window_s=d.restart_window,
         ),
         watch=Watch(
             checkpoint=d.checkpoint,
@@ -112,7 +120,7 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
             progress_regex=d.progress_regex,
             total_steps=d.total_steps,
             stall_timeout_s=d.stall_timeout,
-            on_stall=_or(d.on_stall, "mark"),
+            on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
             snapshot_interval_s=cfg.snapshot_interval_s,
         ),
         logs=LogPolicy(
@@ -124,12 +132,94 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
             timeout_s=_or(d.gpu_timeout, cfg.gpu_timeout_s),
             tolerance_mib=cfg.gpu_tolerance_mib,
         ),
+        hooks=_hooks(d, cfg),
+        memory=MemoryCap(max_bytes=d.memory_max, high_bytes=d.memory_high),
+        causes=dict(cfg.causes),
         backend=_or(d.backend, "local"),
         slurm={k: given[k] for k in sorted(SLURM_KEYS) if k in given} or None,
         spec_file=spec_file,
     )
     _check_command(argv, workdir, full_env)
+    check_keeper(spec, cfg)
     return spec
+
+
+def _restart_mode(d: SpecDraft) -> str:
+    """``restart_on`` alone means restarting on those causes; with ``never`` it conflicts."""
+    if d.restart_on is not None and d.restart == "never":
+        raise ConfigError('restart_on is set but restart = "never": drop one of them')
+    if d.restart is None and (d.restart_on is not None or d.restart_window is not None):
+        return "on-failure"
+    return _or(d.restart, "never")
+
+
+def _hooks(d: SpecDraft, cfg: Config) -> Hooks:
+    """The hook keys: the job's own, else the config's [hooks] (checked the same way)."""
+    base = {k: KEYS[k](raw, where) for k, (raw, where) in cfg.hooks.items()}
+    given = {k: v for k, v in d.given().items() if k in HOOK_KEYS}
+    if isinstance(d.on_stall, str):
+        given.pop("on_stall")  # the older form: the watchdog's action, not a hook
+    keys = {**base, **given}
+
+    def cmd(key: str) -> tuple[str, ...] | None:
+        value = keys.get(key)
+        return tuple(value) if isinstance(value, list) else None
+
+    return Hooks(
+        on_exit=cmd("on_exit"),
+        on_failure=cmd("on_failure"),
+        on_stall=cmd("on_stall"),
+        on_restart=cmd("on_restart"),
+        on_checkpoint_stale=cmd("on_checkpoint_stale"),
+        checkpoint_stale_s=keys.get("checkpoint_stale"),
+        notify=keys.get("notify"),
+        timeout_s=float(keys.get("hook_timeout", 30.0)),
+    )
+
+
+def check_keeper(spec: Spec, cfg: Config) -> None:
+    """Refuse, in one line each, what the run keeper could not do as asked."""
+    problems = check_restart_on(spec.restart.on, spec.causes)
+    if problems:
+        raise ConfigError(f"restart_on: {problems[0]}")
+    h = spec.hooks
+    for event in HOOK_EVENTS:
+        argv = h.command(event)
+        if argv is not None:
+            _check_hook(f"on_{event}", list(argv), spec.cwd, spec.env)
+    if h.on_checkpoint_stale is not None and h.checkpoint_stale_s is None:
+        raise ConfigError("on_checkpoint_stale needs checkpoint_stale (how old is too old)")
+    if h.checkpoint_stale_s is not None and not spec.watch.checkpoint:
+        raise ConfigError("checkpoint_stale needs checkpoint (the glob of the job's checkpoints)")
+    _check_memory(spec, cfg)
+
+
+def _check_hook(key: str, argv: list[str], cwd: str, env: dict[str, str]) -> None:
+    try:
+        _check_command(argv, cwd, env)
+    except SpawnError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def _check_memory(spec: Spec, cfg: Config) -> None:
+    m = spec.memory
+    if not m.wanted:
+        return
+    if spec.backend != "local":
+        raise ConfigError(
+            "memory_max/memory_high are for local jobs; on Slurm ask for memory with "
+            'sbatch_args = ["--mem=64G"]'
+        )
+    if m.max_bytes is not None and m.high_bytes is not None and m.high_bytes > m.max_bytes:
+        raise ConfigError("memory_high is above memory_max: the cap would never throttle")
+    if not cfg.cgroup or not spec.isolation.cgroup or find_mount() is None:
+        raise ConfigError(
+            "memory_max/memory_high need cgroup mode, and this job would run in signals mode "
+            "(cgroup = false in the config, or no cgroup v2 here)"
+        )
+    home = memory_home()
+    if isinstance(home, str):
+        raise ConfigError(f"memory_max/memory_high cannot be set: {home}")
 
 
 def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None) -> StartResult:
@@ -185,7 +275,7 @@ def restart_job(
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
     with state.job_lock(jdir, 30.0):
-        stopped = stop_job(home, name, grace_s=grace_s, lock_held=True)
+        stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb="restart")
         st = state.read_state(jdir)
         left = live_members(st)
         if left or not stopped.ok:

@@ -14,13 +14,16 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import (
+    Cause,
     CheckpointSeen,
     Failure,
+    MemoryView,
     Progress,
+    RestartEntry,
     Status,
     last_stop_of,
 )
-from trainctl.supervisor import state
+from trainctl.supervisor import memory, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.records import record
@@ -126,7 +129,44 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         checkpoint=training.checkpoint,
         progress=training.progress,
         code_changed=training.code_changed,
+        cause=cause_of(st, phase),
+        restart_history=[
+            build_document(RestartEntry, h, f"job {st.name}: restart_history")
+            for h in st.restart_history[-10:]
+        ],
+        memory=_memory_view(st, spec, live=phase not in state.TERMINAL),
     )
+
+
+LOST = Cause(
+    kind="lost",
+    summary="lost: its supervisor is gone; `trainctl stop` still stops it from the state file",
+)
+
+
+def cause_of(st: state.JobState, phase: Phase) -> Cause | None:
+    """The run's recorded cause; `lost` for a live-looking run without its supervisor."""
+    if phase == Phase.LOST:
+        return LOST
+    if st.cause is None or phase not in state.TERMINAL:
+        return None
+    return build_document(Cause, st.cause, f"job {st.name}: cause")
+
+
+def _memory_view(st: state.JobState, spec: Spec | None, *, live: bool) -> MemoryView | None:
+    """Use against the cap while the run lives (two small reads); the kills when it ended."""
+    if st.memory_cgroup is None:
+        return None
+    group = Path(st.memory_cgroup)
+    if not live or not memory.is_ours(group) or not group.is_dir():
+        cap = spec.memory if spec is not None else None
+        return MemoryView(
+            max_bytes=cap.max_bytes if cap else None,
+            high_bytes=cap.high_bytes if cap else None,
+            oom_kills=st.oom_kills,
+        )
+    u = memory.usage(group)
+    return MemoryView(u.used_bytes, u.max_bytes, u.high_bytes, max(u.oom_kills, st.oom_kills))
 
 
 @record(frozen=True)

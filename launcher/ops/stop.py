@@ -46,6 +46,7 @@ def stop_job(
     gpu_timeout_s: float | None = None,
     lock_held: bool = False,
     force: bool = False,
+    verb: str = "stop",
 ) -> StopResult:
     """Stop every process of the job's current run (and nothing else); verify its GPUs."""
     jdir = existing_job(home, name)
@@ -57,6 +58,7 @@ def stop_job(
         gpu_timeout_s=spec.gpu.timeout_s if gpu_timeout_s is None else gpu_timeout_s,
         kill_wait_s=spec.stop.kill_wait_s,
         force=force,
+        verb=verb,
         asked_grace_s=grace_s,
         asked_order=order,
         lock_held=lock_held,

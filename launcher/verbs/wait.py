@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import sys
 
+from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_seconds
 from trainctl.launcher.ops.jobs import wait_job
+from trainctl.launcher.ops.status import cause_of
 
 from . import Invocation
 
 
-def run(inv: Invocation, name: str, *, timeout: str | None = None) -> int:
+def run(inv: Invocation, name: str, *, timeout: str | None = None, as_json: bool = False) -> int:
     """The job's exit code (128+N for signal N); 124 when --timeout expires first."""
     timeout_s = None if timeout is None else parse_seconds(timeout, "--timeout")
     try:
@@ -19,4 +21,17 @@ def run(inv: Invocation, name: str, *, timeout: str | None = None) -> int:
     except TimeoutError as e:
         sys.stderr.write(f"trainctl: {e}\n")
         return ExitCode.TIMEOUT
+    cause = cause_of(st, st.phase)
+    if as_json:
+        render.emit_json(
+            {
+                "name": st.name,
+                "run": st.run,
+                "state": str(st.phase),
+                "exit_code": st.exit_code,
+                "cause": None if cause is None else cause.to_doc(),
+            }
+        )
+    elif cause is not None:
+        render.line(f"{st.name} run {st.run} {st.phase}: {render.clean(cause.summary)}")
     return st.exit_code if st.exit_code is not None else ExitCode.OK

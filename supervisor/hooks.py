@@ -1,0 +1,164 @@
+"""Hooks and notifications: what the supervisor hands to a hook runner for one event.
+
+The supervisor calls :func:`fire` and goes on at once. The runner (supervisor/hookrun.py)
+is a process of its own, so nothing here waits for a hook or for the network.
+
+A hook's environment is the job's own plus::
+
+    TRAINCTL_EVENT      exit | failure | stall | restart | checkpoint_stale
+    TRAINCTL_JOB        the job's name (TRAINCTL_NAME too)
+    TRAINCTL_RUN        the run number
+    TRAINCTL_EXIT_CODE  main's exit code ('' while the run is live)
+    TRAINCTL_CAUSE      the cause's kind (clean, stopped, exit, signal, oom, ...)
+    TRAINCTL_REASON     the job's own reason (its exception), else the cause's summary
+    TRAINCTL_SUMMARY    the cause's one line
+    TRAINCTL_LOG        the run's log file
+    TRAINCTL_LAST_LINES a file holding the log's last 50 lines
+    TRAINCTL_HOST       the host the job runs on
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .spec import Spec
+from .state import HELPER_VAR, TRAINCTL_VARS, JobState, log_path, write_json_atomic
+
+LAST_LINES = 50
+LINE_CHARS = 500
+EVENTS = ("exit", "failure", "stall", "restart", "checkpoint_stale")
+
+
+def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:
+    """The last ``n`` lines of the log (each cut to LINE_CHARS), cheaply."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n * LINE_CHARS))
+            raw = f.read()
+    except OSError:
+        return []
+    lines = [x.decode(errors="replace").rsplit("\r", 1)[-1][:LINE_CHARS] for x in raw.splitlines()]
+    return lines[-n:]
+
+
+def document(
+    event: str,
+    spec: Spec,
+    st: JobState,
+    cause: dict[str, Any],
+    progress: dict[str, Any] | None,
+    lines: list[str],
+) -> dict[str, Any]:
+    """The JSON a notify URL receives: Slack (``text``), Discord (``content``) and ntfy
+    (``title``, ``message``) read their own fields; everything else is for scripts."""
+    host = socket.gethostname()
+    summary = str(cause.get("summary") or event)
+    title = f"trainctl: {spec.name} run {st.run} on {host}: {event}"
+    end = st.ended_at or time.time()
+    return {
+        "text": f"{title}: {summary}",
+        "content": f"{title}: {summary}",
+        "title": title,
+        "message": summary,
+        "event": event,
+        "job": spec.name,
+        "host": host,
+        "run": st.run,
+        "cause": cause.get("kind"),
+        "summary": summary,
+        "reason": cause.get("reason"),
+        "exit_code": st.exit_code if cause.get("exit_code") is None else cause.get("exit_code"),
+        "duration_s": round(end - st.started_at, 3),
+        "progress": progress,
+        "last_lines": lines[-20:],
+        "ts": time.time(),
+    }
+
+
+def hook_env(
+    event: str, spec: Spec, jdir: Path, st: JobState, cause: dict[str, Any]
+) -> dict[str, str]:
+    """The hook's environment: the job's own, trainctl's variables, and the event's."""
+    env = {k: v for k, v in spec.env.items() if k not in TRAINCTL_VARS}
+    code = cause.get("exit_code", st.exit_code)
+    env.update(
+        TRAINCTL_EVENT=event,
+        TRAINCTL_JOB=spec.name,
+        TRAINCTL_NAME=spec.name,
+        TRAINCTL_RUN=str(st.run),
+        TRAINCTL_EXIT_CODE="" if code is None else str(code),
+        TRAINCTL_CAUSE=str(cause.get("kind") or ""),
+        TRAINCTL_REASON=str(cause.get("reason") or cause.get("summary") or ""),
+        TRAINCTL_SUMMARY=str(cause.get("summary") or ""),
+        TRAINCTL_LOG=str(log_path(jdir, st.run)),
+        TRAINCTL_HOST=socket.gethostname(),
+    )
+    env[HELPER_VAR] = st.marker  # a hook that daemonizes is still not a member of the job
+    return env
+
+
+def fire(
+    event: str,
+    spec: Spec,
+    jdir: Path,
+    st: JobState,
+    cause: dict[str, Any],
+    progress: dict[str, Any] | None = None,
+    *,
+    notify: bool = True,
+) -> str | None:
+    """Start the runner for ``event`` if the job has a hook or a URL for it; never wait.
+
+    ``notify`` False: run the hook but tell no URL (one message per end of a run).
+    Returns why it could not be started (a full disk, no fork), else None.
+    """
+    hooks = spec.hooks
+    argv = hooks.command(event)
+    url = hooks.notify if notify else None
+    if argv is None and url is None:
+        return None
+    lines = last_lines(log_path(jdir, st.run))
+    doc = document(event, spec, st, cause, progress, lines)
+    job = {
+        "jdir": str(jdir),
+        "run": st.run,
+        "event": event,
+        "cwd": spec.cwd,
+        "timeout_s": hooks.timeout_s,
+        "argv": list(argv) if argv else None,
+        "env": hook_env(event, spec, jdir, st, cause),
+        "notify": url,
+        "doc": doc,
+        "last_lines": lines,
+    }
+    folder = jdir / "hooks"
+    path = folder / f"run-{st.run}.{event}.json"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(path, job, durable=False)
+        with open(path, "rb") as stdin:
+            env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
+            env[HELPER_VAR] = st.marker
+            subprocess.Popen(  # reaped by the supervisor's reaper like any child
+                [sys.executable, "-m", "trainctl.supervisor.hookrun"],
+                stdin=stdin,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=str(jdir),
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return f"cannot start the {event} hook: {e.strerror}"
+    return None
