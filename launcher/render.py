@@ -81,6 +81,7 @@ def stop_doc(res: StopResult, checkpoint: CheckpointInfo | None = None) -> None:
             "message": res.message,
             "warnings": res.warnings,
             "report": res.report.to_doc(),
+            "cause": None if (c := getattr(res.report, "cause", None)) is None else c.to_doc(),
             "checkpoint": None if checkpoint is None else checkpoint.to_doc(),
         }
     )

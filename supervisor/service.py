@@ -512,6 +512,7 @@ class Supervisor:
             gpus=leases,
             restarts=st.restarts + 1,
             last_failure=failure,
+            restart_history=self.life.history,
         )
         self.listener.close()  # the new supervisor binds the socket path itself
         home = self.jdir.parent.parent
@@ -602,13 +603,18 @@ class Supervisor:
     async def _watch_checkpoint_age(self) -> None:
         """Fire on_checkpoint_stale once the newest checkpoint is older than allowed.
 
-        Looked at every STALE_CHECK_S at most (a glob may walk a big folder), off the loop;
+        Looked at every STALE_CHECK_S at most (a glob may walk a big folder; more often
+        for a short limit), off the loop;
         fired once, and armed again when a newer checkpoint appears.
         """
         limit = self.spec.hooks.checkpoint_stale_s
         pattern = self.spec.watch.checkpoint
         now = time.time()
-        if limit is None or not pattern or now - self._stale_checked < STALE_CHECK_S:
+        if (
+            limit is None
+            or not pattern
+            or now - self._stale_checked < min(STALE_CHECK_S, limit / 4)
+        ):
             return
         self._stale_checked = now
         newest = await anyio.to_thread.run_sync(_newest_mtime, self.spec.cwd, pattern)

@@ -151,7 +151,11 @@ def test_a_stop_after_the_end_gets_the_final_report_at_once() -> None:
     life, _ = run([lc.StopRequested(1, 2.0), lc.StopFinished(CLEAN)])
     life, actions = run([lc.StopRequested(2, 2.0), lc.MainExited(0), lc.Stalled()], life=life)
     assert kinds(actions) == ["Reply"]
-    assert replies(actions)[0].report == {**CLEAN, "reason": "stop"}
+    report = replies(actions)[0].report
+    assert report is not None
+    assert {k: v for k, v in report.items() if k != "cause"} == {**CLEAN, "reason": "stop"}
+    assert report["cause"]["kind"] == "stopped"
+    assert report["cause"]["by"] == "stop"
 
 
 def test_events_out_of_their_stage_change_nothing() -> None:

@@ -1,0 +1,89 @@
+"""The run keeper on real torchrun jobs (CPU, gloo, 2 ranks): a failing rank's cause, and
+where each rank of a stalled DDP run is stuck."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TREES, Harness, wait_for
+from tests.helpers import free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None,
+        reason="PyTorch is not installed (scripts/test.sh installs the CPU build, "
+        "torch==2.13.0, when its wheel is at hand)",
+    ),
+]
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+KEEPER = str(TREES / "torch_keeper.py")
+
+
+def _start(h: Harness, name: str, mode: str, *more: str) -> Path:
+    out = h.tmp / f"out-{name}"
+    out.mkdir()
+    h.tc(
+        "start", "--name", name, "--cwd", str(h.tmp), "--env", "OMP_NUM_THREADS=1",
+        *more, "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
+        f"--master-port={free_port()}", KEEPER, mode, str(out),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: all((out / f"rank{r}.ready").exists() for r in range(2)), 90, f"{mode} ranks")
+    return out
+
+
+def test_the_cause_names_the_failing_rank_and_its_exception(harness: Harness) -> None:
+    h = harness
+    _start(h, "tr", "raise")
+    res = h.tc("wait", "tr", "--json", timeout=120)
+    assert res.rc == 1
+    doc = res.json()
+    assert isinstance(doc, dict)
+    cause = doc["cause"]
+    assert cause["kind"] == "exit"
+    assert cause["reason"] == "ValueError: bad batch at step 7 on rank 1"
+    assert cause["rank"] == 1
+    assert cause["source"] == "torchelastic"
+    assert cause["at"] > 0
+    assert "(rank 1)" in cause["summary"]
+    error_file = h.home / "jobs" / "tr" / "logs" / "run-1.error.json"
+    assert json.loads(error_file.read_text())["message"]["message"].startswith("ValueError")
+
+
+def test_a_stalled_ddp_run_shows_each_rank_and_keeps_its_stacks_before_kill(
+    harness: Harness,
+) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.5\n")
+    _start(h, "ddp", "stall", "--set", "stall_timeout=3", "--grace", "1")
+    stall_file = h.home / "jobs" / "ddp" / "stacks" / "run-1.stall.json"
+    wait_for(stall_file.exists, 60, "the stall stacks")
+    status = h.tc("status", "ddp").out
+    assert "STALLED" in status
+    assert str(stall_file) in status
+    doc = h.tc("stack", "ddp", "--json", check=True, timeout=60).json()
+    assert isinstance(doc, dict)
+    where = {}
+    for g in doc["groups"]:
+        names = [f["name"] for f in g["frames"]]
+        for t in g["threads"]:
+            if t["rank"] is not None:
+                where.setdefault(t["rank"], []).append(names)
+    assert any("rank_one_sleeps" in n for n in where["1"]), where["1"]
+    assert any("rank_zero_waits" in n and "all_reduce" in n for n in where["0"]), where["0"]
+    doc = h.tc("stop", "ddp", "--json", check=True, timeout=90).json()
+    assert isinstance(doc, dict)
+    report = doc["report"]
+    assert report["killed"] >= 2  # both ranks ignore SIGTERM: the grace ran out
+    kept = json.loads(Path(report["stacks"]).read_text())
+    functions = {
+        f["name"] for p in kept["processes"] for t in p["threads"] for f in t.get("frames", [])
+    }
+    assert {"rank_one_sleeps", "rank_zero_waits"} <= functions

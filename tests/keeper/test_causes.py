@@ -1,0 +1,224 @@
+"""Why a run ended, with real processes: the cause in status, list, wait, events, reports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness, alive, kill_verified, wait_for
+from tests.helpers import one_line_error
+
+FAILS = textwrap.dedent(
+    """
+    import sys, time
+    print("step 1", flush=True)
+    time.sleep(0.2)
+    def load_batch():
+        raise RuntimeError(sys.argv[1] if len(sys.argv) > 1 else "boom in the loader")
+    load_batch()
+    """
+)
+
+
+def events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
+    path = h.home / "jobs" / name / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_an_exception_is_the_cause_everywhere(harness: Harness) -> None:
+    h = harness
+    script = h.tmp / "fails.py"
+    script.write_text(FAILS)
+    h.tc("start", "--name", "f", "--", sys.executable, str(script), check=True)
+    res = h.tc("wait", "f", "--json")
+    assert res.rc == 1  # wait keeps the job's own exit code
+    doc = res.json()
+    assert isinstance(doc, dict)
+    cause = doc["cause"]
+    assert cause["kind"] == "exit"
+    assert cause["exit_code"] == 1
+    assert cause["reason"] == "RuntimeError: boom in the loader"
+    assert cause["source"] == "log"
+    st = h.tc("status", "f", "--json").json()
+    assert isinstance(st, dict)
+    assert st["cause"]["summary"] == "exit code 1: RuntimeError: boom in the loader"
+    assert "cause exit code 1: RuntimeError: boom in the loader" in h.tc("status", "f").out
+    assert "RuntimeError: boom in the loader" in h.tc("list").out
+    [ended] = [e for e in events(h, "f") if e["event"] == "ended"]
+    assert ended["cause"]["reason"] == "RuntimeError: boom in the loader"
+    assert ended["phase"] == "failed"
+
+
+def test_a_signal_from_outside_is_named_as_such(harness: Harness) -> None:
+    h = harness
+    h.start_tree("sig", "ignore_signals.py")
+    st = h.state("sig")
+    main = st["main"]
+    kill_verified(main["pid"], main["start_ticks"])  # SIGKILL, as an admin's kill -9 would
+    res = h.tc("wait", "sig", "--json", timeout=30)
+    assert res.rc == 128 + signal.SIGKILL
+    doc = res.json()
+    assert isinstance(doc, dict)
+    cause = doc["cause"]
+    assert cause["kind"] == "signal"
+    assert cause["signal"] == "SIGKILL"
+    assert cause["signal_from"] == "outside"
+    assert "not sent by trainctl" in cause["summary"]
+
+
+def test_a_stop_names_the_verb_and_its_escalation(harness: Harness) -> None:
+    h = harness
+    h.start_tree("esc", "ignore_signals.py", grace=0.5)
+    doc = h.tc("stop", "esc", "--json", check=True).json()
+    assert isinstance(doc, dict)
+    cause = doc["cause"]
+    assert cause["kind"] == "stopped"
+    assert cause["by"] == "stop"
+    assert cause["signal"] == "SIGKILL"
+    assert cause["signal_from"] == "trainctl"
+    assert "SIGKILLed after the 0.5 s grace" in cause["summary"]
+    text = h.tc("status", "esc").out
+    assert "cause stopped by trainctl stop, main SIGKILLed after the 0.5 s grace" in text
+
+
+def test_restart_records_that_restart_stopped_the_run(harness: Harness) -> None:
+    h = harness
+    h.start_tree("rs", "fanout.py", "2", "1")
+    h.tc("restart", "rs", check=True, timeout=60)
+    ended = [e for e in events(h, "rs") if e["event"] == "ended"]
+    assert ended[-1]["cause"]["by"] == "restart"
+    assert ended[-1]["cause"]["kind"] == "stopped"
+    h.tc("stop", "rs", check=True)
+
+
+def test_a_clean_exit_is_clean(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "ok", "--", sys.executable, "-c", "print('done')", check=True)
+    doc = h.tc("wait", "ok", "--json").json()
+    assert isinstance(doc, dict)
+    assert doc["cause"]["kind"] == "clean"
+    assert doc["exit_code"] == 0
+
+
+def test_config_classes_classify_the_reason_and_restart_on_them(harness: Harness) -> None:
+    """A [causes] class in the config names the failure, and restart_on may list it."""
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text('[causes]\nbad-shard = "shard \\\\d+ is corrupt"\n')
+    script = h.tmp / "fails.py"
+    script.write_text(FAILS)
+    h.tc(
+        "start", "--name", "cls", "--set", 'restart_on=["bad-shard"]', "--set", "max_restarts=1",
+        "--set", "restart_backoff=0.1", "--", sys.executable, str(script), "shard 17 is corrupt",
+        check=True,
+    )  # fmt: skip
+    res = h.tc("wait", "cls", "--json", timeout=60)
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["run"] == 2  # restarted once on its class, then the budget ran out
+    assert doc["cause"]["kind"] == "restarts-exhausted"
+    assert doc["cause"]["reason_class"] == "bad-shard"
+    st = h.tc("status", "cls", "--json").json()
+    assert isinstance(st, dict)
+    [entry] = st["restart_history"]
+    assert entry["matched"] == "bad-shard"
+    assert "RuntimeError: shard 17 is corrupt" in entry["cause"]
+
+
+def test_restart_on_an_exit_code_and_the_crash_loop_breaker(harness: Harness) -> None:
+    h = harness
+    script = h.tmp / "exits.py"
+    # exits 29 on its first two runs, 1 on the third: restart_on ["exit:29"] restarts twice
+    script.write_text(
+        "import os, sys\nsys.exit(29 if int(os.environ['TRAINCTL_RUN']) < 3 else 1)\n"
+    )
+    h.tc(
+        "start", "--name", "ex", "--set", 'restart_on=["exit:29"]', "--set", "max_restarts=5",
+        "--set", "restart_backoff=0.1", "--", sys.executable, str(script), check=True,
+    )  # fmt: skip
+    doc = h.tc("wait", "ex", "--json", timeout=60).json()
+    assert isinstance(doc, dict)
+    assert (doc["run"], doc["exit_code"]) == (3, 1)  # exit 1 is not in restart_on
+    assert doc["cause"]["kind"] == "exit"
+    st = h.tc("status", "ex", "--json").json()
+    assert isinstance(st, dict)
+    assert [e["matched"] for e in st["restart_history"]] == ["exit:29", "exit:29"]
+    assert "exit code 1" in st["error"]
+    assert "restart_on" in st["error"]
+    # the breaker: always exit 29, at most 2 restarts within 10 minutes
+    always = h.tmp / "always.py"
+    always.write_text("import sys\nsys.exit(29)\n")
+    h.tc(
+        "start", "--name", "loop", "--set", 'restart_on=["exit:29"]', "--set", "max_restarts=2",
+        "--set", 'restart_window="10m"', "--set", "restart_backoff=0.1",
+        "--", sys.executable, str(always), check=True,
+    )  # fmt: skip
+    doc = h.tc("wait", "loop", "--json", timeout=60).json()
+    assert isinstance(doc, dict)
+    assert doc["state"] == "failed"
+    assert doc["run"] == 3
+    assert doc["cause"]["kind"] == "crash-loop"
+    assert "3 failures within 10m" in doc["cause"]["summary"]
+
+
+def test_a_lost_run_says_lost(harness: Harness) -> None:
+    h = harness
+    h.start_tree("lost", "fanout.py", "1", "1")
+    sup = h.state("lost")["supervisor"]
+    kill_verified(sup["pid"], sup["start_ticks"])
+    wait_for(lambda: not alive(sup["pid"], sup["start_ticks"]), what="supervisor death")
+    st = h.tc("status", "lost", "--json").json()
+    assert isinstance(st, dict)
+    assert st["state"] == "lost"
+    assert st["cause"]["kind"] == "lost"
+    h.tc("stop", "lost", check=True)
+    st = h.tc("status", "lost", "--json").json()
+    assert isinstance(st, dict)
+    assert st["cause"]["summary"].endswith("(its supervisor was gone)")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("restart_on", '["exit:29", "oom", "made-up"]', "unknown cause 'made-up'"),
+        ("restart_on", '["exit:0"]', "unknown cause 'exit:0'"),
+        ("notify", '"ftp://example.com/x"', "is not an http(s) URL"),
+        ("notify", '"https://"', "is not an http(s) URL"),
+        ("on_failure", '"/nonexistent/notify.sh --now"', "on_failure: command not found"),
+        ("memory_max", '"512K"', "below 1 MiB"),
+        ("memory_max", '"lots"', "expected a size"),
+        ("on_checkpoint_stale", '"true"', "needs checkpoint_stale"),
+    ],
+)
+def test_bad_keeper_input_is_one_line_and_changes_nothing(
+    harness: Harness, key: str, value: str, needle: str
+) -> None:
+    h = harness
+    res = h.tc("start", "--name", "bad", "--set", f"{key}={value}", "--", "sleep", "5")
+    one_line_error(res, 2, needle)
+    assert not (h.home / "jobs" / "bad").exists()
+
+
+def test_a_hook_that_is_not_executable_is_refused(harness: Harness) -> None:
+    h = harness
+    hook = h.tmp / "hook.sh"
+    hook.write_text("#!/bin/sh\necho hi\n")
+    hook.chmod(0o644)
+    res = h.tc("start", "--name", "bad", "--set", f'on_exit="{hook}"', "--", "sleep", "5")
+    assert res.rc == 2
+    assert "on_exit: permission denied executing" in res.err
+    assert not (h.home / "jobs" / "bad").exists()
+
+
+def test_memory_caps_are_refused_in_signals_mode(harness: Harness) -> None:
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[start]\ncgroup = false\n")
+    res = h.tc("start", "--name", "bad", "--set", 'memory_max="1G"', "--", "sleep", "5")
+    assert res.rc == 2
+    assert "need cgroup mode" in res.err
+    assert len(res.err.strip().splitlines()) == 1
+    assert not (h.home / "jobs" / "bad").exists()
