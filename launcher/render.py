@@ -306,6 +306,10 @@ def status(s: Status) -> None:
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         ls = s.last_stop
         print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
+        if isinstance(ls, StopReport) and ls.reason == "main exited" and ls.found:
+            names = ", ".join(clean(p.cmd)[:60] for p in ls.sent[:3])
+            more = f" and {ls.found - 3} more" if ls.found > 3 else ""
+            print(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
         if getattr(ls, "stacks", None):
             print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
 

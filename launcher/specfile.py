@@ -19,6 +19,7 @@ from typing import Any
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.records import record
 from trainctl.supervisor.spec import parse_order
+from trainctl.supervisor.state import check_name
 
 from .inputs import check_env_key, parse_duration, parse_signal
 
@@ -33,6 +34,15 @@ def _bool(v: object, what: str) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{what}: expected true or false")
     return v
+
+
+def _name(v: object, what: str) -> str:
+    try:
+        return check_name(_str(v, what))
+    except ConfigError as e:
+        if str(e).startswith(what):
+            raise
+        raise ConfigError(f"{what}: {e}") from None
 
 
 def _int(v: object, what: str) -> int:
@@ -181,7 +191,7 @@ def _order(v: object, what: str) -> str:
 
 # key -> validator. Durations become seconds.
 KEYS: dict[str, Callable[[object, str], Any]] = {
-    "name": _str,
+    "name": _name,
     "argv": _argv,
     "cwd": _str,
     "env": _env,
@@ -321,6 +331,9 @@ def load_spec_file(path: str) -> SpecDraft:
         out[key] = KEYS[key](value, where)
     if "cwd" in out:
         out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
+        if not Path(out["cwd"]).is_dir():
+            line = _line_of(text, "cwd")
+            raise ConfigError(f"{path}:{line}: cwd: directory {out['cwd']} does not exist")
     elif "argv" in out:
         out["cwd"] = str(p.parent.resolve())
     return SpecDraft(**out)

@@ -281,15 +281,15 @@ def stopped(by: str, code: int | None, grace_s: float | None = None) -> Cause:
     """A run that trainctl ended: by a verb, or by the stall watchdog."""
     died = code - 128 if code is not None and 128 < code < 192 else None
     name = signal_name(died) if died is not None else None
-    summary = (
-        f"stopped by trainctl {by}" if by != "stall watchdog" else "stopped by the stall watchdog"
-    )
+    if by == "stall watchdog":
+        summary = "stopped by the stall watchdog"
+    elif by.startswith("SIG"):
+        summary = f"stopped on {by} to its supervisor (the job's own graceful stop)"
+    else:
+        summary = f"stopped by trainctl {by}"
     if died == signal.SIGKILL:
-        summary += (
-            ", main SIGKILLed after the grace"
-            if grace_s is None
-            else (f", main SIGKILLed after the {grace_s:g} s grace")
-        )
+        grace = "the grace" if grace_s is None else f"the {grace_s:g} s grace"
+        summary += f", main SIGKILLed after {grace}"
     return Cause(
         kind="stopped",
         summary=summary,

@@ -316,6 +316,17 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         return life, []
     cause = _cause_of(life, ev)
     report = {**ev.report, "reason": "stop" if life.user_stop else life.stop_reason}
+    left = int(report.get("found") or 0) if life.stop_reason == "main exited" else 0
+    leftover_log: list[Action] = []
+    if left and not life.user_stop:
+        # Processes that outlived their main: the stale-download case this tool exists for.
+        cmds = [p.get("cmd", "") for p in report.get("sent") or []][:5]
+        cause = {
+            **cause,
+            "leftovers": left,
+            "summary": f"{cause.get('summary')}; {left} leftover process(es) stopped",
+        }
+        leftover_log.append(Log("leftovers_cleaned", {"count": left, "cmds": cmds}))
     code = life.main_code
     ended: dict[str, Any] = {
         "exit_code": code,
@@ -354,6 +365,7 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
         # terminal phase for a run that is about to be relaunched.
         return _to(life, Stage.BACKOFF, report=report, history=history), [
+            *leftover_log,
             Persist(
                 Phase.STARTING,
                 {
@@ -376,7 +388,7 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why).to_doc()
     report["cause"] = cause
     ended["cause"] = cause
-    actions: list[Action] = []
+    actions: list[Action] = [*leftover_log]
     if verdict.why:
         actions.append(Log("not_restarting", {"why": verdict.why}))
         ended["error"] = verdict.why

@@ -37,6 +37,7 @@ class Cause:
     cap_bytes: int | None = None  # the memory cap in force, if any
     restarts: int | None = None  # restarts-exhausted / crash-loop: how many were made
     last: str | None = None  # ... and the final run's own cause, as a line
+    leftovers: int | None = None  # processes that outlived main, stopped by the cleanup
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON form (state.json, events, --json)."""

@@ -163,6 +163,11 @@ class Supervisor:
         self._roster: Roster | None = None  # cgroup mode: the run's members, held by pidfd
         self._stopping = False  # a stop sequence is running (see _reaper)
         self._reap_on_signal: anyio.CancelScope | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        try:  # the socket this supervisor serves; a different file there is not ours
+            self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
+        except OSError:
+            self._sock_ino = None
         self._stale_checked = 0.0  # when the checkpoint's age was last looked at
         self._stale_fired = False  # on_checkpoint_stale fired; re-armed by a newer checkpoint
 
@@ -315,16 +320,48 @@ class Supervisor:
         self.reap()
 
     async def _signals(self) -> None:
-        """SIGTERM, SIGHUP and SIGINT are meant for the job, not for us: record, carry on.
+        """SIGTERM and SIGINT stop the job gracefully; SIGHUP is ignored; SIGUSR1 rebinds.
 
-        A stray `pkill`, a closing terminal or a shutdown must not cost the job its orphan
-        cleanup and its exit code. At a system shutdown the job gets the system's own
-        signals; we keep reaping, record main's exit and clean up what it left behind.
+        An admin's `kill <supervisor>` or a container runtime's stop means "stop this":
+        the supervisor runs the job's own stop sequence (top-down, with its grace), as
+        systemd, supervisord and docker do with their children, records it, and exits;
+        the job is never left unsupervised. A later SIGTERM joins the running stop. A
+        closing terminal (SIGHUP) changes nothing. SIGUSR1 binds the control socket again
+        (the CLI sends it when the socket file was deleted), as tmux does.
         """
-        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1)
         with anyio.open_signal_receiver(*sigs) as signals:
             async for sig in signals:
-                self.log.warning("supervisor_signal_ignored", signal=signal.Signals(sig).name)
+                name = signal.Signals(sig).name
+                if sig == signal.SIGUSR1:
+                    self._rebind(why="SIGUSR1")
+                elif sig == signal.SIGHUP:
+                    self.log.warning("supervisor_signal_ignored", signal=name)
+                else:
+                    self.log.warning("supervisor_signal_stops_job", signal=name)
+                    self.send(lc.StopRequested(next(self.tokens), None, verb=name))
+
+    def _rebind(self, why: str) -> None:
+        """Bind control.sock again if it is gone (a tmp cleaner, a careless rm)."""
+        if self.life.stage not in (lc.Stage.RUNNING, lc.Stage.STOPPING, lc.Stage.BACKOFF):
+            return  # a successor binds it (or the run is over)
+        path = self.jdir / control.SOCK_NAME
+        try:
+            if os.stat(path).st_ino == self._sock_ino:
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        try:
+            sock = control.bind(self.jdir)
+            self._sock_ino = os.stat(path).st_ino
+        except (OSError, StateError) as e:
+            self.log.warning("control_socket_rebind_failed", error=str(e), why=why)
+            return
+        self.log.warning("control_socket_rebound", why=why)
+        if self._tg is not None:
+            self._tg.start_soon(self._serve_socket, sock)
 
     # ------------------------------------------------------------ snapshots
 
@@ -339,6 +376,7 @@ class Supervisor:
         while True:
             await anyio.sleep(self.spec.watch.snapshot_interval_s)
             self.reap()
+            self._rebind(why="the socket file was gone")
             if self._check_stall():
                 await self._write_stall_stacks()
             self._sample_steps()
@@ -653,7 +691,10 @@ class Supervisor:
     # ------------------------------------------------------------ control socket
 
     async def _serve(self) -> None:
-        listener = await anyio.abc.SocketListener.from_socket(self.listener)
+        await self._serve_socket(self.listener)
+
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
         async with listener:
             await listener.serve(self._handle)
 
@@ -706,6 +747,7 @@ class Supervisor:
     async def run(self) -> None:
         """Supervise until the run has ended and every waiting client has its answer."""
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             tg.start_soon(self._reaper)
             tg.start_soon(self._watch_main)
             tg.start_soon(self._signals)

@@ -413,6 +413,13 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
         raise StateError(f"{where} has no valid marker/run; refusing to act on it")
     if st.phase == Phase.LOST:
         raise StateError(f"{where}: phase 'lost' is derived, never stored; refusing to act on it")
+    booted = boot_time()
+    this_boot = st.boot_id is not None and st.boot_id == current_boot_id()
+    if this_boot and booted is not None and st.started_at < booted - BOOT_SLACK_S:
+        raise StateError(
+            f"{where}: says this boot, but its run started before this boot began; "
+            "refusing to act on it"
+        )
     # main is started as the leader of its own session and group: any other number would
     # make the group and session nets take in processes that are not the job's
     for key, value in (("pgid", st.pgid), ("sid", st.sid)):
@@ -562,6 +569,23 @@ def effective_phase(jdir: Path, st: JobState) -> Phase:
     if st.phase not in TERMINAL and not supervisor_alive(jdir, st):
         return Phase.LOST
     return st.phase
+
+
+# /proc/stat's btime is whole seconds, and the wall clock may have been stepped a little
+BOOT_SLACK_S = 120.0
+
+
+@functools.cache
+def boot_time() -> float | None:
+    """When this boot began (wall clock, /proc/stat btime), or None where it is not said."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @functools.cache

@@ -87,12 +87,15 @@ def _ask_supervisor(
     and one that just handed over answers ``retry`` (its successor owns the job now).
     """
     deadline = time.monotonic() + MUTE_AFTER_S
+    poked = False
     while True:
         try:
             reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
             if not supervised(jdir):
                 return None
+            if not poked:
+                poked = _ask_rebind(jdir)
             if time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
@@ -111,6 +114,22 @@ def _ask_supervisor(
         if reply.error is not None:
             raise TrainctlError(f"supervisor refused: {reply.error}")
         return reply
+
+
+def _ask_rebind(jdir: Path) -> bool:
+    """The socket file is gone but the supervisor lives: ask it to bind again (SIGUSR1).
+
+    Sent only to the recorded supervisor (pid + start time) and only if it handles
+    SIGUSR1 (a supervisor from before this release would die of it). True once sent.
+    """
+    if (jdir / control.SOCK_NAME).exists():
+        return False
+    sup = state.read_state(jdir).supervisor
+    if sup is None or not procfs.is_supervisor(sup.pid, sup.start_ticks):
+        return False
+    if not procfs.catches(sup.pid, signal.SIGUSR1):
+        return False
+    return procfs.send_signal(sup.pid, sup.start_ticks, signal.SIGUSR1)
 
 
 def _end_supervisor(jdir: Path) -> None:

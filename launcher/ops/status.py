@@ -183,13 +183,21 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
     ck = newest_checkpoint(spec)
     seen = None if ck is None else CheckpointSeen(ck.path, round(ck.age_s, 1), ck.size)
     changed: list[str] = []
-    if live and st.drift_checked_at is not None:
+    if live and st.drift_checked_at is not None and not _entry_edited_since(st):
         changed = list(st.code_drift)  # kept current by the supervisor
-    elif live:  # a supervisor from before this field, or one that has not looked yet
+    elif live:  # an older supervisor, one that has not looked yet, or an edit since it did
         from trainctl.supervisor.drift import drift  # noqa: PLC0415  (git, hashlib: ~9 ms)
 
         changed = drift(st.code, spec)
     return _Training(seen, read_progress(jdir, st, spec), changed)
+
+
+def _entry_edited_since(st: state.JobState) -> bool:
+    """The entry script changed after the supervisor last compared (`scp` a moment ago)."""
+    entry = (st.code or {}).get("entry")
+    if not isinstance(entry, str) or st.drift_checked_at is None:
+        return False
+    return state.mtime(Path(entry)) > st.drift_checked_at
 
 
 def _stall_stacks(jdir: Path, st: state.JobState) -> str | None:

@@ -208,6 +208,12 @@ def test_a_state_from_another_boot_is_never_acted_on_by_pid(harness: Harness) ->
 def test_a_mute_supervisor_is_reported_and_stop_force_gets_past_it(harness: Harness) -> None:
     h = harness
     h.start_tree("m", "forker.py", grace=1)
+    # Mute: stopped (SIGSTOP, so it cannot bind its socket again) with its socket gone.
+    sup = h.state("m")["supervisor"]
+    fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
+    assert alive(sup["pid"], sup["start_ticks"])
+    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+    os.close(fd)
     (h.home / "jobs" / "m" / "control.sock").unlink()
     res = h.tc("stop", "m", timeout=60)
     assert res.rc == 1
@@ -236,7 +242,7 @@ PING = (
 )
 
 
-def test_the_supervisor_ignores_stray_signals_and_keeps_the_exit_code(harness: Harness) -> None:
+def test_the_supervisor_ignores_sighup_and_keeps_the_exit_code(harness: Harness) -> None:
     h = harness
     flag = h.tmp / "go"
     script = (
@@ -251,14 +257,14 @@ def test_the_supervisor_ignores_stray_signals_and_keeps_the_exit_code(harness: H
     sup = h.state("sig")["supervisor"]
     fd = os.pidfd_open(sup["pid"])  # ours (test marker), verified below
     assert alive(sup["pid"], sup["start_ticks"])
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.pidfd_send_signal(fd, s)
+    for _ in range(3):
+        signal.pidfd_send_signal(fd, signal.SIGHUP)  # a closing terminal
     os.close(fd)
     time.sleep(0.3)
     assert alive(sup["pid"], sup["start_ticks"])
     flag.touch()
     assert h.tc("wait", "sig", "--timeout", "30").rc == 5
-    assert sum(e["event"] == "supervisor_signal_ignored" for e in _events(h, "sig")) == 3
+    assert sum(e["event"] == "supervisor_signal_ignored" for e in _events(h, "sig")) >= 1
 
 
 def test_rm_force_never_deletes_a_job_that_still_runs(harness: Harness) -> None:
