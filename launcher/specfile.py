@@ -309,8 +309,12 @@ def _line_of(text: str, key: str) -> int | None:
     return None
 
 
-def load_spec_file(path: str) -> SpecDraft:
-    """Read and validate a job spec file; relative ``cwd`` is relative to the file."""
+def load_spec_file(path: str, *, check_cwd: bool = True) -> SpecDraft:
+    """Read and validate a job spec file; relative ``cwd`` is relative to the file.
+
+    ``check_cwd`` False: for reading a spec meant for another machine (the shipped
+    examples name /srv paths), not for starting it here.
+    """
     p = Path(path).expanduser()
     try:
         text = p.read_bytes().decode()
@@ -331,7 +335,7 @@ def load_spec_file(path: str) -> SpecDraft:
         out[key] = KEYS[key](value, where)
     if "cwd" in out:
         out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
-        if not Path(out["cwd"]).is_dir():
+        if check_cwd and not Path(out["cwd"]).is_dir():
             line = _line_of(text, "cwd")
             raise ConfigError(f"{path}:{line}: cwd: directory {out['cwd']} does not exist")
     elif "argv" in out:

@@ -45,7 +45,9 @@ class StartFlags:
 
 def merged_draft(f: StartFlags) -> SpecDraft:
     """The spec keys: the spec file's, then each --set, then the flags (each checked)."""
-    draft = load_spec_file(f.spec_file) if f.spec_file else SpecDraft()
+    # a --cwd replaces the file's cwd, which then need not exist here
+    given_cwd = f.cwd or any(s.strip().startswith("cwd=") for s in f.sets)
+    draft = load_spec_file(f.spec_file, check_cwd=not given_cwd) if f.spec_file else SpecDraft()
     draft = draft.merged(parse_sets(f.sets))
     if f.nodes is not None and f.nodes < 1:
         raise ConfigError("--nodes must be >= 1")

@@ -146,6 +146,7 @@ def test_list_leaves_out_long_finished_jobs_unless_all(harness: Harness) -> None
     path = h.home / "jobs" / "old" / "state.json"
     doc = json.loads(path.read_text())
     doc["ended_at"] = doc["started_at"] = time.time() - 8 * 24 * 3600
+    doc["boot_id"] = "00000000-0000-4000-8000-000000000000"  # it ran before the last boot
     path.write_text(json.dumps(doc))
     out = h.tc("list").out
     assert "new" in out

@@ -39,7 +39,7 @@ def test_bad_durations(raw: object) -> None:
 
 @pytest.mark.parametrize("name", ["demo.toml", "torchrun.toml", "datagen.toml"])
 def test_shipped_examples_are_valid(name: str) -> None:
-    spec = load_spec_file(str(CONF / name))
+    spec = load_spec_file(str(CONF / name), check_cwd=False)  # their cwd is another machine's
     assert spec.name
     assert spec.argv
     assert spec.cwd is not None

@@ -41,6 +41,8 @@ class Bed:
     ip: str
     key: Path
     group: Path  # the host cgroup holding nspawn and the whole container
+    out: Path  # a host folder the container sees at /mnt/out (outlives a poweroff)
+    nspawn: subprocess.Popen[bytes]
 
     def ssh(
         self, cmd: str, user: str = "root", timeout: float = 60
@@ -122,11 +124,13 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     group = _own_cgroup() / f"tcbed-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     console = tmp / "console.log"
+    out = tmp / "out"
+    out.mkdir()
     log = console.open("w")
     boot = (
         f"echo $$ > {group}/cgroup.procs && SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 exec systemd-nspawn"
         f" -q -D {root} --volatile=overlay -b --register=no --keep-unit --private-network"
-        f" --bind-ro={py}:/opt/trainctl"
+        f" --bind-ro={py}:/opt/trainctl --bind={out}:/mnt/out"
     )
     nspawn = subprocess.Popen(
         ["sh", "-c", boot], stdin=subprocess.DEVNULL, stdout=log,
@@ -137,7 +141,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     try:
         init = _wait_init(nspawn, console)
         _veth(host_if, init, subnet)
-        b = Bed(ip=f"{subnet}.2", key=key, group=group)
+        b = Bed(ip=f"{subnet}.2", key=key, group=group, out=out, nspawn=nspawn)
         _wait_running(b, console)
         yield b
     finally:
@@ -270,6 +274,59 @@ def test_a_user_without_linger_is_warned_and_linger_keeps_the_job(bed: Bed) -> N
     assert status.returncode == 0, status.stdout
     assert bed.ssh(f"{TC} stop b", user="alice").returncode == 0
     bed.ssh("loginctl disable-linger alice")
+
+
+# A checkpoint that needs the job's two loader processes alive for 2 s after SIGTERM.
+NEEDS_ITS_CHILDREN = """
+import os, signal, sys, time
+out = sys.argv[1]
+pipes = []
+for _ in range(2):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(r)
+        while True:
+            os.write(w, b".")
+            time.sleep(0.05)
+    os.close(w)
+    pipes.append(r)
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, "ready"), "w").close()
+while not stop:
+    time.sleep(0.05)
+ok, deadline = True, time.monotonic() + 2
+while time.monotonic() < deadline:
+    for r in pipes:
+        ok = ok and bool(os.read(r, 4096))
+    time.sleep(0.05)
+with open(os.path.join(out, "ckpt.done" if ok else "ckpt.broken"), "w") as f:
+    f.write("step 7")
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+
+def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:
+    """`systemctl poweroff` stops each scope; trainctl's scope turns that into its stop.
+
+    Runs last on the bed: the container is gone afterwards.
+    """
+    (bed.out / "job.py").write_text(NEEDS_ITS_CHILDREN)
+    start = bed.ssh(f"{TC} start --name ck --grace 20 -- python3 /mnt/out/job.py /mnt/out")
+    assert start.returncode == 0, start.stderr
+    deadline = time.monotonic() + 30
+    while not (bed.out / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (bed.out / "ready").exists()
+    time.sleep(1)  # the supervisor serves (its signal handlers are in place)
+    bed.ssh("systemctl poweroff", timeout=30)  # the login drops as the container goes down
+    bed.nspawn.wait(120)
+    assert not (bed.out / "ckpt.broken").exists(), "the loaders died before the checkpoint"
+    assert (bed.out / "ckpt.done").read_text() == "step 7"
 
 
 def test_a_host_without_systemd_is_unchanged(harness: Harness) -> None:
