@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -94,17 +95,47 @@ def _units(home: Path) -> list[Check]:
             continue
         if st.unit is None or st.phase in state.TERMINAL:
             continue
-        user = ["--user"] if os.geteuid() != 0 else []
-        argv = ["systemctl", *user, "show", "-p", "Delegate", "--value", st.unit]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
-            delegated = done.stdout.strip() == "yes"
-        except (OSError, subprocess.TimeoutExpired):
-            delegated = False
+        props = _unit_properties(st.unit, ("Delegate", "KillSignal", "TimeoutStopUSec"))
+        delegated = props.get("Delegate") == "yes"
         out.append(
             Check(f"job {name}", f"{st.unit}, Delegate={'yes' if delegated else 'no'}", delegated)
         )
+        out.append(_shutdown_check(home, name, props))
     return out
+
+
+def _unit_properties(unit: str, names: tuple[str, ...]) -> dict[str, str]:
+    user = ["--user"] if os.geteuid() != 0 else []
+    argv = ["systemctl", *user, "show", *(a for n in names for a in ("-p", n)), unit]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def _shutdown_check(home: Path, name: str, props: dict[str, str]) -> Check:
+    """At a host shutdown: does this run get its own stop, within a budget that fits?"""
+    try:
+        grace = state.read_spec(state.job_dir(home, name)).stop.grace_s
+    except TrainctlError:
+        grace = None
+    own_stop = props.get("KillSignal") == str(int(signal.Signals[systemd.STOP_SIGNAL]))
+    budget = props.get("TimeoutStopUSec", "?")
+    default = systemd.default_stop_timeout() or "?"
+    how = "its own graceful stop" if own_stop else "SIGTERM to every process at once"
+    value = (
+        f"at shutdown: {how}"
+        f" within TimeoutStopSec={budget} (grace {grace:g} s; DefaultTimeoutStopSec={default})"
+        if grace is not None
+        else f"at shutdown: TimeoutStopSec={budget}"
+    )
+    hint = (
+        ""
+        if own_stop
+        else "started by an older trainctl: `trainctl restart` it to get its own stop"
+    )
+    return Check(f"job {name} shutdown", value, own_stop, hint)
 
 
 def _cgroup_mode() -> Check:

@@ -283,6 +283,10 @@ def stopped(by: str, code: int | None, grace_s: float | None = None) -> Cause:
     name = signal_name(died) if died is not None else None
     if by == "stall watchdog":
         summary = "stopped by the stall watchdog"
+    elif by == "shutdown":
+        summary = (
+            "stopped gracefully as systemd stopped its scope (host shutdown or systemctl stop)"
+        )
     elif by.startswith("SIG"):
         summary = f"stopped on {by} to its supervisor (the job's own graceful stop)"
     else:

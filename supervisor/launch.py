@@ -68,7 +68,7 @@ def launch_supervisor(
     sd = systemd.detect() if spec.isolation.systemd else None
     unit = systemd.unit_name(spec.name, handover.run, handover.marker)
     argv = [
-        *(systemd.scope_argv(sd, unit) if sd is not None else []),
+        *(systemd.scope_argv(sd, unit, _stop_budget(spec)) if sd is not None else []),
         sys.executable,
         "-m",
         "trainctl.supervisor",
@@ -119,6 +119,11 @@ def launch_supervisor(
     if sd is not None and sd.warning:
         reply = dataclasses.replace(reply, warning=sd.warning)
     return reply
+
+
+def _stop_budget(spec: Spec) -> float:
+    """What the job's own stop may take at a shutdown: grace, kill wait, GPU check, slack."""
+    return spec.stop.grace_s + spec.stop.kill_wait_s + spec.gpu.timeout_s + systemd.STOP_SLACK_S
 
 
 def _read_reply(sock: socket.socket) -> Ready | None:

@@ -28,7 +28,7 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import causes, control, hooks, memory, procfs, steps
+from . import causes, control, hooks, memory, procfs, steps, systemd
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import StateError, TrainctlError
@@ -329,17 +329,35 @@ class Supervisor:
         closing terminal (SIGHUP) changes nothing. SIGUSR1 binds the control socket again
         (the CLI sends it when the socket file was deleted), as tmux does.
         """
-        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1)
+        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGURG)
         with anyio.open_signal_receiver(*sigs) as signals:
             async for sig in signals:
                 name = signal.Signals(sig).name
                 if sig == signal.SIGUSR1:
                     self._rebind(why="SIGUSR1")
+                elif sig == signal.SIGURG:
+                    await self._scope_stopping()
                 elif sig == signal.SIGHUP:
                     self.log.warning("supervisor_signal_ignored", signal=name)
                 else:
                     self.log.warning("supervisor_signal_stops_job", signal=name)
                     self.send(lc.StopRequested(next(self.tokens), None, verb=name))
+
+    async def _scope_stopping(self) -> None:
+        """SIGURG is what systemd sends when it stops this run's scope (systemd.STOP_SIGNAL):
+        a host shutdown or `systemctl stop`. The job then gets its own graceful stop, inside
+        the scope's TimeoutStopSec. A SIGURG while the scope is plainly active (socket
+        out-of-band data, a stray kill) changes nothing."""
+        unit = self.state.unit
+        if unit is None:
+            self.log.info("supervisor_signal_ignored", signal="SIGURG", why="no systemd scope")
+            return
+        active = await anyio.to_thread.run_sync(systemd.unit_active_state, unit)
+        if active == "active":
+            self.log.info("supervisor_signal_ignored", signal="SIGURG", unit_state=active)
+            return
+        self.log.warning("scope_stopping", unit=unit, unit_state=active)
+        self.send(lc.StopRequested(next(self.tokens), None, verb="shutdown"))
 
     def _rebind(self, why: str) -> None:
         """Bind control.sock again if it is gone (a tmp cleaner, a careless rm)."""

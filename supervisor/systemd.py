@@ -84,8 +84,22 @@ def unit_name(name: str, run: int, marker: str) -> str:
     return f"trainctl-{name}-r{run}-{marker[:8]}.scope"
 
 
-def scope_argv(sd: Systemd, unit: str) -> list[str]:
-    """The systemd-run prefix that puts the command in a new delegated scope."""
+# What systemd sends every process of a run's scope when it stops the scope (a host
+# shutdown, a reboot, `systemctl stop`): a signal whose default action is to do nothing,
+# so no process of the job dies of it. The supervisor takes it as "stop the job", and runs
+# the job's own stop (top-down, with its grace) instead of systemd's all-at-once SIGTERM.
+STOP_SIGNAL = "SIGURG"
+# Beyond the job's grace, kill wait and GPU check: the scope's stop is then SIGKILLed.
+STOP_SLACK_S = 30
+
+
+def scope_argv(sd: Systemd, unit: str, stop_budget_s: float | None = None) -> list[str]:
+    """The systemd-run prefix that puts the command in a new delegated scope.
+
+    ``stop_budget_s``: how long the job's own stop may take; the scope's TimeoutStopSec
+    (how long systemd waits after KillSignal before SIGKILL) leaves it that much.
+    """
+    budget = [] if stop_budget_s is None else ["-p", f"TimeoutStopSec={int(stop_budget_s)}s"]
     return [
         "systemd-run",
         *(["--user"] if sd.user else []),
@@ -98,8 +112,33 @@ def scope_argv(sd: Systemd, unit: str) -> list[str]:
         SLICE,
         "-p",
         "Delegate=yes",
+        "-p",
+        f"KillSignal={STOP_SIGNAL}",
+        *budget,
         "--",
     ]
+
+
+def unit_active_state(unit: str) -> str | None:
+    """``active``, ``deactivating``, ... of a unit of this user's manager (None: unknown)."""
+    user = ["--user"] if os.geteuid() != 0 else []
+    argv = ["systemctl", *user, "show", "-p", "ActiveState", "--value", unit]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def default_stop_timeout() -> str | None:
+    """The manager's DefaultTimeoutStopSec (what other units get at shutdown), as it says."""
+    user = ["--user"] if os.geteuid() != 0 else []
+    argv = ["systemctl", *user, "show", "-p", "DefaultTimeoutStopUSec", "--value"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def own_unit() -> str | None:

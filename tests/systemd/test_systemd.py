@@ -316,7 +316,8 @@ def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:
     Runs last on the bed: the container is gone afterwards.
     """
     (bed.out / "job.py").write_text(NEEDS_ITS_CHILDREN)
-    start = bed.ssh(f"{TC} start --name ck --grace 20 -- python3 /mnt/out/job.py /mnt/out")
+    home = "TRAINCTL_HOME=/mnt/out/home"  # the job's events outlive the container too
+    start = bed.ssh(f"{home} {TC} start --name ck --grace 20 -- python3 /mnt/out/job.py /mnt/out")
     assert start.returncode == 0, start.stderr
     deadline = time.monotonic() + 30
     while not (bed.out / "ready").exists() and time.monotonic() < deadline:
@@ -325,8 +326,10 @@ def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:
     time.sleep(1)  # the supervisor serves (its signal handlers are in place)
     bed.ssh("systemctl poweroff", timeout=30)  # the login drops as the container goes down
     bed.nspawn.wait(120)
+    events = (bed.out / "home/jobs/ck/events.jsonl").read_text()
     assert not (bed.out / "ckpt.broken").exists(), "the loaders died before the checkpoint"
-    assert (bed.out / "ckpt.done").read_text() == "step 7"
+    assert (bed.out / "ckpt.done").read_text() == "step 7", events
+    assert '"event": "scope_stopping"' in events
 
 
 def test_a_host_without_systemd_is_unchanged(harness: Harness) -> None:
