@@ -282,6 +282,21 @@ def stop(
 @cli.command()
 @click.argument("name")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@click.option(
+    "--health",
+    metavar="SECONDS",
+    default="3s",
+    show_default=True,
+    help="Watch the new run this long; exit 1 with its cause if it dies in it (0: skip).",
+)
+@click.option(
+    "--follow", "-f", is_flag=True, help="Then stream the new run's log (Ctrl-C detaches)."
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    help="Take the spec file as it is now (plus the start's --set and flags).",
+)
 @ckpt_options
 @json_opt
 @pass_ctx
@@ -289,6 +304,9 @@ def restart(
     c: Invocation,
     name: str,
     grace: str | None,
+    health: str,
+    follow: bool,
+    reload: bool,
     ask_checkpoint: bool,
     checkpoint_timeout: str,
     require_checkpoint_within: str | None,
@@ -298,7 +316,9 @@ def restart(
     """Stop job NAME (verified), then start its recorded spec again with the code on disk.
 
     The same GPUs are bound again. Refuses to relaunch while anything of the old run
-    survives or its GPUs are still held.
+    survives or its GPUs are still held. The new run is then watched for `--health`
+    (3 s): broken code that dies at once makes `restart` exit 1 with the cause and the
+    last log lines, instead of a success that did not take.
     """
     return int(
         verbs.load("restart").run(
@@ -307,6 +327,9 @@ def restart(
             grace=grace,
             ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
+            health=health,
+            follow=follow,
+            reload=reload,
         )
     )
 

@@ -470,6 +470,37 @@ def hosts(rows: list[HostRow]) -> None:
         print(line)
 
 
+def health(name: str, run: int, h: Any) -> None:
+    """The health window's verdict on a restarted run (``h``: ops.start.Health)."""
+    if not h.died:
+        print(f"{name} run {run} is up after its {h.window_s:g} s health window")
+        return
+    why = clean(h.cause.summary) if h.cause else "it ended"
+    if h.ok:
+        print(f"{name} run {run} ended within its {h.window_s:g} s health window: {why}")
+        return
+    sys.stderr.write(
+        f"trainctl: {name} run {run} died within the {h.window_s:g} s health window: {why}\n"
+    )
+    for text in h.last_lines:
+        sys.stderr.write(f"  | {clean(text)}\n")
+
+
+def _changed_lines(s: Status) -> None:
+    """What changed on disk since the run started: its code, its spec file."""
+    if s.code_changed:
+        print(
+            f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
+            f"`trainctl restart {s.name}` to run it"
+        )
+    if s.spec_changed:
+        edited = os.path.basename(s.spec_file or "") or "the spec file"
+        print(
+            f"  SPEC CHANGED ({edited} edited: {', '.join(s.spec_changed)}) — "
+            f"`trainctl restart {s.name} --reload` to take it"
+        )
+
+
 def _restart_lines(s: Status) -> None:
     """The restart count, the last failure, and why each recent restart was made."""
     lf = s.last_failure or Failure()
@@ -542,11 +573,7 @@ def _status_details(s: Status) -> None:
         print(f"  ckpt {ck.path} ({duration(ck.age_s)} old)")
     if s.progress:
         print(f"  prog {progress_line(s.progress)}")
-    if s.code_changed:
-        print(
-            f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
-            f"`trainctl restart {s.name}` to run it"
-        )
+    _changed_lines(s)
     if s.stalled_for_s is not None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
         if s.stall_stacks:

@@ -318,6 +318,7 @@ class Status:
     last_log_line: str
     argv: list[str] = field(default_factory=list)
     cwd: str | None = None  # the job's working directory (spec), for shorter commands
+    spec_file: str | None = None  # the spec file it was started from
     last_stop: StopReport | SlurmStopReport | None = None
     error: str | None = None
     previous_boot: bool = False  # recorded before the machine last booted
@@ -331,6 +332,7 @@ class Status:
     checkpoint: CheckpointSeen | None = None  # the newest one
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
+    spec_changed: list[str] = field(default_factory=list)  # spec file keys edited since start
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
     cause: Cause | None = None  # why the run ended (None while it runs)
     restart_history: list[RestartEntry] = field(default_factory=list)

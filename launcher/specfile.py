@@ -343,6 +343,15 @@ def load_spec_file(path: str, *, check_cwd: bool = True) -> SpecDraft:
     return SpecDraft(**out)
 
 
+def file_changes(spec_file: str, recorded: dict[str, Any]) -> list[str]:
+    """The keys whose value in the spec file now differs from what it gave at start."""
+    try:
+        now = load_spec_file(spec_file, check_cwd=False).given()
+    except ConfigError as e:
+        return [f"now invalid: {e}"]
+    return [k for k in sorted({*now, *recorded}) if now.get(k) != recorded.get(k)]
+
+
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> SpecDraft:
     """Parse ``--set key=value`` (the value is TOML when it parses as TOML, else a string)."""
     out: dict[str, Any] = {}

@@ -107,6 +107,9 @@ _RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _ROOT_RANK = re.compile(r"Root Cause[^\n]*\n(?:.*\n){0,4}?\s*rank\s*:\s*(\d+)")
 _ROOT_CODE = re.compile(r"Root Cause[^\n]*\n(?:.*\n){0,6}?\s*exitcode\s*:\s*(-?\d+)")
 _LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")  # torchrun's own, not the job's
+# A SyntaxError (or IndentationError) in the entry script is printed without a
+# "Traceback" header: `  File "train.py", line 3`, the code, a caret, then this line.
+_BARE_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::|$)")
 
 
 def last_traceback(tail: str) -> tuple[str, int | None] | None:
@@ -123,6 +126,15 @@ def last_traceback(tail: str) -> tuple[str, int | None] | None:
         if final is not None and not any(e in final for e in _LAUNCHER_ERRORS):
             found = (final[:REASON_CHARS], int(m.group(1)) if m else None)
     return found
+
+
+def _bare_error(tail: str) -> str | None:
+    """An exception line among the log's last lines that has no traceback header."""
+    for raw in reversed(tail.splitlines()[-5:]):
+        line = _RANK_PREFIX.sub("", raw, count=1).strip()
+        if _BARE_ERROR.match(line):
+            return line[:REASON_CHARS]
+    return None
 
 
 def _final_line(lines: list[str], start: int) -> str | None:
@@ -186,6 +198,10 @@ def job_reason(
     if text is None and tb is not None:
         text = tb[0]
         source = source or "log"
+    if text is None:
+        bare = _bare_error(tail)
+        if bare is not None:
+            text, source = bare, "log"
     if rank is None:
         root = _ROOT_RANK.search(tail)
         rank = int(root.group(1)) if root else (tb[1] if tb is not None else None)

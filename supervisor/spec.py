@@ -175,6 +175,12 @@ class Spec:
     backend: str = "local"  # "local" | "slurm" (see launcher/backends/)
     slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
     spec_file: str | None = None
+    # the keys the spec file gave at start, and those --set and the flags gave over it:
+    # `status` compares the file with the first (SPEC CHANGED), `restart --reload`
+    # rebuilds from the file as it is now plus the second
+    file_keys: dict[str, Any] | None = None
+    cli_keys: dict[str, Any] | None = None
+    file_mtime: float | None = None  # the spec file's mtime when file_keys were read
     schema: int = SCHEMA
 
     def with_stop(self, **changes: Any) -> Spec:

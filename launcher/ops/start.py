@@ -6,20 +6,23 @@ import dataclasses
 import os
 import shutil
 import time
+from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
 
 from trainctl.launcher import backends
 from trainctl.launcher.config import HOOK_KEYS, Config
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
-from trainctl.launcher.results import GpuRequest, StartResult, StopResult
-from trainctl.launcher.specfile import KEYS, SpecDraft
-from trainctl.supervisor import state
+from trainctl.launcher.results import Cause, GpuRequest, StartResult, StopResult
+from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
+from trainctl.supervisor import hooks, state
 from trainctl.supervisor.causes import check_restart_on
 from trainctl.supervisor.cgroup import find_mount
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.memory import find_home as memory_home
+from trainctl.supervisor.records import record
+from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import (
     SLURM_KEYS,
     GpuBinding,
@@ -268,12 +271,45 @@ def _refuse_if_live(jdir: Path, prev: JobState) -> None:
 _GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
+def reloaded_spec(spec: Spec, cfg: Config) -> Spec:
+    """The spec rebuilt from its file as it is now, plus the --set and flags of the start.
+
+    Checked in full before anything is stopped: a broken file refuses the restart.
+    """
+    if not spec.spec_file:
+        raise ConfigError(f"job {spec.name} was not started from a spec file: nothing to reload")
+    file_draft = load_spec_file(spec.spec_file)
+    cli = build_document(SpecDraft, spec.cli_keys or {}, f"job {spec.name}: cli_keys")
+    merged = file_draft.merged(cli)
+    if merged.name != spec.name:
+        raise ConfigError(
+            f"{spec.spec_file}: name is now {merged.name!r}; `restart --reload` keeps the "
+            f"job's name ({spec.name!r}): start the new name instead"
+        )
+    new = resolve_spec(merged, cfg, spec.spec_file)
+    # the environment of the first start, with what the file and flags say now on top
+    env = {**spec.env, **(merged.env or {})}
+    return dataclasses.replace(
+        new,
+        env=env,
+        file_keys=file_draft.given(),
+        cli_keys=cli.given(),
+        file_mtime=os.stat(spec.spec_file).st_mtime,
+        gpu=spec.gpu,
+    )
+
+
 def restart_job(
-    home: Path, name: str, cfg: Config, *, grace_s: float | None = None
+    home: Path, name: str, cfg: Config, *, grace_s: float | None = None, reload: bool = False
 ) -> tuple[StopResult, StartResult]:
-    """Stop the job (verified), then start its recorded spec again (new code on disk)."""
+    """Stop the job (verified), then start its recorded spec again (new code on disk).
+
+    ``reload``: take the spec file as it is now (see :func:`reloaded_spec`).
+    """
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
+    if reload:
+        spec = reloaded_spec(spec, cfg)
     with state.job_lock(jdir, 30.0):
         stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb="restart")
         st = state.read_state(jdir)
@@ -294,3 +330,41 @@ def restart_job(
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         started = start_locked(home, jdir, dataclasses.replace(spec, env=env), cfg, gpus)
     return stopped, started
+
+
+HEALTH_POLL_S = 0.05
+
+
+@record(frozen=True)
+class Health:
+    """What the new run did in its first seconds: ``died`` with its cause, or it lives."""
+
+    window_s: float
+    died: bool = False
+    cause: Cause | None = None
+    last_lines: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Alive at the end of the window, or ended cleanly within it."""
+        return not self.died or (self.cause is not None and self.cause.kind == "clean")
+
+
+def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
+    """Watch run ``run`` for ``window_s``: did it end (or get relaunched) within it?
+
+    Broken code is the most common restart failure (a SyntaxError, an import error): it
+    dies in the first second, long before anyone looks at `status`.
+    """
+    jdir = existing_job(home, name)
+    deadline = time.monotonic() + window_s
+    while True:
+        st = state.read_state(jdir)
+        ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
+        if ended:
+            cause = None if st.cause is None else build_document(Cause, st.cause, "cause")
+            lines = hooks.last_lines(state.log_path(jdir, run), 10)
+            return Health(window_s, died=True, cause=cause, last_lines=lines)
+        if time.monotonic() >= deadline:
+            return Health(window_s)
+        time.sleep(HEALTH_POLL_S)

@@ -113,6 +113,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         last_log_line=last_line(log),
         argv=list(spec.argv) if spec else [],
         cwd=spec.cwd if spec else None,
+        spec_file=spec.spec_file if spec else None,
         last_stop=last,
         error=st.error,
         previous_boot=st.from_other_boot(),
@@ -129,6 +130,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         checkpoint=training.checkpoint,
         progress=training.progress,
         code_changed=training.code_changed,
+        spec_changed=training.spec_changed,
         cause=cause_of(st, phase),
         restart_history=[
             build_document(RestartEntry, h, f"job {st.name}: restart_history")
@@ -174,6 +176,7 @@ class _Training:
     checkpoint: CheckpointSeen | None = None
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
+    spec_changed: list[str] = field(default_factory=list)
 
 
 def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool) -> _Training:
@@ -189,7 +192,18 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
         from trainctl.supervisor.drift import drift  # noqa: PLC0415  (git, hashlib: ~9 ms)
 
         changed = drift(st.code, spec)
-    return _Training(seen, read_progress(jdir, st, spec), changed)
+    return _Training(seen, read_progress(jdir, st, spec), changed, spec_changes(spec))
+
+
+def spec_changes(spec: Spec) -> list[str]:
+    """The spec file's keys that changed since the run started (a stat when none did)."""
+    if not spec.spec_file or spec.file_keys is None:
+        return []
+    if state.mtime(Path(spec.spec_file)) == spec.file_mtime:
+        return []
+    from trainctl.launcher.specfile import file_changes  # noqa: PLC0415  (tomllib, on change)
+
+    return file_changes(spec.spec_file, spec.file_keys)
 
 
 def _entry_edited_since(st: state.JobState) -> bool:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_seconds
-from trainctl.launcher.ops.start import restart_job
+from trainctl.launcher.ops.jobs import existing_job
+from trainctl.launcher.ops.start import restart_job, watch_health
+from trainctl.launcher.ops.status import spec_changes
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import TrainctlError
 
 from . import Invocation
+from .logs import follow_to_stdout
 from .stop import NO_CHECKPOINT, CheckpointFlags, prepare
+
+DEFAULT_HEALTH = "3s"
 
 
 def run(
@@ -18,20 +29,53 @@ def run(
     grace: str | None = None,
     ckpt: CheckpointFlags = NO_CHECKPOINT,
     as_json: bool = False,
+    health: str = DEFAULT_HEALTH,
+    follow: bool = False,
+    reload: bool = False,
 ) -> int:
-    """Restart job NAME on the same GPUs; refuse while anything of the old run survives."""
+    """Restart job NAME on the same GPUs; refuse while anything of the old run survives.
+
+    Then watch the new run for ``health`` (0: not at all): if it dies within it, exit 1
+    with its cause and last lines, instead of reporting a restart that did not take.
+    """
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    window = parse_seconds(health, "--health")
+    if not reload:
+        _note_spec_changes(inv, name)
     pre = prepare(inv, name, ckpt, quiet=as_json)
-    stopped, started = restart_job(inv.home, name, inv.cfg, grace_s=grace_s)
+    stopped, started = restart_job(inv.home, name, inv.cfg, grace_s=grace_s, reload=reload)
+    if not as_json:
+        render.stop(stopped)
+        render.start(started)
+    seen = watch_health(inv.home, name, started.run, window) if window > 0 else None
     if as_json:
         render.emit_json(
             {
                 "checkpoint": pre.to_doc() or {},
                 "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report.to_doc()},
                 "start": {"run": started.run, "main_pid": started.main_pid, "log": started.log},
+                "health": None if seen is None else {**asdict(seen), "ok": seen.ok},
             }
         )
-    else:
-        render.stop(stopped)
-        render.start(started)
+    elif seen is not None:
+        render.health(name, started.run, seen)
+    if seen is not None and not seen.ok:
+        return ExitCode.FAILED
+    if follow:
+        follow_to_stdout(inv, name, Path(started.log), detach_note=True)
     return ExitCode.OK
+
+
+def _note_spec_changes(inv: Invocation, name: str) -> None:
+    """One line when the spec file changed: this restart keeps the recorded spec."""
+    jdir = existing_job(inv.home, name)
+    try:
+        spec = state.read_spec(jdir)
+    except TrainctlError:
+        return  # the restart itself says what is wrong
+    changed = spec_changes(spec)
+    if changed:
+        sys.stderr.write(
+            f"trainctl: note: {spec.spec_file} changed since the start ({', '.join(changed)}); "
+            "this restart keeps the recorded spec: `restart --reload` takes the file\n"
+        )

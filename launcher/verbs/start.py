@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,12 +44,14 @@ class StartFlags:
     argv: tuple[str, ...] = ()
 
 
-def merged_draft(f: StartFlags) -> SpecDraft:
-    """The spec keys: the spec file's, then each --set, then the flags (each checked)."""
+def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
+    """The spec file's keys, and what --set and the flags give over them (each checked)."""
     # a --cwd replaces the file's cwd, which then need not exist here
     given_cwd = f.cwd or any(s.strip().startswith("cwd=") for s in f.sets)
-    draft = load_spec_file(f.spec_file, check_cwd=not given_cwd) if f.spec_file else SpecDraft()
-    draft = draft.merged(parse_sets(f.sets))
+    file_draft = (
+        load_spec_file(f.spec_file, check_cwd=not given_cwd) if f.spec_file else SpecDraft()
+    )
+    draft = parse_sets(f.sets)
     if f.nodes is not None and f.nodes < 1:
         raise ConfigError("--nodes must be >= 1")
     flags = SpecDraft(
@@ -70,17 +73,26 @@ def merged_draft(f: StartFlags) -> SpecDraft:
         sbatch_args=list(f.sbatch_args) or None,
     )
     draft = draft.merged(flags)
-    if (draft.share or draft.force) and not draft.gpus:
+    merged = file_draft.merged(draft)
+    if (merged.share or merged.force) and not merged.gpus:
         raise ConfigError("--share and --force only make sense with --gpus")
-    return draft
+    return file_draft, draft
 
 
 def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
-    draft = merged_draft(f)
+    file_draft, cli = layers(f)
+    draft = file_draft.merged(cli)
     backends.backend(draft.backend or "local").check_values(draft)
     spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
     spec = resolve_spec(draft, inv.cfg, spec_file)
+    if spec_file:
+        spec = dataclasses.replace(
+            spec,
+            file_keys=file_draft.given(),
+            cli_keys=cli.given(),
+            file_mtime=os.stat(spec_file).st_mtime,
+        )
     request = (
         GpuRequest(draft.gpus, share=bool(draft.share), force=bool(draft.force))
         if draft.gpus

@@ -221,7 +221,8 @@ def test_on_stall_runs_once_per_stall(harness: Harness) -> None:
     assert env["TRAINCTL_CAUSE"] == "stalled"
     assert env["TRAINCTL_EXIT_CODE"] == ""
     time.sleep(4)
-    assert sum(e["event"] == "hook_ran" for e in events(h, "quiet")) == 1
+    seen = events(h, "quiet")
+    assert sum(e["event"] == "hook_ran" for e in seen) == 1, seen
     h.tc("stop", "quiet", check=True)
 
 
