@@ -185,25 +185,32 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
         return _Training()
     ck = newest_checkpoint(spec)
     seen = None if ck is None else CheckpointSeen(ck.path, round(ck.age_s, 1), ck.size)
-    changed: list[str] = []
-    if live and st.drift_checked_at is not None and not _entry_edited_since(st):
-        changed = list(st.code_drift)  # kept current by the supervisor
-    elif live:  # an older supervisor, one that has not looked yet, or an edit since it did
-        from trainctl.supervisor.drift import drift  # noqa: PLC0415  (git, hashlib: ~9 ms)
-
-        changed = drift(st.code, spec)
-    return _Training(seen, read_progress(jdir, st, spec), changed, spec_changes(spec))
+    code, spec_keys = _changes(st, spec, live=live)
+    return _Training(seen, read_progress(jdir, st, spec), code, spec_keys)
 
 
-def spec_changes(spec: Spec) -> list[str]:
-    """The spec file's keys that changed since the run started (a stat when none did)."""
+def spec_file_touched(spec: Spec) -> bool:
+    """The spec file's mtime moved since its keys were read (one stat)."""
     if not spec.spec_file or spec.file_keys is None:
-        return []
-    if state.mtime(Path(spec.spec_file)) == spec.file_mtime:
-        return []
-    from trainctl.launcher.specfile import file_changes  # noqa: PLC0415  (tomllib, on change)
+        return False
+    return state.mtime(Path(spec.spec_file)) != spec.file_mtime
 
-    return file_changes(spec.spec_file, spec.file_keys)
+
+def _changes(st: state.JobState, spec: Spec, *, live: bool) -> tuple[list[str], list[str]]:
+    """(code changes, spec file keys changed): the supervisor's record, or a fresh look
+    when a stat says the disk moved since (an older supervisor, one that has not looked
+    yet, an `scp` a moment ago, an edited spec file)."""
+    fresh_code = live and (st.drift_checked_at is None or _entry_edited_since(st))
+    fresh_spec = spec_file_touched(spec)
+    code = list(st.code_drift) if live and not fresh_code else []
+    if not (fresh_code or fresh_spec):
+        return code, []
+    from trainctl.launcher.ops import changes  # noqa: PLC0415  (git, tomllib: on a change only)
+
+    return (
+        changes.code_changes(st, spec) if fresh_code else code,
+        changes.spec_changes(spec) if fresh_spec else [],
+    )
 
 
 def _entry_edited_since(st: state.JobState) -> bool:

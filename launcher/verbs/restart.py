@@ -9,9 +9,10 @@ from pathlib import Path
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_seconds
+from trainctl.launcher.ops.changes import spec_changes
 from trainctl.launcher.ops.jobs import existing_job
 from trainctl.launcher.ops.start import restart_job, watch_health
-from trainctl.launcher.ops.status import spec_changes
+from trainctl.launcher.ops.status import spec_file_touched
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
 
@@ -73,7 +74,7 @@ def _note_spec_changes(inv: Invocation, name: str) -> None:
         spec = state.read_spec(jdir)
     except TrainctlError:
         return  # the restart itself says what is wrong
-    changed = spec_changes(spec)
+    changed = spec_changes(spec) if spec_file_touched(spec) else []
     if changed:
         sys.stderr.write(
             f"trainctl: note: {spec.spec_file} changed since the start ({', '.join(changed)}); "
