@@ -11,7 +11,6 @@ import dataclasses
 import re
 import shlex
 import tomllib
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,23 +138,25 @@ def _on_stall(v: object, what: str) -> str | list[str]:
     return _hook(v, what)
 
 
+# scheme, host (a name, an IPv4 or a bracketed IPv6 address), port, then path/query/#topic;
+# a regex, not urllib.parse, which `status` would pay ~1.7 ms to import
+_URL = re.compile(
+    r"^https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+    r"(?::(?P<port>\d{1,5}))?(?:[/?#]\S*)?$"
+)
+
+
 def _url(v: object, what: str) -> str:
     """An http(s) URL with a host (ntfy's topic may be its #fragment)."""
     text = _str(v, what).strip()
-    parts = urllib.parse.urlsplit(text)
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or any(c.isspace() for c in text)
-    ):
+    m = _URL.match(text)
+    if m is None:
         raise ConfigError(
             f"{what}: {v!r} is not an http(s) URL (e.g. https://ntfy.sh/#my-runs or a "
             "Slack/Discord incoming-webhook URL)"
         )
-    try:
-        _ = parts.port  # a port that is not a number
-    except ValueError:
-        raise ConfigError(f"{what}: {v!r} has an invalid port") from None
+    if m["port"] is not None and not 0 < int(m["port"]) < 65536:
+        raise ConfigError(f"{what}: {v!r} has an invalid port")
     return text
 
 

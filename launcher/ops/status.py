@@ -200,7 +200,8 @@ def _changes(st: state.JobState, spec: Spec, *, live: bool) -> tuple[list[str], 
     """(code changes, spec file keys changed): the supervisor's record, or a fresh look
     when a stat says the disk moved since (an older supervisor, one that has not looked
     yet, an `scp` a moment ago, an edited spec file)."""
-    fresh_code = live and (st.drift_checked_at is None or _entry_edited_since(st))
+    # nothing recorded at start (no git, no entry script): nothing to compare
+    fresh_code = bool(st.code) and live and (st.drift_checked_at is None or _entry_edited_since(st))
     fresh_spec = spec_file_touched(spec)
     code = list(st.code_drift) if live and not fresh_code else []
     if not (fresh_code or fresh_spec):
