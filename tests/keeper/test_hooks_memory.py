@@ -36,7 +36,9 @@ HOG = textwrap.dedent(
 HOOK = textwrap.dedent(
     """\
     #!/bin/sh
-    env | grep '^TRAINCTL_' | sort > "$0.$TRAINCTL_EVENT.env"
+    # whole or not at all: the test waits for the file to appear
+    env | grep '^TRAINCTL_' | sort > "$0.$TRAINCTL_EVENT.tmp"
+    mv "$0.$TRAINCTL_EVENT.tmp" "$0.$TRAINCTL_EVENT.env"
     echo "hook saw $TRAINCTL_CAUSE"
     """
 )
