@@ -119,26 +119,25 @@ def scope_argv(sd: Systemd, unit: str, stop_budget_s: float | None = None) -> li
     ]
 
 
-def unit_active_state(unit: str) -> str | None:
-    """``active``, ``deactivating``, ... of a unit of this user's manager (None: unknown)."""
+def show(prop: str, unit: str | None = None) -> str | None:
+    """One property of a unit (or, without one, of the manager) of this user's manager."""
     user = ["--user"] if os.geteuid() != 0 else []
-    argv = ["systemctl", *user, "show", "-p", "ActiveState", "--value", unit]
+    argv = ["systemctl", *user, "show", "-p", prop, "--value", *([unit] if unit else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def unit_active_state(unit: str) -> str | None:
+    """``active``, ``deactivating``, ... of a unit (None: unknown)."""
+    return show("ActiveState", unit)
 
 
 def default_stop_timeout() -> str | None:
     """The manager's DefaultTimeoutStopSec (what other units get at shutdown), as it says."""
-    user = ["--user"] if os.geteuid() != 0 else []
-    argv = ["systemctl", *user, "show", "-p", "DefaultTimeoutStopUSec", "--value"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+    return show("DefaultTimeoutStopUSec")
 
 
 def own_unit() -> str | None:

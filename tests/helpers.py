@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from typing import Any
 
+import pytest
+
 from tests.conftest import Harness, alive
+
+# The PyTorch tests: slow, and skipped with the reason where no CPU build is installed.
+NEEDS_TORCH = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None,
+        reason="PyTorch is not installed (scripts/test.sh installs the CPU build, "
+        "torch==2.13.0, when its wheel is at hand)",
+    ),
+]
 
 
 def one_line_error(res: Any, rc: int, needle: str) -> None:

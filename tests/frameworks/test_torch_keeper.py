@@ -3,24 +3,14 @@ where each rank of a stalled DDP run is stuck."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import TREES, Harness, wait_for
-from tests.helpers import free_port
+from tests.helpers import NEEDS_TORCH, free_port
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None,
-        reason="PyTorch is not installed (scripts/test.sh installs the CPU build, "
-        "torch==2.13.0, when its wheel is at hand)",
-    ),
-]
+pytestmark = NEEDS_TORCH
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 KEEPER = str(TREES / "torch_keeper.py")

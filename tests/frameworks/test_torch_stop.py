@@ -11,7 +11,6 @@ hand; an unpinned torch would pull a multi-GB CUDA build).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -19,16 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HELD_TICK_S, TREES, Harness, wait_for
-from tests.helpers import free_port, stop_and_check
+from tests.helpers import NEEDS_TORCH, free_port, stop_and_check
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None,
-        reason="PyTorch is not installed (scripts/test.sh installs the CPU build, "
-        "torch==2.13.0, when its wheel is at hand)",
-    ),
-]
+pytestmark = NEEDS_TORCH
 
 TRAIN = str(TREES / "torch_train.py")
 VENV_BIN = Path(sys.executable).parent
