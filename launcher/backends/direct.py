@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.results import StopResult, last_stop_of
-from trainctl.supervisor import state
+from trainctl.supervisor import memory, state
 from trainctl.supervisor.causes import stopped
 from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
 from trainctl.supervisor.proctree import alive, scan, target_of
@@ -57,6 +57,8 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         emit=emit,
         before_kill=before_kill_writer(jdir, st.run, st.marker),
     )
+    # the run's v1 memory group (memory_max on a hybrid host), once empty
+    memory.remove(Path(st.memory_cgroup) if st.memory_cgroup else None, target_of(st).cgroup)
     changes: dict[str, Any] = {}
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
