@@ -40,6 +40,13 @@ def follow_to_stdout(inv: Invocation, name: str, path: Path, *, detach_note: boo
             sys.stderr.write(f"\ndetached; {name} keeps running (trainctl stop {name})\n")
 
 
+def follow_new_run(inv: Invocation, name: str, path: Path) -> None:
+    """A run just started: print its log from the first line, then follow it (Ctrl-C detaches)."""
+    if path.exists():
+        render.write(path.read_text(errors="replace"))
+    follow_to_stdout(inv, name, path, detach_note=True)
+
+
 def run(
     inv: Invocation,
     name: str,

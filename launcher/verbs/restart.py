@@ -17,7 +17,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
 
 from . import Invocation
-from .logs import follow_to_stdout
+from .logs import follow_new_run
 from .stop import NO_CHECKPOINT, CheckpointFlags, prepare
 
 DEFAULT_HEALTH = "3s"
@@ -63,7 +63,7 @@ def run(
     if seen is not None and not seen.ok:
         return ExitCode.FAILED
     if follow:
-        follow_to_stdout(inv, name, Path(started.log), detach_note=True)
+        follow_new_run(inv, name, Path(started.log))
     return ExitCode.OK
 
 

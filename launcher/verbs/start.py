@@ -17,7 +17,7 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
 
 from . import Invocation
-from .logs import follow_to_stdout
+from .logs import follow_new_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +104,5 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
     else:
         render.start(res)
     if follow:
-        path = Path(res.log)
-        if path.exists():
-            render.write(path.read_text(errors="replace"))
-        follow_to_stdout(inv, spec.name, path, detach_note=True)
+        follow_new_run(inv, spec.name, Path(res.log))
     return ExitCode.OK
