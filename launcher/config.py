@@ -10,6 +10,7 @@ from typing import Any
 
 import trainctl.conf
 from trainctl.supervisor import state
+from trainctl.supervisor.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
 
@@ -104,7 +105,6 @@ HOOK_KEYS = (
     "notify",
     "hook_timeout",
 )
-_CLASS_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 
 
 def _apply_hooks(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:
@@ -120,7 +120,7 @@ def _apply_causes(values: dict[str, Any], entries: dict[str, Any], where: str) -
     found = dict(values.get("causes") or {})
     for name, rx in entries.items():
         what = f"{where}: causes.{name}"
-        if not _CLASS_NAME.match(name) or name in ("failure", "oom", "signal"):
+        if not CLASS_NAME.match(name) or name in RESTART_WORDS:
             raise ConfigError(f"{what}: a class name is lower-case letters, digits and -")
         if not isinstance(rx, str):
             raise ConfigError(f"{what}: expected a regular expression string")

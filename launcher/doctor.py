@@ -95,23 +95,13 @@ def _units(home: Path) -> list[Check]:
             continue
         if st.unit is None or st.phase in state.TERMINAL:
             continue
-        props = _unit_properties(st.unit, ("Delegate", "KillSignal", "TimeoutStopUSec"))
+        props = systemd.properties(("Delegate", "KillSignal", "TimeoutStopUSec"), st.unit)
         delegated = props.get("Delegate") == "yes"
         out.append(
             Check(f"job {name}", f"{st.unit}, Delegate={'yes' if delegated else 'no'}", delegated)
         )
         out.append(_shutdown_check(home, name, props))
     return out
-
-
-def _unit_properties(unit: str, names: tuple[str, ...]) -> dict[str, str]:
-    user = ["--user"] if os.geteuid() != 0 else []
-    argv = ["systemctl", *user, "show", *(a for n in names for a in ("-p", n)), unit]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
 
 def _shutdown_check(home: Path, name: str, props: dict[str, str]) -> Check:

@@ -17,18 +17,26 @@ from pathlib import Path
 SUBDIR = "trainctl"
 
 
-@functools.cache
-def find_mount() -> Path | None:
-    """Return the cgroup2 mount point, or None when cgroup v2 is not mounted."""
+def mounts() -> list[tuple[str, str, Path, str]]:
+    """Each mount of /proc/self/mountinfo: (fstype, root within it, mount point, options)."""
+    out = []
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
-                if right.split()[:1] == ["cgroup2"]:
-                    return Path(left.split()[4])
+                fields, after = left.split(), right.split()
+                if len(fields) >= 5 and after:
+                    options = after[2] if len(after) > 2 else ""
+                    out.append((after[0], fields[3], Path(fields[4]), options))
     except OSError:
-        return None
-    return None
+        return []
+    return out
+
+
+@functools.cache
+def find_mount() -> Path | None:
+    """Return the cgroup2 mount point, or None when cgroup v2 is not mounted."""
+    return next((point for fstype, _, point, _ in mounts() if fstype == "cgroup2"), None)
 
 
 def own_cgroup() -> str | None:

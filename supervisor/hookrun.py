@@ -22,20 +22,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .causes import read_tail
 from .state import append_event, open_in, write_bytes_atomic
 
 OUTPUT_CHARS = 2000  # what of a hook's output goes into its event line
 NOTIFY_TIMEOUT_S = 10.0
-
-
-def _tail_text(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - OUTPUT_CHARS))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def run_command(job: dict[str, Any], argv: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -71,7 +62,7 @@ def run_command(job: dict[str, Any], argv: list[str], env: dict[str, str]) -> di
         "ok": code == 0 and not timed_out,
         "exit_code": code,
         "duration_s": round(time.monotonic() - t0, 3),
-        "output": _tail_text(out),
+        "output": read_tail(out, OUTPUT_CHARS),
         "output_file": str(out),
     }
     if timed_out:

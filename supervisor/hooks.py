@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .causes import read_tail
 from .spec import Spec
 from .state import HELPER_VAR, TRAINCTL_VARS, JobState, log_path, write_json_atomic
 
@@ -38,15 +39,8 @@ EVENTS = ("exit", "failure", "stall", "restart", "checkpoint_stale")
 
 def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:
     """The last ``n`` lines of the log (each cut to LINE_CHARS), cheaply."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n * LINE_CHARS))
-            raw = f.read()
-    except OSError:
-        return []
-    lines = [x.decode(errors="replace").rsplit("\r", 1)[-1][:LINE_CHARS] for x in raw.splitlines()]
-    return lines[-n:]
+    text = read_tail(log, n * LINE_CHARS)
+    return [x.rsplit("\r", 1)[-1][:LINE_CHARS] for x in text.splitlines()][-n:]
 
 
 def document(

@@ -45,16 +45,9 @@ class Home(NamedTuple):
 
 def _v1_mount() -> Path | None:
     """The v1 hierarchy that holds the memory controller (mounted at its root), or None."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fstype, _, options = [*right.split(), "", "", ""][:3]
-                fields = left.split()
-                if fstype == "cgroup" and "memory" in options.split(",") and fields[3] == "/":
-                    return Path(fields[4])
-    except (OSError, IndexError):
-        return None
+    for fstype, root, point, options in cg.mounts():
+        if fstype == "cgroup" and root == "/" and "memory" in options.split(","):
+            return point
     return None
 
 

@@ -43,11 +43,6 @@ class Cause:
         """The JSON form (state.json, events, --json)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    @property
-    def failed(self) -> bool:
-        """Tell whether this end is a failure (not clean, not a stop by trainctl)."""
-        return self.kind not in ("clean", "stopped")
-
 
 def signal_name(num: int) -> str:
     """``9`` -> ``SIGKILL`` (``signal 77`` for numbers without a name)."""

@@ -535,8 +535,7 @@ class Supervisor:
         st = self.state
         cmds = {m.pid: m.cmd for m in st.members}
         main = st.main.pid if st.main else 0
-        leaf = Path(st.cgroup).name if st.cgroup else None
-        victims = memory.oom_victims({*cmds, main}, leaf)
+        victims = self._oom_victims()
         if not kills and not victims:
             return None  # a SIGKILL from someone else, not the OOM killer
         pick = next((v for v in victims if v.pid == main), victims[0] if victims else None)
@@ -643,18 +642,20 @@ class Supervisor:
         kills = memory.oom_kills(group)
         if kills <= self.state.oom_kills:
             return
-        st = self.state
-        cmds = {m.pid: m.cmd for m in st.members}
-        leaf = Path(st.cgroup).name if st.cgroup else None
-        pids = {*cmds, *([st.main.pid] if st.main else [])}
-        victims = memory.oom_victims(pids, leaf)
+        cmds = {m.pid: m.cmd for m in self.state.members}
         self.log.warning(
             "oom_kill",
             oom_kills=kills,
-            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in victims],
+            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self._oom_victims()],
             cap_bytes=self.spec.memory.max_bytes,
         )
-        self._set(st.phase, oom_kills=kills)
+        self._set(self.state.phase, oom_kills=kills)
+
+    def _oom_victims(self) -> list[memory.Victim]:
+        """The kernel log's OOM kills of this run: its members' pids, or its group's name."""
+        st = self.state
+        pids = {m.pid for m in st.members} | ({st.main.pid} if st.main else set())
+        return memory.oom_victims(pids, Path(st.cgroup).name if st.cgroup else None)
 
     async def _watch_checkpoint_age(self) -> None:
         """Fire on_checkpoint_stale once the newest checkpoint is older than allowed.

@@ -111,10 +111,6 @@ class Hooks:
         cmd: tuple[str, ...] | None = getattr(self, f"on_{event}")
         return cmd
 
-    def any_for(self, event: str) -> bool:
-        """Tell whether ``event`` has a command or goes to the notify URL."""
-        return self.command(event) is not None or self.notify is not None
-
 
 @record(frozen=True)
 class MemoryCap:

@@ -119,15 +119,24 @@ def scope_argv(sd: Systemd, unit: str, stop_budget_s: float | None = None) -> li
     ]
 
 
-def show(prop: str, unit: str | None = None) -> str | None:
-    """One property of a unit (or, without one, of the manager) of this user's manager."""
+def properties(names: tuple[str, ...], unit: str | None = None) -> dict[str, str]:
+    """Properties of a unit (or, without one, of the manager) of this user's manager;
+    empty where systemctl cannot say."""
     user = ["--user"] if os.geteuid() != 0 else []
-    argv = ["systemctl", *user, "show", "-p", prop, "--value", *([unit] if unit else [])]
+    props = [a for n in names for a in ("-p", n)]
+    argv = ["systemctl", *user, "show", *props, *([unit] if unit else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+        return {}
+    if done.returncode != 0:
+        return {}
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def show(prop: str, unit: str | None = None) -> str | None:
+    """One property of a unit (or of the manager); None where it is empty or unknown."""
+    return properties((prop,), unit).get(prop) or None
 
 
 def unit_active_state(unit: str) -> str | None:
