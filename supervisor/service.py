@@ -246,7 +246,12 @@ class Supervisor:
         """Hand the event to a hook runner, if the job has a hook or a URL for it."""
         step = self._sampled_step[1] if self._sampled_step else None
         progress = None if step is None else {"step": step, "total": self.spec.watch.total_steps}
-        error = hooks.fire(event, self.spec, self.jdir, self.state, cause, progress, notify=notify)
+        try:
+            error = hooks.fire(
+                event, self.spec, self.jdir, self.state, cause, progress, notify=notify
+            )
+        except Exception as e:  # noqa: BLE001  (a hook must never cost the job its supervisor)
+            error = f"cannot start the {event} hook: {type(e).__name__}: {e}"
         if error:
             self.log.warning("hook_failed", hook_event=event, error=error)
 
@@ -501,14 +506,24 @@ class Supervisor:
                 await self.main_reaped.wait()
             cause = None
             if a.reason == "main exited" and not self.life.user_stop:
-                cause = await anyio.to_thread.run_sync(self._analyse)
-            self._watch_oom()  # the last kills, recorded before the group goes
-            memory.remove(self._memory_group(), self._target().cgroup)
+                cause = await anyio.to_thread.run_sync(self._analyse_safely)
+            with contextlib.suppress(OSError):  # a nicety: the stop's report must still land
+                self._watch_oom()  # the last kills, recorded before the group goes
+                memory.remove(self._memory_group(), self._target().cgroup)
         self.send(lc.StopFinished(report.to_doc(), cause))
 
     def _memory_group(self) -> Path | None:
         group = self.state.memory_cgroup
         return Path(group) if group and memory.is_ours(Path(group)) else None
+
+    def _analyse_safely(self) -> dict[str, Any] | None:
+        """The analysis, or None (the plain exit-code cause) if it breaks: a log or error
+        file the job wrote must never cost the run its stop report or the supervisor."""
+        try:
+            return self._analyse()
+        except Exception as e:  # noqa: BLE001  (logged; the lifecycle falls back)
+            self.log.warning("cause_analysis_failed", error=f"{type(e).__name__}: {e}")
+            return None
 
     def _analyse(self) -> dict[str, Any]:
         """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason."""
