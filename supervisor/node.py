@@ -103,6 +103,7 @@ def main(argv: list[str]) -> int:
     )
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid, args.run)
+    started = time.monotonic()
     # main ended (or we were told to stop): nothing of the job may outlive this step
     # the request is type-checked (a NaN or negative grace is refused): else the job's own
     asked = nf.read_stop_request(jdir) if _stop["by_request"] else None
@@ -117,7 +118,8 @@ def main(argv: list[str]) -> int:
     _reap_all()
     if status is None:
         status = _wait_main(spawned.pid)
-    _record(jdir, args.run, target, stop=report.to_doc())
+    code = exit_code_of(status) if status is not None else 143
+    _record(jdir, args.run, target, stop=report.to_doc(), exit_code=code, stopped=_stop["asked"])
     state.append_event(
         jdir,
         "node_done",
@@ -126,9 +128,16 @@ def main(argv: list[str]) -> int:
         found=report.found,
         killed=report.killed,
         ok=report.ok,
+        exit_code=code,
         survivors=[dataclasses.asdict(sv) for sv in report.survivors],
     )
-    return exit_code_of(status) if status is not None else 143
+    if _stop["asked"]:
+        # srun --kill-on-bad-exit ends the whole step when one agent exits non-zero: an
+        # agent that finished its node's stop first would have Slurm kill the nodes still
+        # in their graceful phase, loaders before ranks. Every node's stop ends first.
+        budget = (asked.grace_s if asked is not None else spec.stop.grace_s) + spec.stop.kill_wait_s
+        _wait_other_nodes(jdir, args.run, started + budget + BARRIER_SLACK_S)
+    return code
 
 
 def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:
@@ -159,7 +168,24 @@ def node_log(jdir: Path, run: int) -> Path:
     return nf.node_log_path(jdir, run, node_name(), first=first)
 
 
-PUBLISH_S = 2.0  # how often an agent publishes its members for `status` and `ps` anywhere
+# An agent publishes its members for `status` and `ps` anywhere within CHANGE_S of a
+# change of its member set, and every PUBLISH_S regardless (its record's age says it lives).
+CHANGE_S = 0.5
+PUBLISH_S = 2.0
+# After its own stop, how long beyond the job's grace and kill wait an agent waits for the
+# other nodes to finish theirs.
+BARRIER_SLACK_S = 10.0
+
+
+def _wait_other_nodes(jdir: Path, run: int, deadline: float) -> None:
+    """Wait until every node of the allocation has published its stop report, or deadline."""
+    want = nf.node_count(os.environ)
+    while time.monotonic() < deadline:
+        done = [r for r in nf.read_records(jdir, run) if r.stop is not None]
+        if len(done) >= want:
+            return
+        _reap_all()
+        time.sleep(0.1)
 
 
 def _record(
@@ -169,14 +195,19 @@ def _record(
     stop: dict[str, object] | None = None,
     *,
     sweep: bool = False,
+    members: list[Member] | None = None,
+    exit_code: int | None = None,
+    stopped: bool | None = None,
 ) -> None:
     """Publish this node's view in the job directory (a shared file system under Slurm):
-    its agent and main, its live members, and, at the end, its own stop report.
+    its agent and main, its live members, and, at the end, its own stop report and how its
+    run ended (``exit_code``, ``stopped``).
 
     A sweep job (``sweep``) adds its report to what the node's agent had published: the
     node keeps its rank (its log's name depends on it), agent and main.
     """
-    members = [] if stop is not None else sorted(alive(scan_light(target)).values(), key=_pid)
+    if members is None:
+        members = [] if stop is not None else _members(target)
     rec = nf.NodeRecord(
         node=node_name(),
         host=socket.gethostname(),
@@ -195,8 +226,14 @@ def _record(
         ),
         member_count=len(members),
         stop=stop,
+        exit_code=exit_code,
+        stopped=stopped,
     )
     nf.write_record(jdir, run, rec, keep_from_agent=sweep)
+
+
+def _members(target: Target) -> list[Member]:
+    return sorted(alive(scan_light(target)).values(), key=_pid)
 
 
 def _pid(m: Member) -> int:
@@ -208,12 +245,18 @@ def _supervise(jdir: Path, ckpt_signal: str, target: Target, main_pid: int, run:
     request = nf.slurm_dir(jdir) / nf.CHECKPOINT_REQUEST
     stop_file = nf.slurm_dir(jdir) / nf.STOP_REQUEST
     seen, stop_seen = mtime(request), mtime(stop_file)
-    published = time.monotonic()
+    published = looked = time.monotonic()
+    last: set[int] = set()
     while not _stop["asked"]:
-        if time.monotonic() - published >= PUBLISH_S:
-            published = time.monotonic()
-            with contextlib.suppress(OSError, StateError):  # a full disk costs the view only
-                _record(jdir, run, target)
+        now = time.monotonic()
+        if now - looked >= CHANGE_S:
+            looked = now
+            members = _members(target)
+            pids = {m.stat.pid for m in members}
+            if pids != last or now - published >= PUBLISH_S:
+                published, last = now, pids
+                with contextlib.suppress(OSError, StateError):  # a full disk costs the view
+                    _record(jdir, run, target, members=members)
         if mtime(stop_file) > stop_seen:  # `trainctl stop`: our own graceful, ordered stop
             _stop["asked"] = _stop["by_request"] = True
             return None

@@ -69,6 +69,10 @@ class NodeRecord:
     members: tuple[NodeProcess, ...] = ()
     member_count: int = 0
     stop: dict[str, Any] | None = None  # the node's StopReport JSON (+ "swept": a sweep job)
+    # How the node's run ended, published by its agent at the end: a verdict that does not
+    # depend on Slurm remembering the job (it forgets it after MinJobAge).
+    exit_code: int | None = None
+    stopped: bool | None = None  # a stop (request or signal) ended it, not main's own exit
 
     @property
     def age_s(self) -> float:
@@ -79,6 +83,12 @@ class NodeRecord:
     def stale(self) -> bool:
         """The agent stopped publishing while its node's run is not over."""
         return self.stop is None and self.age_s >= STALE_S
+
+
+def node_count(env: dict[str, str] | Any) -> int:
+    """How many nodes the allocation has (each runs one agent), from slurmd's variables."""
+    raw = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
 def write_stop_request(jdir: Path, ask: StopFile) -> None:

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,7 +98,12 @@ def test_each_node_gets_its_rank_and_the_rendezvous_and_is_seen_and_stopped(sl2:
     assert "NODE" in ps
     assert "n1" in ps
     assert "n2" in ps
+    plain = h.tc("logs", "env")  # the first node's log, and where the others' are
+    assert "node=n1" in plain.out
+    assert "node n1's log" in plain.err
+    assert "trainctl logs env --node n2" in plain.err
     node_log = h.tc("logs", "env", "--node", "n2")
+    assert node_log.err == ""
     assert "node=n2" in node_log.out
     assert h.tc("logs", "env", "--node", "n9").rc == 2
     stop = h.tc("stop", "env", "--json")
@@ -132,6 +138,40 @@ def test_a_real_two_node_torchrun_checkpoints_on_a_plain_stop(sl2: Harness) -> N
     assert stop.rc == 0, (stop, logs)
     assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
     assert not h.job_pids("ddp")
+
+
+def test_a_node_that_stops_first_waits_for_the_others_graceful_stop(sl2: Harness) -> None:
+    """n1's job ends at once on SIGTERM; n2's rank needs its loaders 3 s to checkpoint.
+    srun --kill-on-bad-exit would end the step as soon as n1's agent exits non-zero,
+    killing n2's loaders under its rank: every agent waits for the others' stops first."""
+    h = sl2
+    loader = f"{sys.executable} {TREES / 'loader_ranks.py'} {h.tmp} --finish 3"
+    cmd = f'if [ "$NODE_RANK" = 1 ]; then exec {loader}; else exec sleep 600; fi'
+    ready = h.tmp / "n2.ready"
+    _start2(h, "bar", "--grace", "30", "--env", f"TREE_READY={ready}", "--", "sh", "-c", cmd)
+    wait_for(ready.exists, 90, "n2's rank and its loaders")
+    stop = h.tc("stop", "bar", "--json", timeout=120)
+    assert stop.rc == 0, stop
+    assert (h.tmp / "rank0.ckpt").exists(), h.tc("logs", "bar", "--node", "n2").out
+    assert not (h.tmp / "rank0.crash").exists()
+    assert not h.job_pids("bar")
+
+
+def test_agents_publish_a_change_of_their_members_within_a_second(sl2: Harness) -> None:
+    h = sl2
+    ready = h.tmp / "grown.ready"
+    grow = f"sleep 3; sleep 600 & sleep 600 & sleep 600 & touch {ready}.$NODE_RANK; wait"
+    _start2(h, "grow", "--", "sh", "-c", grow)
+    records = [h.home / "jobs" / "grow" / "slurm" / f"run-1.{n}.json" for n in NODES]
+    for rank, rec in enumerate(records):
+        wait_for(Path(f"{ready}.{rank}").exists, 60, f"rank {rank}'s helpers")
+        seen_at = time.monotonic()
+        wait_for(lambda r=rec: json.loads(r.read_text())["member_count"] >= 4, 10, "published")
+        lag = time.monotonic() - seen_at
+        assert lag < 1.5, f"{rec.name}: members published {lag:.2f} s after the change"
+    assert _status(h, "grow")["members"] >= 8
+    assert h.tc("stop", "grow").rc == 0
+    assert not h.job_pids("grow")
 
 
 def test_a_node_whose_agent_left_no_report_gets_a_sweep_job(sl2: Harness) -> None:
@@ -180,6 +220,8 @@ def test_both_agents_sigkilled_then_stop_leaves_nothing(sl2: Harness) -> None:
         start, is_ours = _ours(h, pid, marker)
         assert is_ours  # started by this test (its mark), and the agent of this job
         kill_verified(pid, start)
+    # status counts what the killed agents left, by the marker on this host, not 0
+    wait_for(lambda: _status(h, "k")["members"] >= 2, 30, "the leftovers counted")
     stop = h.tc("stop", "k", "--json", timeout=150)
     assert stop.rc == 0, stop
     assert not h.job_pids("k")
