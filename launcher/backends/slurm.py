@@ -29,10 +29,10 @@ from trainctl.launcher.results import (
 )
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import nodefiles as nf
-from trainctl.supervisor import state
+from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
 from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.proctree import Target, alive, scan
+from trainctl.supervisor.proctree import Member, Target, alive, scan
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
@@ -227,9 +227,11 @@ class Slurm:
             info = SlurmVerdict(state=str(final), phase=st.phase, exit_code=st.exit_code)
         else:
             info = query(st)
+        nodes = nf.read_records(jdir, st.run)
+        if info.phase == Phase.LOST:
+            info = _agents_verdict(nodes, _num_nodes(st)) or info
         if info.phase in state.TERMINAL and st.phase not in state.TERMINAL:
             _record_final(jdir, info)
-        nodes = nf.read_records(jdir, st.run)
         live = [n for n in nodes if n.stop is None and n.age_s < nf.STALE_S]
         running = info.phase not in state.TERMINAL and info.phase != Phase.LOST
         view = SlurmView(
@@ -245,6 +247,18 @@ class Slurm:
                 for n in nodes
             ],
         )
+        rows = [_row(n.node, p) for n in live for p in n.members] if running else []
+        count = sum(n.member_count for n in live) if running else 0
+        here = socket.gethostname()
+        if any(n.host == here and n.stop is None and (n.stale or not running) for n in nodes):
+            # An agent of this host was killed (it stopped publishing, or the run ended
+            # without its report): what it left is counted by the marker, which covers
+            # every node on this host (their agents' counts are replaced by it).
+            live = [n for n in live if n.host != here]
+            rows = [r for r in rows if r.node not in {n.node for n in nodes if n.host == here}]
+            found = alive(scan(local_target(st)))
+            rows += [_row(f"{here} (marker)", _process(m)) for m in found.values()]
+            count = sum(n.member_count for n in live) + len(found)
         return Seen(
             info.phase,
             info.exit_code,
@@ -253,8 +267,8 @@ class Slurm:
             ended=info.phase in state.TERMINAL or info.phase == Phase.LOST,
             whole_job_here=False,
             slurm=view,
-            members=sum(n.member_count for n in live) if running else 0,
-            processes=[_row(n.node, p) for n in live for p in n.members] if running else [],
+            members=count,
+            processes=rows,
         )
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
@@ -310,6 +324,11 @@ class Slurm:
 BACKEND = Slurm()
 
 
+def _process(m: Member) -> nf.NodeProcess:
+    cmd = procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]"
+    return nf.NodeProcess(m.stat.pid, m.stat.ppid, m.stat.state, cmd)
+
+
 def _row(node: str, p: nf.NodeProcess) -> PsRow:
     """A process a node agent published, as a row of `ps`."""
     return PsRow(
@@ -325,6 +344,33 @@ def _row(node: str, p: nf.NodeProcess) -> PsRow:
         cmd=p.cmd,
         depth=0,
         node=node,
+    )
+
+
+def _num_nodes(st: JobState) -> int:
+    """The nodes the run was submitted for (recorded at submit; 1 for older records)."""
+    raw = (st.slurm or {}).get("num_nodes")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 1
+
+
+def _agents_verdict(nodes: list[nf.NodeRecord], want: int) -> SlurmVerdict | None:
+    """How the run ended, from what every node's agent published at its end; None unless
+    all of them did. For a job Slurm has forgotten (MinJobAge) before anyone looked: the
+    agents were there at the end, and their word is as good as Slurm's.
+
+    As srun reports a step: the highest exit code of the nodes; a stop on any node makes
+    the run `stopped` (Slurm's CANCELLED).
+    """
+    ended = [n for n in nodes if n.stop is not None and n.exit_code is not None]
+    if not ended or len(ended) < max(want, len(nodes)):
+        return None
+    code = max(n.exit_code or 0 for n in ended)
+    if any(n.stopped for n in ended):
+        phase, name = Phase.STOPPED, "CANCELLED"
+    else:
+        phase, name = (Phase.EXITED, "COMPLETED") if code == 0 else (Phase.FAILED, "FAILED")
+    return SlurmVerdict(
+        state=name, phase=phase, reason="recorded by the node agents", exit_code=code
     )
 
 

@@ -158,7 +158,12 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
         marker=marker,
         started_at=time.time(),
         backend="slurm",
-        slurm={"job_id": job_id, "script": str(script), "submitted_at": time.time()},
+        slurm={
+            "job_id": job_id,
+            "script": str(script),
+            "submitted_at": time.time(),
+            "num_nodes": int((spec.slurm or {}).get("nodes", 1)),
+        },
     )
     state.write_state(jdir, new)
     state.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)

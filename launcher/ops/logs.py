@@ -44,6 +44,17 @@ def log_lines(
     return path, lines[len(lines) - tail :] if tail else []
 
 
+def other_nodes(home: Path, name: str, run: int | None) -> tuple[str, list[str]] | None:
+    """For a multi-node run: the node whose log is the run's own log, and the others
+    (each has its own log, `logs --node NODE`); None for a run on one node."""
+    jdir = existing_job(home, name)
+    records = nf.read_records(jdir, state.read_state(jdir).run if run is None else run)
+    if len(records) < 2:
+        return None
+    first = next((r.node for r in records if nf.first_node(r)), records[0].node)
+    return first, [r.node for r in records if r.node != first]
+
+
 def _node_log(jdir: Path, run: int, node: str) -> Path:
     """The log file node ``node`` writes (the first node's is the run's own log)."""
     records = {r.node: r for r in nf.read_records(jdir, run)}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops.logs import follow, log_lines
+from trainctl.launcher.ops.logs import follow, log_lines, other_nodes
 from trainctl.supervisor.errors import ConfigError
 
 from . import Invocation
@@ -59,6 +59,13 @@ def run(
     """Print the log of job NAME (its last lines with -n; following it with -f)."""
     tail = tail_of(lines, follow_, inv.cfg.tail_lines)
     path, text = log_lines(inv.home, name, run_no, tail, node=node)
+    nodes = other_nodes(inv.home, name, run_no) if node is None else None
+    if nodes is not None:  # say which node this is: the others' lines are elsewhere
+        first, rest = nodes
+        hint = " or ".join(f"--node {n}" for n in rest[:3]) + (" ..." if len(rest) > 3 else "")
+        sys.stderr.write(
+            f"node {first}'s log; the other nodes' logs: trainctl logs {name} {hint}\n"
+        )
     render.write("".join(text))
     if follow_:
         follow_to_stdout(inv, name, path, detach_note=False)

@@ -421,6 +421,31 @@ def test_a_job_slurm_forgot_can_be_swept_removed_and_started_again(sl: Harness) 
     assert h.tc("rm", "gone").rc == 0
 
 
+def test_a_job_that_ended_unwatched_is_not_lost_once_slurm_forgets_it(sl: Harness) -> None:
+    """Nobody ran a trainctl command while the job ran and ended; then Slurm purged it
+    (MinJobAge). The node agent recorded the end itself: failed, exit 3, not `lost`."""
+    h = sl
+    h.tc("start", "--name", "quiet", "--backend", "slurm", "--", "sh", "-c", "exit 3", check=True)
+    jdir = h.home / "jobs" / "quiet"
+
+    def ended() -> bool:
+        recs = [json.loads(p.read_text()) for p in (jdir / "slurm").glob("run-1.*.json")]
+        return bool(recs) and all(r.get("stop") is not None for r in recs)
+
+    wait_for(ended, 60, "the node agent's final record")
+    path = jdir / "state.json"
+    doc = json.loads(path.read_text())
+    assert doc["phase"] in ("starting", "running")  # only the agent recorded the end
+    doc["slurm"]["job_id"] = "987655"  # Slurm has forgotten it: "Invalid job id"
+    path.write_text(json.dumps(doc))
+    st = h.tc("status", "quiet", "--json")
+    got = st.json()
+    assert isinstance(got, dict)
+    assert (got["state"], got["exit_code"]) == ("failed", 3), got
+    assert got["slurm"]["reason"] == "recorded by the node agents"
+    assert json.loads(path.read_text())["phase"] == "failed"  # recorded, not derived anew
+
+
 def test_stop_under_slurm_lets_a_rank_checkpoint_with_its_loaders(sl: Harness) -> None:
     """scancel --signal hits every process of the step; the node agents stop in order."""
     h = sl
