@@ -35,15 +35,25 @@ class Spawned:
     pidfd: int  # opened before anything can reap main, so it always refers to it
 
 
+TORCH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def job_env(spec: Spec, jdir: Path, marker: str, run: int, progress: Path) -> dict[str, str]:
     """Return the job's environment: the recorded one plus trainctl's variables.
 
     ``TORCHELASTIC_ERROR_FILE`` (unless the job sets its own) makes torchrun write the
     failing worker's exception there, which is where the run's cause is read from.
+
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (unless the job sets it): torchrun's workers
+    then keep their own store instead of sharing the rendezvous store of the agent, where
+    a restarted round can read the previous round's addresses (pytorch/pytorch#135712):
+    after `torchrun --max-restarts N` restarted the ranks, 2 of 3 new rounds failed with
+    "gloo ... Connection refused" here, trainctl or not; 0 of 3 with it.
     """
     # a spec recorded by an older release may still hold the transport variables
     env = {k: v for k, v in spec.env.items() if k not in (*TRAINCTL_VARS, *TRANSPORT_VARS)}
     env.setdefault(ERROR_FILE_VAR, str(error_file(jdir, run)))
+    env.setdefault(TORCH_STORE_VAR, "1")
     env.update(
         TRAINCTL_JOB=marker,
         TRAINCTL_NAME=spec.name,

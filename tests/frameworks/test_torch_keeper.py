@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from tests.conftest import TREES, Harness, wait_for
-from tests.helpers import NEEDS_TORCH, free_port
+from tests.conftest import TREES, Harness, kill_verified, wait_for
+from tests.helpers import NEEDS_TORCH, free_port, stop_and_check
 
 pytestmark = NEEDS_TORCH
 
@@ -77,3 +77,40 @@ def test_a_stalled_ddp_run_shows_each_rank_and_keeps_its_stacks_before_kill(
         f["name"] for p in kept["processes"] for t in p["threads"] for f in t.get("frames", [])
     }
     assert {"rank_one_sleeps", "rank_zero_waits"} <= functions
+
+
+def test_torchruns_own_restart_of_a_killed_rank_trains_again_in_signals_mode(
+    harness: Harness,
+) -> None:
+    """`torchrun --max-restarts 1`, one rank SIGKILLed, in signals mode with a supervisor
+    that ticks fast: the new round's ranks must reach each other and train, then both
+    checkpoint on a plain stop. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE, which trainctl
+    sets, most new rounds died in "gloo ... Connection refused" (pytorch/pytorch#135712)."""
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text(
+        "[start]\ncgroup = false\n[supervisor]\nsnapshot_interval_s = 0.1\n"
+    )
+    out = h.tmp / "out"
+    out.mkdir()
+    h.tc(
+        "start", "--name", "mr", "--cwd", str(h.tmp), "--grace", "40",
+        "--env", "OMP_NUM_THREADS=1", "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", "1", str(TREES / "torch_train.py"), str(out),
+        check=True,
+    )  # fmt: skip
+    ready = [out / f"rank{r}.ready" for r in range(2)]
+    wait_for(lambda: all(p.exists() for p in ready), 90, "both ranks to train")
+    for p in ready:
+        p.unlink()
+    rows = h.tc("ps", "mr", "--json", check=True).json()
+    assert isinstance(rows, list)
+    main = h.state("mr")["main"]["pid"]
+    rank = next(r for r in rows if r["ppid"] == main)
+    victim = int(rank["pid"])
+    assert victim in h.job_pids("mr")  # ours: started by this test, of this job
+    kill_verified(victim, h.job_pids("mr")[victim])
+    wait_for(lambda: all(p.exists() for p in ready), 90, "the restarted round to train")
+    log = h.tc("logs", "mr", "-n", "all").out
+    assert "Connection refused" not in log, log[-3000:]
+    stop_and_check(h, "mr")
+    assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"], log[-3000:]
