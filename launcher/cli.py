@@ -227,7 +227,9 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("names", nargs=-1, metavar="NAME...")
+@click.option("--all", "every", is_flag=True, help="Stop every live job of the home.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before stop --all.")
 @click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
 @click.option(
     "--order",
@@ -248,7 +250,9 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 @pass_ctx
 def stop(
     c: Invocation,
-    name: str,
+    names: tuple[str, ...],
+    every: bool,
+    yes: bool,
     grace: str | None,
     order: str | None,
     main_only: bool,
@@ -263,12 +267,15 @@ def stop(
 
     Prints the newest checkpoint first (when the spec names a `checkpoint` glob). Also
     exits non-zero when the job's GPUs did not return to their start-time memory use
-    within --gpu-timeout, naming who still holds them.
+    within --gpu-timeout, naming who still holds them. Several names (or --all, which
+    asks first on a terminal) stop one job after the other; the worst exit code wins.
     """
     return int(
-        verbs.load("stop").run(
+        verbs.load("stop").run_many(
             c,
-            name,
+            names,
+            every=every,
+            yes=yes,
             grace=grace,
             order=order,
             main_only=main_only,
@@ -476,16 +483,35 @@ def wait(c: Invocation, name: str, timeout: str | None, as_json: bool) -> int:
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
 @click.option(
     "--force",
     is_flag=True,
     help="Also remove a job whose state file is corrupt (deletes files only; signals nothing).",
 )
 @pass_ctx
-def rm(c: Invocation, name: str, force: bool) -> int:
-    """Remove finished job NAME: its state, events and logs."""
-    return int(verbs.load("rm").run(c, name, force=force))
+def rm(c: Invocation, names: tuple[str, ...], force: bool) -> int:
+    """Remove finished jobs: their state, events and logs."""
+    return int(verbs.load("rm").run(c, names, force=force))
+
+
+@cli.command()
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    required=True,
+    help="Remove the jobs whose run ended more than this long ago (e.g. 7d, 12h).",
+)
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@json_opt
+@pass_ctx
+def prune(c: Invocation, older_than: str, dry_run: bool, as_json: bool) -> int:
+    """Remove every finished job that ended more than --older-than ago.
+
+    Jobs with anything still running, and jobs whose state cannot be trusted, are left
+    alone. Their logs go with them.
+    """
+    return int(verbs.load("prune").run(c, older_than=older_than, dry_run=dry_run, as_json=as_json))
 
 
 @cli.command()

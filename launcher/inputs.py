@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+import sys
 
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.state import TRAINCTL_VARS
@@ -55,13 +56,13 @@ def parse_signal(name: str) -> str:
 
 
 _DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
-    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*"
+    r"(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
 )
 
 
 def parse_duration(value: object, what: str) -> float:
-    """Seconds from 90, 1.5, "90s", "20m", "1h30m"; never negative."""
+    """Seconds from 90, 1.5, "90s", "20m", "1h30m", "7d"; never negative."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
@@ -74,10 +75,10 @@ def parse_duration(value: object, what: str) -> float:
             m = _DURATION.match(text)
             if not text or not m or not any(m.groups()):
                 raise ConfigError(
-                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m)"
+                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m, 7d)"
                 ) from None
-            h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-            secs = h * 3600 + mi * 60 + s
+            d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+            secs = d * 86400 + h * 3600 + mi * 60 + s
     else:
         raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
     return check_duration(secs, what)
@@ -111,3 +112,23 @@ def parse_env(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
             raise ConfigError(f"--env expects KEY=VALUE, got {pair!r}")
         out[check_env_key(key, "--env")] = val
     return out
+
+
+def confirm(question: str, *, yes: bool, flag: str) -> None:
+    """Ask ``question`` on a terminal; off one, ``flag`` (``yes``) must say it instead.
+
+    Raises ConfigError (exit 2, nothing changed) on anything but y/yes, and off a terminal
+    without the flag: a script must say what it means.
+    """
+    if yes:
+        return
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise ConfigError(f"{question.rstrip('?')}: not on a terminal, so {flag} must confirm it")
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    try:
+        answer = sys.stdin.readline().strip().lower()
+    except KeyboardInterrupt:
+        answer = ""
+    if answer not in ("y", "yes"):
+        raise ConfigError("not confirmed; nothing changed")

@@ -6,16 +6,19 @@ format text. Slurm's stop report is rendered here too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import term
 from .progress import sparkline
 from .results import (
+    ENDED_STATES,
     Checkpoint,
     CheckpointInfo,
     Failure,
@@ -42,9 +45,27 @@ def line(text: str) -> None:
     print(text)
 
 
+_CAPTURE: list[list[Any]] = []  # open captured_json() blocks, innermost last
+
+
 def emit_json(doc: Any) -> None:
-    """Print one JSON document."""
+    """Print one JSON document (or keep it, inside ``captured_json``)."""
+    if _CAPTURE:
+        _CAPTURE[-1].append(json.loads(json.dumps(doc, default=str)))
+        return
     print(json.dumps(doc, indent=2, default=str))
+
+
+@contextlib.contextmanager
+def captured_json() -> Iterator[list[Any]]:
+    """Collect the documents emitted inside the block (a verb run for several jobs prints
+    them as one JSON list)."""
+    got: list[Any] = []
+    _CAPTURE.append(got)
+    try:
+        yield got
+    finally:
+        _CAPTURE.pop()
 
 
 def duration(secs: float) -> str:
@@ -57,6 +78,23 @@ def duration(secs: float) -> str:
     if d:
         return f"{d}d{h}h"
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def ago(ts: float | None) -> str:
+    """`5m02s ago`, from an epoch time ("-" when there is none)."""
+    return "-" if ts is None else f"{age(max(0.0, time.time() - ts))} ago"
+
+
+def age(secs: float) -> str:
+    """An age as every verb prints it: whole seconds under a minute, else `duration`."""
+    return f"{secs:.0f}s" if secs < 60 else duration(secs)
+
+
+def time_cell(s: Status) -> str:
+    """`up 3m02s` for a live run, `ended 5m02s ago` for a finished one (list, top)."""
+    if s.ended_at is not None and s.state in ENDED_STATES:
+        return f"ended {ago(s.ended_at)}"
+    return f"up {duration(s.uptime_s)}"
 
 
 def size(nbytes: int) -> str:
@@ -291,9 +329,11 @@ def status(s: Status) -> None:
     if s.slurm is None:
         sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
         print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
-    when = "uptime" if s.ended_at is None else "ran"
+    ended = s.ended_at is not None and s.state in ENDED_STATES
+    when = f"ran {duration(s.uptime_s)}, ended {ago(s.ended_at)}" if ended else "uptime"
+    up = "" if ended else f" {duration(s.uptime_s)}"
     escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
-    print(f"  {when} {duration(s.uptime_s)}   members {s.members}{escaped}   mode {s.mode}")
+    print(f"  {when}{up}   members {s.members}{escaped}   mode {s.mode}")
     if s.unit:
         print(f"  unit {s.unit}")
     _status_details(s)
@@ -314,10 +354,10 @@ def status(s: Status) -> None:
             print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
 
 
-def job_table(rows: list[Status | tuple[str, str]]) -> None:
+def job_table(rows: list[Status | tuple[str, str]], home: str) -> None:
     """Render `trainctl list`: columns sized to their content, the table to the terminal."""
     if not rows:
-        print("no jobs")
+        print(f"no jobs in {home}")
         return
     cells = []
     for row in rows:
@@ -326,23 +366,23 @@ def job_table(rows: list[Status | tuple[str, str]]) -> None:
             continue
         code = f"({row.exit_code})" if row.exit_code is not None else ""
         main = str(row.main_pid) if row.main_pid else "-"
-        up = duration(row.uptime_s)
+        up = time_cell(row)
         last = clean(row.last_log_line if row.cause is None else f"({row.cause.summary})")
         cells.append(
             (row.name, row.state + code, row.state, str(row.run), main, str(row.members), up, last)
         )
-    heads = ("NAME", "STATE", "", "RUN", "MAIN", "MEMBERS", "UPTIME")
+    heads = ("NAME", "STATE", "", "RUN", "MAIN", "MEMBERS", "TIME")
     w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     left = term.width() - (sum(w) - w[2] + 2 * 5 + 2)  # what the last log line may take
     print(
         f"{'NAME':<{w[0]}}  {'STATE':<{w[1]}}  {'RUN':>{w[3]}}  {'MAIN':>{w[4]}}  "
-        f"{'MEMBERS':>{w[5]}}  {'UPTIME':>{w[6]}}  LAST LOG LINE"
+        f"{'MEMBERS':>{w[5]}}  {'TIME':<{w[6]}}  {'LAST LOG LINE'[: max(4, left)]}"
     )
     for name, shown, ph, run, main, members, up, last in cells:
         state_cell = term.phase(f"{shown:<{w[1]}}", ph)
         print(
             f"{name:<{w[0]}}  {state_cell}  {run:>{w[3]}}  {main:>{w[4]}}  "
-            f"{members:>{w[5]}}  {up:>{w[6]}}  {term.middle(last, max(0, left))}".rstrip()
+            f"{members:>{w[5]}}  {up:<{w[6]}}  {term.middle(last, max(0, left))}".rstrip()
         )
 
 
@@ -529,11 +569,13 @@ def memory_line(m: MemoryView) -> str:
     return text
 
 
-def progress_line(p: Progress) -> str:
-    """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`."""
+def progress_line(p: Progress, ended: str | None = None) -> str:
+    """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`; for a run that
+    ended (``ended``: its state), `stopped at step 290/500 (58%) loss ...`, no rate."""
     step, total = p.step, p.total_steps
     parts = [
-        f"step {step:g}"
+        (f"{ended} at " if ended else "")
+        + f"step {step:g}"
         + (f"/{total} ({100 * step / total:.0f}%)" if total and step is not None else "")
     ]
     for k, v in list(p.metrics.items())[:3]:
@@ -572,7 +614,7 @@ def _status_details(s: Status) -> None:
         ck = s.checkpoint
         print(f"  ckpt {ck.path} ({duration(ck.age_s)} old)")
     if s.progress:
-        print(f"  prog {progress_line(s.progress)}")
+        print(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
     _changed_lines(s)
     if s.stalled_for_s is not None:
         print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")

@@ -64,6 +64,10 @@ class Checkpoint:
         return max(0.0, time.time() - self.mtime)
 
 
+# The states of a run that is over (as `status` names them): no live numbers for these.
+ENDED_STATES = ("exited", "failed", "stopped", "lost")
+
+
 @record()
 class Progress:
     """What `status` says about training progress."""

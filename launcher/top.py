@@ -21,7 +21,7 @@ from trainctl.supervisor.gpu import NoDriverError
 from . import render, term
 from .gpus import gpu_views
 from .ops.status import all_statuses
-from .results import Status
+from .results import ENDED_STATES, Status
 
 Line = tuple[str, str | None]  # text, style (a term style name) or None
 
@@ -40,14 +40,22 @@ def frame(home: Path, width: int) -> list[Line]:
     return lines
 
 
-def _job_lines(statuses: list[Status | tuple[str, str]], width: int) -> list[Line]:
-    if not statuses:
+# `top` shows every live job, and this many of the latest finished ones: two live jobs are
+# not to be buried under nine that ended yesterday (`list` shows them all).
+TOP_FINISHED = 3
+
+
+def _job_lines(all_: list[Status | tuple[str, str]], width: int) -> list[Line]:
+    if not all_:
         return [("no jobs", "dim")]
+    # statuses come live first, then the latest finished (all_statuses)
+    ended = [s for s in all_ if isinstance(s, Status) and s.state in ENDED_STATES]
+    statuses = [s for s in all_ if s not in ended[TOP_FINISHED:]]
     name_w = max(4, *(len(s.name if isinstance(s, Status) else s[0]) for s in statuses))
     out: list[Line] = [
         (
             _fit(
-                f"{'NAME':<{name_w}}  {'STATE':<12} {'RUN':>4} {'PROCS':>5} {'UPTIME':>7}  "
+                f"{'NAME':<{name_w}}  {'STATE':<12} {'RUN':>4} {'PROCS':>5} {'TIME':<16}  "
                 "PROGRESS / LAST LOG LINE",
                 width,
             ),
@@ -62,9 +70,10 @@ def _job_lines(statuses: list[Status | tuple[str, str]], width: int) -> list[Lin
         stalled = " STALLED" if s.stalled_for_s is not None else ""
         row = (
             f"{s.name:<{name_w}}  {s.state + code + stalled:<12} {s.run:>4} {s.members:>5} "
-            f"{render.duration(s.uptime_s):>7}  "
+            f"{render.time_cell(s):<16}  "
         )
-        detail = render.progress_line(s.progress) if s.progress else ""
+        over = s.state if s.state in ENDED_STATES else None
+        detail = render.progress_line(s.progress, over) if s.progress else ""
         if not detail:
             detail = render.clean(s.last_log_line)
         style = "red" if stalled else term.PHASE_STYLE.get(s.state)
@@ -72,6 +81,9 @@ def _job_lines(statuses: list[Status | tuple[str, str]], width: int) -> list[Lin
         if s.progress and s.last_log_line:
             last = render.clean(s.last_log_line)
             out.append((_fit(" " * (name_w + 2) + "last: " + last, width), "dim"))
+    if len(ended) > TOP_FINISHED:
+        more = f"... and {len(ended) - TOP_FINISHED} more finished job(s): trainctl list"
+        out.append((_fit(more, width), "dim"))
     return out
 
 

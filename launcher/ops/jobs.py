@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from trainctl.launcher import backends
@@ -30,6 +31,40 @@ def existing_job(home: Path, name: str) -> Path:
 def current_phase(jdir: Path, st: JobState) -> Phase:
     """The phase now, as the job's backend sees it (LOST: its supervisor is gone)."""
     return backends.of(st).seen(jdir, st).phase
+
+
+def live_jobs(home: Path) -> list[str]:
+    """The jobs of ``home`` with a run going (or a lost one with processes left): what
+    `stop --all` stops. A job whose state cannot be trusted is left out."""
+    out = []
+    for name in state.list_jobs(home):
+        jdir = state.job_dir(home, name)
+        try:
+            st = state.read_state(jdir)
+            phase = current_phase(jdir, st)
+        except (StateError, JobNotFoundError, FileNotFoundError):
+            continue
+        if phase not in state.TERMINAL and (phase != Phase.LOST or live_members(st)):
+            out.append(name)
+    return out
+
+
+def ended_jobs(home: Path, older_than_s: float) -> list[tuple[str, float]]:
+    """(name, ended_at) of every job whose run ended over ``older_than_s`` ago, with
+    nothing of it left running: what `prune` removes. Untrusted ones are left out."""
+    now, out = time.time(), []
+    for name in state.list_jobs(home):
+        jdir = state.job_dir(home, name)
+        try:
+            st = state.read_state(jdir)
+            seen = backends.of(st).seen(jdir, st)
+        except (StateError, JobNotFoundError, FileNotFoundError):
+            continue
+        if seen.phase not in state.TERMINAL or st.ended_at is None:
+            continue
+        if now - st.ended_at >= older_than_s:
+            out.append((name, st.ended_at))
+    return out
 
 
 def live_members(st: JobState) -> dict[int, Member]:

@@ -14,6 +14,7 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import (
+    ENDED_STATES,
     Cause,
     CheckpointSeen,
     Failure,
@@ -186,7 +187,10 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
     ck = newest_checkpoint(spec)
     seen = None if ck is None else CheckpointSeen(ck.path, round(ck.age_s, 1), ck.size)
     code, spec_keys = _changes(st, spec, live=live)
-    return _Training(seen, read_progress(jdir, st, spec), code, spec_keys)
+    prog = read_progress(jdir, st, spec)
+    if prog is not None and not live:  # an ended run has no rate and no ETA: only its end
+        prog = dataclasses.replace(prog, steps_per_s=None, eta_s=None)
+    return _Training(seen, prog, code, spec_keys)
 
 
 def spec_file_touched(spec: Spec) -> bool:
@@ -240,4 +244,14 @@ def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str,
             out.append((name, str(e)))
         except FileNotFoundError:
             continue
-    return out
+    return sorted(out, key=_live_first)
+
+
+def _live_first(s: Status | tuple[str, str]) -> tuple[int, float, str]:
+    """Live jobs first (by name), then finished ones, the latest ended first; unreadable
+    ones last: what an operator looks for is what runs now."""
+    if isinstance(s, tuple):
+        return (2, 0.0, s[0])
+    if s.state not in ENDED_STATES:
+        return (0, 0.0, s.name)
+    return (1, -(s.ended_at or s.started_at), s.name)

@@ -36,7 +36,8 @@ VERBS: dict[str, Verb] = {
     "gpus": Verb("gpus", "Show every GPU, its lease and who is on it."),
     "logs": Verb("logs", "Print (and follow) a job's log."),
     "wait": Verb("wait", "Wait until a job's run ends; exit with its exit code."),
-    "rm": Verb("rm", "Remove a finished job."),
+    "rm": Verb("rm", "Remove finished jobs."),
+    "prune": Verb("prune", "Remove the jobs that ended more than a given time ago."),
     "doctor": Verb(
         "doctor", "Report what decides whether jobs survive logout and stop cleanly here."
     ),

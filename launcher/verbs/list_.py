@@ -33,5 +33,5 @@ def run(inv: Invocation, *, show_all: bool = False, as_json: bool = False) -> in
             ]
         )
     else:
-        render.job_table(rows)
+        render.job_table(rows, str(inv.home))
     return ExitCode.OK

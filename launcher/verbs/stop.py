@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from trainctl.launcher import render
-from trainctl.launcher.inputs import parse_duration, parse_seconds
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback
+from trainctl.launcher.ops.jobs import existing_job, live_jobs
 from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
+from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.state import job_dir
 
 from . import Invocation
@@ -90,3 +94,45 @@ def run(
         return res  # Ctrl-C: said what happens to the stop
     render.stop_doc(res, pre) if as_json else render.stop(res)
     return stop_exit_code(res)
+
+
+def run_many(
+    inv: Invocation,
+    names: tuple[str, ...],
+    *,
+    every: bool = False,
+    yes: bool = False,
+    as_json: bool = False,
+    **opts: Any,
+) -> int:
+    """`stop A B ...` / `stop --all`: each job in turn; the worst exit code wins.
+
+    Every name is checked before anything is stopped (an unknown one changes nothing);
+    `--all` takes the live jobs of the home and asks first on a terminal (`--yes`: don't).
+    """
+    if every and names:
+        raise ConfigError("stop: give job names or --all, not both")
+    if not every and not names:
+        raise ConfigError("stop: name a job (or several), or --all for every live job")
+    chosen = list(dict.fromkeys(names)) if names else live_jobs(inv.home)
+    for name in chosen:
+        existing_job(inv.home, name)
+    if every:
+        if not chosen:
+            render.line(f"no live jobs in {inv.home}; nothing to stop")
+            return ExitCode.OK
+        confirm(f"stop {len(chosen)} job(s): {', '.join(chosen)}?", yes=yes, flag="--yes")
+    if len(chosen) == 1 and not every:
+        return run(inv, chosen[0], as_json=as_json, **opts)
+    codes = []
+    docs: list[object] = []
+    for name in chosen:
+        if as_json:
+            with render.captured_json() as got:
+                codes.append(run(inv, name, as_json=True, **opts))
+            docs.extend(got)
+        else:
+            codes.append(run(inv, name, **opts))
+    if as_json:
+        render.emit_json(docs)
+    return max(codes)

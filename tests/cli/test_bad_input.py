@@ -40,7 +40,7 @@ def no_jobs(h: Harness) -> None:
         (["wait", "ghost"], 2, "no job named"),
         (["rm", "ghost"], 2, "no job named"),
         (["restart", "ghost"], 2, "no job named"),
-        (["stop"], 2, "Missing argument"),
+        (["stop"], 2, "name a job (or several), or --all"),
         (["frobnicate"], 2, "No such command"),
     ],
 )

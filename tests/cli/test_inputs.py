@@ -49,7 +49,7 @@ def test_human_duration(secs: float, text: str) -> None:
     assert human_duration(secs) == text
 
 
-@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "1d", "", "5ms"])
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "1w", "", "5ms"])
 def test_parse_seconds_rejects(raw: str) -> None:
     with pytest.raises(ConfigError, match="--grace"):
         api.parse_seconds(raw, "--grace")
