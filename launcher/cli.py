@@ -433,10 +433,12 @@ def gpus(c: Invocation, as_json: bool) -> int:
 @click.option(
     "-n",
     "--lines",
+    "--tail",
     "lines",
     default=None,
     metavar="N|all",
-    help="Print the last N lines, or all [default: all; with -f, the last 10].",
+    help="Print the last N lines, or all (--tail N as docker spells it) "
+    "[default: all; with -f, the last 10].",
 )
 @click.option(
     "--run",
@@ -549,6 +551,23 @@ for _name, _command in cli.commands.items():
     _command.short_help = verbs.VERBS[_name].summary
 
 
+GLOBAL_OPTIONS = {"--home": "DIR", "--host": "HOST"}
+
+
+def _no_such_option(e: click.exceptions.NoSuchOption) -> str:
+    """One style for every unknown option (`no such option: --x; did you mean --y?`), and
+    a global option given after the verb is told where it goes."""
+    flag = e.option_name.split("=", 1)[0]
+    verb = e.ctx.info_name if e.ctx is not None else "VERB"
+    if flag in GLOBAL_OPTIONS:
+        return (
+            f"{flag} is a global option: it goes before the verb "
+            f"(trainctl {flag} {GLOBAL_OPTIONS[flag]} {verb} ...)"
+        )
+    close = list(e.possibilities or [])[:1]  # click's, closest first
+    return f"no such option: {flag}" + (f"; did you mean {close[0]}?" if close else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run click on ``argv``; map every error to one line and an exit code (returned)."""
     try:
@@ -558,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
         rv = ExitCode.OK
     except click.exceptions.Abort:
         rv = exit_for_exception(KeyboardInterrupt())
+    except click.exceptions.NoSuchOption as e:
+        click.echo(f"trainctl: error: {_no_such_option(e)}", err=True)
+        rv = ExitCode.USAGE
     except click.exceptions.ClickException as e:  # UsageError included
         click.echo(f"trainctl: error: {e.format_message()}", err=True)
         rv = ExitCode.USAGE

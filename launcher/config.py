@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from trainctl.supervisor.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
 
-from .inputs import check_duration
+from .inputs import check_duration, parse_duration
 
 SHIPPED = Path(trainctl.conf.__file__).parent / "trainctl.toml"
 
@@ -45,28 +46,34 @@ class Config:
     causes: dict[str, str] = field(default_factory=dict)
 
 
+# Durations (float) take the spec's syntax (90, "90s", "2m", "1h30m"), under the spec's
+# own name where a spec key sets the same thing (grace, kill_wait). The older `_s` names
+# (numbers of seconds) are still read, so that no config written for them breaks.
 _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("state", "home"): ("home", str),
-    ("start", "ready_timeout_s"): ("ready_timeout_s", float),
+    ("start", "ready_timeout"): ("ready_timeout_s", float),
     ("start", "cgroup"): ("cgroup", bool),
     ("start", "systemd"): ("systemd", bool),
-    ("stop", "grace_s"): ("grace_s", float),
+    ("stop", "grace"): ("grace_s", float),
     ("stop", "signal"): ("stop_signal", str),
     ("stop", "order"): ("stop_order", str),
-    ("stop", "kill_wait_s"): ("kill_wait_s", float),
-    ("supervisor", "snapshot_interval_s"): ("snapshot_interval_s", float),
+    ("stop", "kill_wait"): ("kill_wait_s", float),
+    ("supervisor", "snapshot_interval"): ("snapshot_interval_s", float),
     ("logs", "tail_lines"): ("tail_lines", int),
-    ("logs", "follow_poll_s"): ("follow_poll_s", float),
+    ("logs", "follow_poll"): ("follow_poll_s", float),
     ("logs", "max_size_mib"): ("log_max_mib", int),
     ("logs", "keep"): ("log_keep", int),
     ("gpu", "foreign_threshold_mib"): ("gpu_foreign_threshold_mib", int),
     ("gpu", "tolerance_mib"): ("gpu_tolerance_mib", int),
-    ("gpu", "release_timeout_s"): ("gpu_timeout_s", float),
+    ("gpu", "release_timeout"): ("gpu_timeout_s", float),
 }
+_KEYS.update({(t, f"{k}_s"): v for (t, k), v in list(_KEYS.items()) if v[1] is float})
 
 
 def _checked(field: str, typ: type, raw: object, what: str) -> object:
     """Return ``raw`` as a value of ``typ``, in range, or raise a one-line ConfigError."""
+    if typ is float and isinstance(raw, str):
+        raw = parse_duration(raw, what)
     value = float(raw) if typ is float and type(raw) is int else raw
     if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
         raise ConfigError(f"{what} must be {typ.__name__}, got {value!r}")
@@ -144,7 +151,10 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
             continue
         for key, raw in entries.items():
             if (table, key) not in _KEYS:
-                raise ConfigError(f"{where}: unknown key {table}.{key}")
+                known = [k for t, k in _KEYS if t == table and not k.endswith("_s")]
+                near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {table}.{near[0]}?" if near else ""
+                raise ConfigError(f"{where}: unknown key {table}.{key}{hint}")
             field, typ = _KEYS[(table, key)]
             values[field] = _checked(field, typ, raw, f"{where}: {table}.{key}")
     if "stop_order" in values:
@@ -169,6 +179,8 @@ def load_config() -> Config:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (TOML must be UTF-8)") from None
     except FileNotFoundError:
+        if os.environ.get("TRAINCTL_CONFIG"):  # named on purpose: running on defaults is wrong
+            raise ConfigError(f"TRAINCTL_CONFIG names {path}, which does not exist") from None
         text = None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None

@@ -8,6 +8,7 @@ its line; unknown keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import shlex
 import tomllib
@@ -332,7 +333,7 @@ def load_spec_file(path: str, *, check_cwd: bool = True) -> SpecDraft:
         line = _line_of(text, key)
         where = f"{path}:{line}: {key}" if line else f"{path}: {key}"
         if key not in KEYS:
-            raise ConfigError(f"{where}: unknown key (known: {', '.join(sorted(KEYS))})")
+            raise ConfigError(f"{where}: unknown key{closest_key(key)}")
         out[key] = KEYS[key](value, where)
     if "cwd" in out:
         out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
@@ -353,16 +354,24 @@ def file_changes(spec_file: str, recorded: dict[str, Any]) -> list[str]:
     return [k for k in sorted({*now, *recorded}) if now.get(k) != recorded.get(k)]
 
 
+def closest_key(key: str) -> str:
+    """`; did you mean grace?` for a misspelt key, else where the keys are listed."""
+    near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.6)
+    if near:
+        return f"; did you mean {near[0]}?"
+    return " (every key is listed in the README, under Job specs)"
+
+
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> SpecDraft:
     """Parse ``--set key=value`` (the value is TOML when it parses as TOML, else a string)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         key = key.strip()
-        if not sep or key not in KEYS:
-            raise ConfigError(
-                f"--set {pair!r}: expected KEY=VALUE with a spec key ({', '.join(sorted(KEYS))})"
-            )
+        if not sep and key in KEYS:
+            raise ConfigError(f"--set {pair!r}: give {key} a value: --set {key}=VALUE")
+        if key not in KEYS:
+            raise ConfigError(f"--set {pair!r}: {key!r} is not a spec key{closest_key(key)}")
         try:
             value: Any = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:

@@ -216,6 +216,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         TCTEST_MARK=mark,
         TRAINCTL_CONFIG=str(tmp_path / "config.toml"),
     )
+    (tmp_path / "config.toml").write_text("")  # named, so it must exist: tests write to it
     h = Harness(tmp=tmp_path, mark=mark, env=env)
     yield h
     # A process that has just released its locks may still be finishing its exit: give

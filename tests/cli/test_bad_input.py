@@ -72,8 +72,10 @@ def test_unwritable_home(harness: Harness) -> None:
 def test_bad_config_file(harness: Harness) -> None:
     h = harness
     cfg = Path(h.env["TRAINCTL_CONFIG"])
-    cfg.write_text("[stop]\ngrace = 5\n")
-    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "unknown key stop.grace")
+    cfg.write_text('[stop]\ngrace = "5 minutes"\n')
+    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "stop.grace: '5 minutes' is not")
+    cfg.write_text("[stop]\ngracee = 5\n")
+    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "did you mean stop.grace?")
     cfg.write_text("[stop\n")
     one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "invalid TOML")
     cfg.write_text("[stop]\ngrace_s = -4\n")

@@ -63,7 +63,8 @@ def test_parse_env() -> None:
 
 
 def test_shipped_defaults_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.delenv("TRAINCTL_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no config.toml there: defaults
     cfg = config.load_config()
     assert cfg.grace_s == 60.0
     assert cfg.stop_signal == "SIGTERM"
@@ -78,8 +79,18 @@ def test_user_config_overrides_and_validates(
     path.write_text('[stop]\ngrace_s = 5\nsignal = "SIGINT"\n')
     cfg = config.load_config()
     assert (cfg.grace_s, cfg.stop_signal) == (5.0, "SIGINT")
+    # the spec's names and duration syntax; the older `_s` names still read
+    path.write_text(
+        '[stop]\ngrace = "2m"\nkill_wait = 3\n[supervisor]\nsnapshot_interval = "500ms"\n'
+    )
+    with pytest.raises(ConfigError, match="not a duration"):
+        config.load_config()
+    path.write_text('[stop]\ngrace = "2m"\nkill_wait = 3\n[gpu]\nrelease_timeout = "1m30s"\n')
+    cfg = config.load_config()
+    assert (cfg.grace_s, cfg.kill_wait_s, cfg.gpu_timeout_s) == (120.0, 3.0, 90.0)
     for text, needle in (
         ("[stop]\nbogus = 1\n", "unknown key stop.bogus"),
+        ("[stop]\ngrase = 1\n", "did you mean stop.grace"),
         ("[start]\ncgroup = 1\n", "must be bool"),
         ("[logs]\ntail_lines = true\n", "must be int"),
         ("x = 1\n", "must be a table"),
@@ -90,8 +101,17 @@ def test_user_config_overrides_and_validates(
             config.load_config()
 
 
-def test_home_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_config_file_named_but_missing_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match=r"TRAINCTL_CONFIG names .*absent.toml, which does not"):
+        config.load_config()
+
+
+def test_home_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TRAINCTL_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.setenv("TRAINCTL_HOME", "/env/home")
     assert config.resolve_home("/flag", None) == Path("/flag")
     assert config.resolve_home(None, None) == Path("/env/home")

@@ -271,3 +271,47 @@ def test_top_is_a_live_screen_driven_by_keys(harness: Harness) -> None:
     once = h.tc("top", "--once")
     assert once.rc == 0
     assert "trainer" in once.out
+
+
+def test_typos_get_the_closest_name_and_misplaced_options_where_they_go(
+    harness: Harness,
+) -> None:
+    h = harness
+    spec = h.tmp / "job.toml"
+    spec.write_text('argv = ["sleep", "600"]\ngrase = "5s"\n')
+    res = h.tc("start", "-c", str(spec))
+    assert res.rc == 2
+    assert res.err.strip() == f"trainctl: error: {spec}:2: grase: unknown key; did you mean grace?"
+    res = h.tc("start", "--name", "t", "--set", "max_restart=2", "--", "true")
+    assert res.rc == 2
+    assert "did you mean max_restarts?" in res.err
+    assert "stall_timeout" not in res.err  # not every key dumped
+    res = h.tc("start", "--name", "t", "--set", "grace", "--", "true")
+    assert res.rc == 2
+    assert "give grace a value: --set grace=VALUE" in res.err
+    h.tc(
+        "start",
+        "--name",
+        "t",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3 4 5; do echo l$i; done",
+        check=True,
+    )
+    h.tc("wait", "t", "--timeout", "20", check=True)
+    assert h.tc("logs", "t", "--tail", "2", check=True).out == "l4\nl5\n"
+    res = h.tc("status", "t", "--home", str(h.home))
+    assert res.rc == 2
+    assert res.err.strip() == (
+        "trainctl: error: --home is a global option: it goes before the verb "
+        "(trainctl --home DIR status ...)"
+    )
+    # one style for an unknown option, whoever finds it
+    for argv, want in (
+        (("stop", "t", "--grase", "1"), "no such option: --grase; did you mean --grace?"),
+        (("start", "--nmae", "x", "--", "true"), "no such option: --nmae; did you mean --name?"),
+    ):
+        res = h.tc(*argv)
+        assert (res.rc, res.err.strip()) == (2, f"trainctl: error: {want}")
+    assert not list((h.home / "jobs").glob("x"))
