@@ -246,6 +246,9 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
     help="How long to wait for the job's GPUs to be released [default from config: 30].",
 )
 @ckpt_options
+@click.option(
+    "--verbose", "-v", is_flag=True, help="A full report: nets, launchers, each process's timing."
+)
 @json_opt
 @pass_ctx
 def stop(
@@ -261,6 +264,7 @@ def stop(
     checkpoint_timeout: str,
     require_checkpoint_within: str | None,
     force: bool,
+    verbose: bool,
     as_json: bool,
 ) -> int:
     """Stop every process of job NAME and nothing else; exit 0 only if none survives.
@@ -282,6 +286,7 @@ def stop(
             gpu_timeout=gpu_timeout,
             ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
+            verbose=verbose,
         )
     )
 

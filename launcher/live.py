@@ -9,7 +9,6 @@ runs in this process, so a second Ctrl-C is needed to give it up.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from trainctl.supervisor.proctree import alive, scan, target_of
 
 from . import term
 from .backends.local_stop import supervised
+from .ops.jobs import stop_under_way
 from .render import clean
 
 T = TypeVar("T")
@@ -58,6 +58,45 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
             _say(line, _continues(name, direct, interrupted=False))
     if line is not None:
         line.clear()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+TICK_PLAIN_S = 15.0  # off a terminal, a waiting line is printed this often
+
+
+def run_with_ticker(work: Callable[[], T], describe: Callable[[], str], *, enabled: bool) -> T:
+    """Run ``work`` (a wait of minutes) in a thread, with a line that says how it goes:
+    redrawn on a terminal, printed every TICK_PLAIN_S elsewhere. Ctrl-C ends the wait (the
+    work is a wait: nothing is left half done)."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as e:  # noqa: BLE001  (handed to the main thread as it is)
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    tty, shown, printed = sys.stderr.isatty(), False, time.monotonic()
+    try:
+        while thread.is_alive():
+            thread.join(REDRAW_S)
+            if not enabled or not thread.is_alive():
+                continue
+            if tty:
+                sys.stderr.write(f"\r\x1b[K{describe()[:160]}")
+                shown = True
+            elif time.monotonic() - printed >= TICK_PLAIN_S:
+                sys.stderr.write(f"trainctl: {describe()}\n")
+                printed = time.monotonic()
+            sys.stderr.flush()
+    finally:
+        if shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
@@ -113,25 +152,10 @@ class _Line:
 
         None while no stop is under way (e.g. the CLI is still retrying a mute supervisor).
         """
-        try:
-            with open(self.jdir / "events.jsonl", "rb") as f:
-                f.seek(max(0, f.seek(0, 2) - 65536))
-                raw = f.read()
-        except OSError:
+        going = stop_under_way(self.jdir)
+        if going is None or (not joined and going.since < self.since):
             return None
-        for line in reversed(raw.splitlines()):
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") not in ("stopping", "grace_shortened"):
-                continue
-            if not joined and float(ev["ts"]) < self.since:
-                return None
-            if ev["event"] == "grace_shortened":
-                return _left(float(ev["grace_left_s"]) - (time.time() - float(ev["ts"])))
-            return _left(float(ev.get("grace_s", 0)) - (time.time() - float(ev["ts"])))
-        return None
+        return _left(going.grace_left_s)
 
     def clear(self) -> None:
         if self.tty and self.shown:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import term
+from .inputs import human_duration
 from .progress import sparkline
 from .results import (
     ENDED_STATES,
@@ -148,8 +149,9 @@ def start(res: StartResult) -> None:
         sys.stderr.write(f"trainctl: {line}\n")
 
 
-def stop(res: StopResult) -> None:
-    """Render a stop report."""
+def stop(res: StopResult, *, verbose: bool = False) -> None:
+    """Render a stop report: short by default (what was found, signalled, killed, the
+    verdict); ``verbose`` adds the nets, launchers and each process's timing."""
     r = res.report
     if isinstance(r, SlurmStopReport):  # its own text, or the no-op's one line
         print(res.message or slurm_stop(res.name, res.run, r))
@@ -169,18 +171,23 @@ def stop(res: StopResult) -> None:
             else f"{res.name}: no process of run {res.run} was alive; nothing to stop"
         )
         return
-    nets = ", ".join(f"{k} {v}" for k, v in sorted(r.by_net.items()))
-    print(f"stopped {res.name} run {res.run} via {res.via} ({r.mode} mode)")
-    print(f"  found      {r.found} process(es), {r.escaped} escaped the tree  [{nets}]")
+    escaped = f", {r.escaped} escaped the tree" if r.escaped else ""
+    print(
+        f"stopped {res.name} run {res.run} via {res.via} ({r.mode} mode): "
+        f"{r.found} process(es){escaped}"
+    )
+    if verbose:
+        nets = ", ".join(f"{k} {v}" for k, v in sorted(r.by_net.items()))
+        print(f"  found      by {nets}")
     if r.late_joiners:
         print(
             f"  late       {r.late_joiners} found after the signal (new forks, or outside "
             "the cgroup) and signalled too"
         )
-    _stop_details(r)
+    _stop_details(r, verbose=verbose)
     if r.stacks:
         print(f"  stacks     of what outlived the grace, read before the SIGKILL: {r.stacks}")
-    if r.zombies:
+    if r.zombies and verbose:
         print(f"  zombies    {len(r.zombies)} exited, waiting for their parent to reap them")
     for sv in r.survivors:
         print(survivor_line(sv))
@@ -196,38 +203,63 @@ def stop(res: StopResult) -> None:
 NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
 
 
-def _stop_details(r: StopReport) -> None:
+def cmd_cell(cmd: str, used: int) -> str:
+    """A job's command in a report line that has ``used`` columns already: cut in the
+    middle to fit a terminal, whole when piped (term.width is unlimited then)."""
+    return term.middle(clean(cmd), max(20, term.width() - used))
+
+
+def _stop_details(r: StopReport, *, verbose: bool) -> None:
     """Who got the signal and when, who exited on it, who was launcher, who was killed."""
-    for launcher in r.launchers:
-        print(f"  launcher   pid {launcher.pid} {clean(launcher.cmd)[:60]} ({launcher.why})")
+    for launcher in r.launchers if verbose else ():
+        head, why = f"  launcher   pid {launcher.pid} ", launcher.why or ""
+        print(f"{head}{cmd_cell(launcher.cmd, len(head) + len(why) + 3)} ({why})")
         print("             skipped for its workers; it gets the signal only if it outlives them")
+    named = _signalled_lines(r, verbose=verbose)
+    if not r.killed and not verbose:
+        return
+    print(f"  SIGKILL    {r.killed} killed after the {r.grace_s:g} s grace")
+    rest = [p for p in r.killed_procs if p.pid not in named]  # each pid is named once
+    for p in rest[:NAMED_LINES]:
+        head = f"    pid {p.pid:<7} "
+        print(f"{head}{cmd_cell(p.cmd, len(head))}")
+    if len(rest) > NAMED_LINES:
+        print(f"    ... and {len(rest) - NAMED_LINES} more (--json names up to 64)")
+
+
+def _signalled_lines(r: StopReport, *, verbose: bool) -> set[int]:
+    """The stop signal's line (and, verbose, each process's); the SIGKILLed pids named."""
     ex = r.exit_s
-    timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)" if ex else ""
+    if ex and ex["first"] != ex["last"] and verbose:
+        timing = f" in {ex['first']:.2f}-{ex['last']:.2f} s (median {ex['median']:.2f} s)"
+    elif ex:
+        timing = f" within {ex['last']:.2f} s"
+    else:
+        timing = ""
     print(
         f"  {r.signal:<10} {r.signalled} signalled (order {r.order}), "
         f"{r.exited_on_signal} exited on it{timing}"
     )
-    for p in r.sent[:NAMED_LINES]:
+    named: set[int] = set()
+    for p in r.sent[:NAMED_LINES] if verbose else ():
         if p.exit_s is None:
             gone = "still running"
         elif p.killed:
             gone = f"SIGKILLed {p.exit_s:.2f} s later"
+            named.add(p.pid)
         else:
             gone = f"exited after {p.exit_s:.2f} s"
-        print(f"    pid {p.pid:<7} at +{p.at_s or 0:.2f} s, {gone}: {clean(p.cmd)[:70]}")
-    if len(r.sent) > NAMED_LINES or r.signalled > len(r.sent):
+        head = f"    pid {p.pid:<7} at +{p.at_s or 0:.2f} s, {gone}: "
+        print(f"{head}{cmd_cell(p.cmd, len(head))}")
+    if verbose and (len(r.sent) > NAMED_LINES or r.signalled > len(r.sent)):
         more = r.signalled - min(len(r.sent), NAMED_LINES)
         print(f"    ... and {more} more (--json names up to 64)")
-    if r.exited_unsignalled:
+    if r.exited_unsignalled and verbose:
         print(
             f"  unsignalled {r.exited_unsignalled} exited without the signal "
             "(their parent shut them down)"
         )
-    print(f"  SIGKILL    {r.killed} killed after the {r.grace_s:g} s grace")
-    for p in r.killed_procs[:NAMED_LINES]:
-        print(f"    pid {p.pid:<7} {clean(p.cmd)[:80]}")
-    if r.killed > NAMED_LINES:
-        print(f"    ... and {r.killed - NAMED_LINES} more (--json names up to 64)")
+    return named
 
 
 def slurm_stop(name: str, run: int, r: SlurmStopReport) -> str:
@@ -314,21 +346,15 @@ def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
         return f"{len(ls.survivors)} SURVIVED"
     if not ls.killed:
         return "clean"
-    who = ", ".join(f"{p.pid} {clean(p.cmd)[:40]}" for p in ls.killed_procs[:3])
+    each = max(20, (term.width() - 40) // 3)
+    who = ", ".join(f"{p.pid} {term.middle(clean(p.cmd), each)}" for p in ls.killed_procs[:3])
     more = f" and {ls.killed - 3} more" if ls.killed > 3 else ""
     return f"{ls.killed} needed SIGKILL ({who}{more})"
 
 
 def status(s: Status) -> None:
     """Render one job's status."""
-    code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
-    boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
-    print(f"{s.name}: {term.phase(s.state, s.state)}{code}, run {s.run}{boot}")
-    if s.cause is not None:
-        print(f"  cause {term.middle(clean(s.cause.summary), term.width() - 8)}")
-    if s.slurm is None:
-        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
-        print(f"  main pid {s.main_pid}   pgid {s.pgid}   supervisor {sup}")
+    _status_head(s)
     ended = s.ended_at is not None and s.state in ENDED_STATES
     when = f"ran {duration(s.uptime_s)}, ended {ago(s.ended_at)}" if ended else "uptime"
     up = "" if ended else f" {duration(s.uptime_s)}"
@@ -340,18 +366,62 @@ def status(s: Status) -> None:
     if s.argv:
         cmd = clean(term.short_cmd(" ".join(s.argv), s.cwd))
         print(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+    _settings_lines(s)
     print(f"  log  {s.log}")
     if s.last_log_line:
         print(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
-        ls = s.last_stop
-        print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
-        if isinstance(ls, StopReport) and ls.reason == "main exited" and ls.found:
-            names = ", ".join(clean(p.cmd)[:60] for p in ls.sent[:3])
-            more = f" and {ls.found - 3} more" if ls.found > 3 else ""
-            print(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
-        if getattr(ls, "stacks", None):
-            print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
+        _last_stop_lines(s.last_stop)
+
+
+def _settings_lines(s: Status) -> None:
+    """Where the job runs and how it stops and restarts (from its spec)."""
+    if s.cwd:
+        print(f"  cwd  {s.cwd}")
+    if s.settings is None:
+        return
+    js = s.settings
+    print(
+        f"  stop grace {human_duration(js.grace_s)} ({js.stop_signal}, order "
+        f"{js.stop_order}); restart {js.restart}"
+    )
+    if js.checkpoint and s.checkpoint is None:
+        print(f"  ckpt nothing matches {js.checkpoint} yet")
+
+
+def _last_stop_lines(ls: StopReport | SlurmStopReport) -> None:
+    print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
+    if isinstance(ls, StopReport) and ls.reason == "main exited" and ls.found:
+        each = max(20, (term.width() - 60) // 3)
+        names = ", ".join(term.middle(clean(p.cmd), each) for p in ls.sent[:3])
+        more = f" and {ls.found - 3} more" if ls.found > 3 else ""
+        print(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
+    if getattr(ls, "stacks", None):
+        print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
+
+
+def _status_head(s: Status) -> None:
+    """The job's state, why it ended or how its stop goes, and its processes' ids."""
+    code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
+    boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
+    backoff = s.restart_in_s is not None and s.state == "starting"
+    shown = f"waiting to restart (run {s.run + 1} in {age(s.restart_in_s or 0)})" if backoff else ""
+    head = term.phase(shown or s.state, s.state)
+    print(f"{s.name}: {head}{'' if backoff else code}, run {s.run}{boot}")
+    if s.cause is not None:
+        print(f"  cause {term.middle(clean(s.cause.summary), term.width() - 8)}")
+    if s.stop_since is not None and s.state == "stopping":
+        by = f" ({s.stop_by})" if s.stop_by else ""
+        left = f"{age(s.grace_left_s or 0)} of grace left" if s.grace_left_s else "grace over"
+        print(f"  stop since {time.strftime('%H:%M:%S', time.localtime(s.stop_since))}{by}: {left}")
+    if s.slurm is None and backoff:
+        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+        print(f"  main pid -   (run {s.run} ended; its supervisor {sup} relaunches it)")
+    elif s.slurm is None:
+        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+        main = "-" if s.main_pid is None else s.main_pid
+        pgid = "-" if s.pgid is None else s.pgid
+        print(f"  main pid {main}   pgid {pgid}   supervisor {sup}")
 
 
 def job_table(rows: list[Status | tuple[str, str]], home: str) -> None:

@@ -299,6 +299,18 @@ class StartResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@record(frozen=True)
+class JobSettings:
+    """What the spec says about how the job runs and stops, for `status`."""
+
+    grace_s: float
+    stop_signal: str
+    stop_order: str
+    restart: str  # "never", or "on-failure (max 3, backoff 5s)"
+    checkpoint: str | None = None  # the glob, relative to cwd
+    checkpoint_matches: bool = False  # whether anything matches it yet
+
+
 @record()
 class Status:
     """What `trainctl status NAME` shows (and `--json` emits)."""
@@ -341,6 +353,10 @@ class Status:
     cause: Cause | None = None  # why the run ended (None while it runs)
     restart_history: list[RestartEntry] = field(default_factory=list)
     memory: MemoryView | None = None  # memory_max/memory_high jobs
+    stop_since: float | None = None  # while a stop is on: when it began (epoch)
+    grace_left_s: float | None = None  # ... and how much of its grace is left now
+    stop_by: str | None = None  # ... and why it began ("stop", "restart", "SIGTERM", ...)
+    settings: JobSettings | None = None  # how the job is set up to run and stop (spec)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

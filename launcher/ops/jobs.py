@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -31,6 +32,42 @@ def existing_job(home: Path, name: str) -> Path:
 def current_phase(jdir: Path, st: JobState) -> Phase:
     """The phase now, as the job's backend sees it (LOST: its supervisor is gone)."""
     return backends.of(st).seen(jdir, st).phase
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopUnderWay:
+    """The newest stop of a job, from its events: when it began, grace left now, by whom."""
+
+    since: float
+    grace_left_s: float
+    reason: str | None = None
+
+
+def stop_under_way(jdir: Path) -> StopUnderWay | None:
+    """The newest `stopping` (or `grace_shortened`) event, read from the end of the
+    events: a few KiB, read only while a stop is on. None when there is none."""
+    try:
+        with open(jdir / "events.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            raw = f.read()
+    except OSError:
+        return None
+    shortened: tuple[float, float] | None = None
+    for line in reversed(raw.splitlines()):
+        try:
+            ev = json.loads(line)
+            kind, ts = ev.get("event"), float(ev["ts"])
+            if kind == "grace_shortened" and shortened is None:
+                shortened = (ts, float(ev["grace_left_s"]))
+            elif kind == "stopping":
+                at, left = shortened or (ts, float(ev.get("grace_s", 0)))
+                reason = ev.get("reason")
+                return StopUnderWay(
+                    ts, left - (time.time() - at), reason if isinstance(reason, str) else None
+                )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return None
 
 
 def live_jobs(home: Path) -> list[str]:

@@ -12,12 +12,14 @@ from pathlib import Path
 from trainctl.launcher import backends
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.inputs import human_duration
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import (
     ENDED_STATES,
     Cause,
     CheckpointSeen,
     Failure,
+    JobSettings,
     MemoryView,
     Progress,
     RestartEntry,
@@ -32,7 +34,7 @@ from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import Phase
 
-from .jobs import existing_job
+from .jobs import existing_job, stop_under_way
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
@@ -94,6 +96,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     end = st.ended_at or now
     log = state.log_path(jdir, st.run)
     training = _training_view(jdir, st, spec, live=phase not in state.TERMINAL)
+    going = stop_under_way(jdir) if phase == Phase.STOPPING else None
     return Status(
         name=st.name,
         state=str(phase),
@@ -138,6 +141,25 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
             for h in st.restart_history[-10:]
         ],
         memory=_memory_view(st, spec, live=phase not in state.TERMINAL),
+        stop_since=going.since if going else None,
+        grace_left_s=round(max(0.0, going.grace_left_s), 1) if going else None,
+        stop_by=going.reason if going else None,
+        settings=None if spec is None else _settings(spec, training.checkpoint is not None),
+    )
+
+
+def _settings(spec: Spec, matched: bool) -> JobSettings:
+    r = spec.restart
+    restart = r.mode
+    if r.mode != "never":
+        restart += f" (max {r.max_restarts}, backoff {human_duration(r.backoff_s)})"
+    return JobSettings(
+        grace_s=spec.stop.grace_s,
+        stop_signal=spec.stop.signal,
+        stop_order=str(spec.stop.order),
+        restart=restart,
+        checkpoint=spec.watch.checkpoint,
+        checkpoint_matches=matched,
     )
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from trainctl.launcher import render
+from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
-from trainctl.launcher.live import run_with_feedback
+from trainctl.launcher.live import run_with_feedback, run_with_ticker
 from trainctl.launcher.ops.jobs import existing_job, live_jobs
 from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
@@ -59,7 +61,22 @@ def prepare(
         return info
     sig = spec.watch.checkpoint_signal
     asked = (lambda: None) if quiet else lambda: say(f"asking for a checkpoint ({sig}) ...")
-    new = ask_checkpoint(inv.home, name, spec, timeout_s, asked)
+    t0 = time.monotonic()
+
+    def waiting() -> str:
+        took = time.monotonic() - t0
+        text = (
+            f"waiting for the checkpoint ({sig}): {render.age(took)}, "
+            f"{render.age(max(0.0, timeout_s - took))} left"
+        )
+        ck = newest_checkpoint(spec)
+        if ck is not None and ck.mtime >= time.time() - took - 0.01:
+            text += f"; writing {os.path.relpath(ck.path, spec.cwd)} ({render.size(ck.size)})"
+        return text
+
+    new = run_with_ticker(
+        lambda: ask_checkpoint(inv.home, name, spec, timeout_s, asked), waiting, enabled=not quiet
+    )
     if new is None:
         return info
     say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
@@ -76,6 +93,7 @@ def run(
     gpu_timeout: str | None = None,
     ckpt: CheckpointFlags = NO_CHECKPOINT,
     as_json: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Stop job NAME; exit 0 only when nothing of it survives and its GPUs are free."""
     # every flag is checked before anything is done
@@ -92,7 +110,7 @@ def run(
     )
     if isinstance(res, int):
         return res  # Ctrl-C: said what happens to the stop
-    render.stop_doc(res, pre) if as_json else render.stop(res)
+    render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
     return stop_exit_code(res)
 
 
