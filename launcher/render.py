@@ -364,7 +364,7 @@ def status(s: Status) -> None:
         print(f"  unit {s.unit}")
     _status_details(s)
     if s.argv:
-        cmd = clean(term.short_cmd(" ".join(s.argv), s.cwd))
+        cmd = clean(term.argv_line(s.argv, s.cwd))
         print(f"  cmd  {term.middle(cmd, term.width() - 7)}")
     _settings_lines(s)
     print(f"  log  {s.log}")

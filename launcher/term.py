@@ -9,6 +9,7 @@ are least informative. Piped output keeps every character, with no colour.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 UNLIMITED = 1 << 20
@@ -66,6 +67,13 @@ def middle(text: str, limit: int) -> str:
         return text[:limit]
     head = (limit - 1) * 2 // 3
     return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
+def argv_line(argv: list[str], cwd: str | None) -> str:
+    """A command as a shell reads it back (quoted): shortened as short_cmd does on a
+    terminal, every character of it when piped (to paste into a shell or a script)."""
+    words = argv if not sys.stdout.isatty() else [_short_word(w, cwd) for w in argv]
+    return shlex.join(words)
 
 
 def short_cmd(cmd: str, cwd: str | None) -> str:

@@ -108,6 +108,24 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
+def frame_doc(home: Path) -> dict[str, Any]:
+    """One frame as JSON: every job (as `status --json`, live first) and every GPU (as
+    `gpus --json`; ``gpus_error`` says why there are none)."""
+    jobs: list[dict[str, Any]] = []
+    for s in all_statuses(home):
+        jobs.append(
+            s.to_doc()
+            if isinstance(s, Status)
+            else {"name": s[0], "state": "unknown", "error": s[1]}
+        )
+    doc: dict[str, Any] = {"host": socket.gethostname(), "at": time.time(), "jobs": jobs}
+    try:
+        doc["gpus"] = [v.to_doc() for v in gpu_views(home)]
+    except NoDriverError as e:
+        doc["gpus"], doc["gpus_error"] = [], str(e)
+    return doc
+
+
 def print_once(home: Path) -> None:
     """One frame on stdout, plain (colour only on a terminal, as everywhere)."""
     for text, style in frame(home, term.width()):

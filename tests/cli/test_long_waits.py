@@ -69,9 +69,11 @@ def test_status_shows_cwd_and_how_the_job_stops_and_a_glob_with_no_match(
     h = harness
     h.tc(
         "start", "--name", "c", "--cwd", str(h.tmp), "--grace", "2m", "--stop-signal", "INT",
-        "--set", "checkpoint=ckpt/*.pt", "--", "sleep", "600", check=True,
+        "--set", "checkpoint=ckpt/*.pt", "--", "sh", "-c", "sleep 600  # it's", check=True,
     )  # fmt: skip
     human = h.tc("status", "c").out
+    cmd = next(ln for ln in human.splitlines() if ln.startswith("  cmd  "))
+    assert shlex.split(cmd.removeprefix("  cmd  ")) == ["sh", "-c", "sleep 600  # it's"]
     assert f"  cwd  {h.tmp}" in human
     assert "  stop grace 2m (SIGINT, order tree); restart never" in human
     assert "  ckpt nothing matches ckpt/*.pt yet" in human

@@ -116,4 +116,10 @@ def test_top_shows_every_live_job_above_a_few_finished_ones(harness: Harness) ->
     assert len(rows) == 4  # the live one and the 3 latest finished
     assert rows[1].startswith("old4")
     assert any("2 more finished job(s)" in ln for ln in lines), lines
+    doc = h.tc("top", "--json", check=True).json()  # every job, live first, and the GPUs
+    assert isinstance(doc, dict)
+    assert [j["name"] for j in doc["jobs"]] == ["zlive", "old4", "old3", "old2", "old1", "old0"]
+    assert doc["jobs"][0]["state"] == "running"
+    assert isinstance(doc["gpus"], list)
+    assert doc["gpus"] or doc["gpus_error"]
     h.tc("stop", "zlive", check=True)

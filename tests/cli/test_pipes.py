@@ -66,7 +66,15 @@ def test_stop_into_a_closed_pipe_stops_and_exits_0(harness: Harness, fastpath: b
 
 @pytest.mark.parametrize(
     "args",
-    [("list",), ("ps", "p"), ("logs", "p"), ("top", "--once"), ("status", "p", "--json")],
+    [
+        ("list",),
+        ("ps", "p"),
+        ("logs", "p"),
+        ("top", "--once"),
+        ("top", "--json"),
+        ("status", "p", "--json"),
+        ("prune", "--older-than", "0", "--dry-run"),
+    ],
     ids=" ".join,
 )
 def test_read_only_verbs_into_a_closed_pipe_end_quietly(
