@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -26,6 +27,9 @@ INTERPRETERS = {
     "poetry",
     "env",
 }
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _git(cwd: str, *args: str) -> str | None:
@@ -134,17 +138,25 @@ def code_version_entry(spec: Spec) -> dict[str, Any]:
 def drift(recorded: dict[str, Any] | None, spec: Spec) -> list[str]:
     """Return what changed since start (empty: nothing, or nothing was recorded).
 
-    HEAD is read from .git directly; `git diff` runs only when HEAD is unchanged.
+    Content counts, not commits: HEAD is read from .git directly, and `git diff` of the
+    start commit against the working tree is what start recorded exactly when the tracked
+    files hold the same bytes (a commit of the very changes the run started with, an
+    empty commit, an amend with nothing new: not a change).
     """
     if not recorded:
         return []
     changes = []
     if "git_head" in recorded:
         head = _git_head_fast(spec.cwd) or (_git(spec.cwd, "rev-parse", "HEAD") or "").strip()
-        if head != recorded["git_head"]:
-            changes.append(f"git HEAD {recorded['git_head'][:8]} -> {head[:8] or '?'}")
-        elif _sha((_git(spec.cwd, "diff", "HEAD") or "").encode()) != recorded["diff_sha"]:
-            changes.append("uncommitted changes differ")
+        if head == recorded["git_head"]:
+            if _sha((_git(spec.cwd, "diff", "HEAD") or "").encode()) != recorded["diff_sha"]:
+                changes.append("uncommitted changes differ")
+        else:
+            start = str(recorded["git_head"])
+            # a commit id only (never an option): None when it is gone (rebased, gc'd)
+            since = _git(spec.cwd, "diff", start) if _COMMIT.fullmatch(start) else None
+            if since is None or _sha(since.encode()) != recorded["diff_sha"]:
+                changes.append(f"git HEAD {recorded['git_head'][:8]} -> {head[:8] or '?'}")
     entry = code_version_entry(spec)
     if "entry_sha" in recorded and entry.get("entry_sha") != recorded["entry_sha"]:
         changes.append(f"{os.path.basename(recorded['entry'])} edited")

@@ -220,6 +220,11 @@ def test_code_drift_is_flagged(harness: Harness) -> None:
     h.tc("restart", "dr", check=True)
     wait_for(lambda: h.state("dr")["run"] == 2 and h.state("dr").get("drift_checked_at"))
     assert changed() == []
+    # a commit that changes no byte of the code (an empty one) is not a code change
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "v3"], check=True)
+    time.sleep(1.0)  # 5 of the supervisor's ticks: the commit moved HEAD's mtime
+    assert changed() == []
+    assert "CODE CHANGED" not in h.tc("status", "dr").out
     h.tc("stop", "dr", check=True)
 
 
