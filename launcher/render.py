@@ -294,15 +294,7 @@ def checkpoint_line(ck: Checkpoint | None, glob: str, cwd: str) -> str:
     if ck is None:
         return f"no checkpoint yet (matching {glob!r})"
     rel = os.path.relpath(ck.path, cwd)
-    mins = ck.age_s / 60
-    age = (
-        f"{ck.age_s:.0f} s"
-        if mins < 1
-        else f"{mins:.0f} min"
-        if mins < 120
-        else f"{mins / 60:.1f} h"
-    )
-    return f"newest checkpoint: {rel} ({age} old)"
+    return f"newest checkpoint: {rel} ({age(ck.age_s)} old)"
 
 
 _CARET = {i: f"^{chr(i + 64)}" for i in range(32)} | {0x7F: "^?"}
@@ -682,7 +674,7 @@ def _status_details(s: Status) -> None:
         print(f"  mem  {memory_line(s.memory)}")
     if s.checkpoint:
         ck = s.checkpoint
-        print(f"  ckpt {ck.path} ({duration(ck.age_s)} old)")
+        print(f"  ckpt {ck.path} ({age(ck.age_s)} old)")
     if s.progress:
         print(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
     _changed_lines(s)

@@ -112,7 +112,7 @@ def test_require_checkpoint_within(harness: Harness) -> None:
     assert refused_restart.rc == 1
     forced = h.tc("stop", "rq", "--require-checkpoint-within", "30m", "--force")
     assert forced.rc == 0
-    assert "newest checkpoint: ck/old.json (60 min old)" in forced.out
+    assert "newest checkpoint: ck/old.json (1h00m old)" in forced.out
 
 
 def test_progress_rate_eta_and_sparkline(harness: Harness) -> None:
