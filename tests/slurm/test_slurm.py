@@ -90,6 +90,7 @@ MpiDefault=none
 ReturnToService=2
 KillWait=3
 MinJobAge=600
+SchedulerParameters=sched_interval=1
 InactiveLimit=0
 {nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
