@@ -31,6 +31,7 @@ from .spec import Spec, spec_from_doc, spec_to_doc
 from .state import (
     GpuLease,
     JobState,
+    MemberSnap,
     Phase,
     ProcRef,
     append_event,
@@ -88,6 +89,8 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     """
     run, marker = ho.run, ho.marker
     leaf = f"{spec.name}.{run}.{marker[:8]}"
+    if ho.adopt is not None:
+        return adopt(jdir, spec, ho, leaf)
     cgroup = cg.create_job_cgroup(leaf) if spec.isolation.cgroup else None
     before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
     mem: Path | None = None
@@ -144,6 +147,96 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
             gpus=[g.index for g in ho.gpus],
         )
     return state, spawned, cgroup
+
+
+def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Spawned, Path | None]:
+    """Take over running processes trainctl did not start (`trainctl adopt`).
+
+    Each member is named by pid and start time, and checked again here: one that exited
+    since is left out; main gone means nothing is adopted. Main is held by a pidfd from
+    now on. Where the host allows it (root, or a delegated subtree), every member moves
+    into a fresh job cgroup, so what it forks later is a member too; otherwise the run is
+    tracked by its tree, session and process group (`adopted, not contained`).
+    """
+    a = ho.adopt or {}
+    main = ProcRef(int(a["main"][0]), int(a["main"][1]))
+    gone = f"pid {main.pid} exited before it could be adopted; nothing changed"
+    try:
+        pidfd = os.pidfd_open(main.pid)
+    except OSError:
+        raise SpawnError(gone) from None
+    st = procfs.read_stat(main.pid)
+    if st is None or st.start_ticks != main.start_ticks or st.state == "Z":
+        os.close(pidfd)
+        raise SpawnError(gone)
+    refs = [ProcRef(int(p), int(t)) for p, t in a.get("members", ())]
+    live = [r for r in refs if procfs.is_alive(r.pid, r.start_ticks)]
+    kept = Path(a["cgroup"]) if isinstance(a.get("cgroup"), str) else None
+    if kept is not None and cg.is_ours(kept) and kept.is_dir():
+        cgroup: Path | None = kept  # a lost run's own cgroup: its members are still in it
+    else:
+        cgroup = cg.create_job_cgroup(f"{leaf}.{os.getpid()}") if spec.isolation.cgroup else None
+    if cgroup is not None and not cg.move(cgroup, main.pid):
+        cg.remove(cgroup)  # not allowed here: tracked, not contained
+        cgroup = None
+    if cgroup is not None:
+        for r in live:
+            if r != main and procfs.is_alive(r.pid, r.start_ticks):
+                cg.move(cgroup, r.pid)  # one that exited meanwhile is simply gone
+    try:
+        starting = _record_starting(jdir, spec, ho, cgroup, None)
+        snap = tuple(
+            MemberSnap(
+                r.pid,
+                r.start_ticks,
+                s.ppid,
+                s.pgid,
+                s.sid,
+                procfs.read_cmdline(r.pid)[:300],
+                ("adopted",),
+            )
+            for r in live
+            if (s := procfs.read_stat(r.pid)) is not None and s.start_ticks == r.start_ticks
+        )
+        adopted = {
+            "how": str(a.get("how", "")),
+            "contained": cgroup is not None,
+            "log_source": a.get("log_source"),
+            "at": time.time(),
+            "members": len(snap),
+        }
+        state = starting.moved(
+            Phase.RUNNING,
+            started_at=min(time.time(), procfs.ticks_to_epoch(main.start_ticks)),  # its age
+            main=main,
+            pgid=a.get("pgid"),
+            sid=a.get("sid"),
+            members=snap,
+            snapshot_at=time.time(),
+            adopted=adopted,
+        )
+        write_state(jdir, state)
+    except (OSError, SpawnError) as e:
+        os.close(pidfd)
+        if cgroup is not None:  # give the processes back where they were: the root group
+            _release(cgroup)
+        raise SpawnError(f"cannot record the adopted job in {jdir}: {e}; nothing changed") from None
+    with contextlib.suppress(OSError):
+        append_event(jdir, "adopted", job=spec.name, run=ho.run, main_pid=main.pid, **adopted)
+    return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
+
+
+def _cmd(pid: int) -> str:
+    return procfs.read_cmdline(pid)[:300]
+
+
+def _release(cgroup: Path) -> None:
+    """Move every process of an adoption that failed back to the hierarchy's root."""
+    root = cg.find_mount()
+    if root is not None:
+        for pid in cg.read_pids(cgroup):
+            cg.move(root, pid)
+    cg.remove(cgroup)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -224,7 +317,8 @@ def _restore(
 def _abort_main(spawned: Spawned, cgroup: Path | None) -> None:
     """Kill main (our own unreaped child: its pid cannot have been reused) and reap it."""
     signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
-    spawned.proc.wait()
+    if spawned.proc is not None:
+        spawned.proc.wait()
     os.close(spawned.pidfd)
     if cgroup is not None:
         cg.kill(cgroup)  # anything it forked in its first moments

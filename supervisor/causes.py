@@ -290,6 +290,9 @@ def ended_on_its_own(
         )
     if code == 0:
         return Cause(kind="clean", summary="clean exit (code 0)", exit_code=0)
+    if code is None:
+        text = "ended on its own; exit code unknown (adopted: trainctl is not its parent)"
+        return Cause(kind="unknown", summary=_with_reason(text, reason), **base)
     return Cause(kind="exit", summary=_with_reason(f"exit code {code}", reason), **base)
 
 

@@ -88,6 +88,17 @@ def open_procs_fd(path: Path) -> int:
     return os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
 
 
+def move(path: Path, pid: int) -> bool:
+    """Move process ``pid`` (all its threads) into the cgroup; False if the kernel refused
+    (it exited, or this host does not let us: no delegation, another owner)."""
+    try:
+        with open(path / "cgroup.procs", "w") as f:
+            f.write(str(pid))
+    except OSError:
+        return False
+    return True
+
+
 def read_pids(path: Path) -> list[int]:
     """Return the pids in the cgroup (empty if it is gone)."""
     try:

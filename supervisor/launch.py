@@ -32,6 +32,8 @@ class Handover:
     restarts: int = 0
     last_failure: dict[str, Any] | None = field(default=None)
     restart_history: tuple[dict[str, Any], ...] = ()
+    # `trainctl adopt`: the processes of a run trainctl did not start (see boot.adopt)
+    adopt: dict[str, Any] | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form sent over the handshake socket."""

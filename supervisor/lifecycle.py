@@ -52,9 +52,10 @@ class Stage(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class MainExited:
-    """The main process was reaped with this shell-style exit code."""
+    """The main process was reaped with this shell-style exit code (None: an adopted main,
+    not our child, whose exit code nobody can read)."""
 
-    code: int
+    code: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +384,8 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     if reason == "stop":
         final = Phase.STOPPED
     else:
-        final = Phase.EXITED if cause.get("kind") == "clean" else Phase.FAILED
+        # an adopted main's end is `exited`: its exit code is unknown, not a failure
+        final = Phase.EXITED if cause.get("kind") in ("clean", "unknown") else Phase.FAILED
     if verdict.gave_up:
         cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why).to_doc()
     report["cause"] = cause

@@ -47,6 +47,7 @@ def decide(
         in (
             "clean",
             "stopped",
+            "unknown",  # an adopted main: nobody knows whether it failed
         )
     ):
         return Verdict(False)

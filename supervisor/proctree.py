@@ -204,6 +204,8 @@ def scan_light(target: Target) -> dict[int, Member]:
     out: dict[int, Member] = {}
     helper = f"{HELPER_VAR}={target.marker}".encode()
     stack = [p for p in procfs.children(me) if not procfs.has_marker(p, helper)]
+    if target.main is not None:
+        stack.append(target.main.pid)  # an adopted main is not our child: its tree too
     while stack:
         pid = stack.pop()
         if pid in out or pid == me:

@@ -49,6 +49,7 @@ from .state import (
     log_path,
     mtime,
     open_events,
+    open_in,
     write_event_line,
     write_state,
 )
@@ -286,7 +287,7 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self.spawned.pid:
+            if pid == self.spawned.pid and self.spawned.proc is not None:
                 self.main_status = status
                 # We reaped it ourselves; tell Popen so it never waits or warns.
                 self.spawned.proc.returncode = exit_code_of(status)
@@ -323,6 +324,11 @@ class Supervisor:
         finally:
             os.close(fd)
         self.reap()
+        if self.spawned.proc is None and not self.main_reaped.is_set():
+            # Adopted: main is not our child, so its exit code is not ours to read.
+            self.main_reaped.set()
+            self.log.info("main_exited", pid=self.spawned.pid, exit_code=None, adopted=True)
+            self.send(lc.MainExited(None))
 
     async def _signals(self) -> None:
         """SIGTERM and SIGINT stop the job gracefully; SIGHUP is ignored; SIGUSR1 rebinds.
@@ -776,6 +782,17 @@ class Supervisor:
             return self.answers.pop(token)
         return {"ok": False, "error": f"unknown op {op!r}"}
 
+    async def _copy_log(self, source: Path) -> None:
+        """An adopted run writes to its own file (nohup.out, a redirect): copy what it
+        writes from adoption on into the run's log, where `logs`, progress and the stall
+        watchdog read it. The first line says where the earlier output is."""
+        log = log_path(self.jdir, self.state.run)
+        note = f"==> trainctl: adopted; the output before this is in {source} <==\n"
+        pos = await anyio.to_thread.run_sync(_copy_new, source, log, None, note.encode())
+        while True:
+            await anyio.sleep(LOG_COPY_S)
+            pos = await anyio.to_thread.run_sync(_copy_new, source, log, pos, b"")
+
     # ------------------------------------------------------------ main
 
     async def run(self) -> None:
@@ -787,6 +804,9 @@ class Supervisor:
             tg.start_soon(self._signals)
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
+            source = (self.state.adopted or {}).get("log_source")
+            if isinstance(source, str):
+                tg.start_soon(self._copy_log, Path(source))
             await self._own_lifecycle(tg)
             if self.life.stage is not lc.Stage.HANDED_OVER:
                 with contextlib.suppress(FileNotFoundError):
@@ -810,6 +830,32 @@ class Supervisor:
                     if isinstance(a, lc.Reply):
                         for token in a.tokens:
                             self._answer(token, a)
+
+
+LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log
+
+
+def _copy_new(source: Path, log: Path, pos: int | None, head: bytes) -> int:
+    """Append what ``source`` gained past ``pos`` (None: its end now) to ``log``; return
+    the new position. Never raises: a vanished or unreadable file costs the copy only."""
+    try:
+        size = source.stat().st_size
+        if pos is None or size < pos:  # the start, or truncated (copytruncate): anew
+            pos = size if pos is None else 0
+        data = b""
+        if size > pos:
+            with open(source, "rb") as f:
+                f.seek(pos)
+                data = f.read(min(size - pos, 1 << 22))
+        if head or data:
+            fd = open_in(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                os.write(fd, head + data)
+            finally:
+                os.close(fd)
+        return pos + len(data)
+    except (OSError, StateError):
+        return pos or 0
 
 
 def run_supervisor(

@@ -30,7 +30,7 @@ _RESET = (
 class Spawned:
     """The started main process."""
 
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None  # None: adopted, not our child (exit code unknown)
     pid: int
     pidfd: int  # opened before anything can reap main, so it always refers to it
 

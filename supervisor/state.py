@@ -149,6 +149,8 @@ class JobState:
     # /proc/sys/kernel/random/boot_id when the run started: pids and start times mean
     # nothing after a reboot, so a state from another boot is never acted on by pid
     boot_id: str | None = None
+    # `trainctl adopt`: {how, contained, log_source, at, members} (None: started by trainctl)
+    adopted: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def from_other_boot(self) -> bool:
