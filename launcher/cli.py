@@ -525,6 +525,52 @@ def prune(c: Invocation, older_than: str, dry_run: bool, as_json: bool) -> int:
 
 
 @cli.command()
+@click.argument("name")
+@click.option("--pid", type=int, metavar="PID", help="PID's session and every descendant.")
+@click.option(
+    "--tmux",
+    metavar="TARGET",
+    help="The process tree of each pane of a tmux session, session:window or %pane.",
+)
+@click.option("--tmux-socket", metavar="PATH", help="The tmux server's socket (tmux -S).")
+@click.option("--dry-run", is_flag=True, help="Show the members that would be adopted; stop.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask (needed off a terminal).")
+@json_opt
+@pass_ctx
+def adopt(
+    c: Invocation,
+    name: str,
+    pid: int | None,
+    tmux: str | None,
+    tmux_socket: str | None,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> int:
+    """Take over a run trainctl did not start (a tmux pane, a nohup'd process) as job NAME;
+    without --pid or --tmux, give a lost job (its supervisor gone) a new supervisor.
+
+    It shows the processes it found first (pid, command, how), and refuses, changing
+    nothing, another user's process, PID 1, a kernel thread, the tmux server, your own
+    shell or its ancestors, sshd, or a member of another trainctl job. A supervisor then
+    watches them (in their own cgroup where the host allows it), and `stop`, `status`,
+    `logs` and `restart` work as for any job; the exit code of an adopted main is unknown.
+    """
+    return int(
+        verbs.load("adopt").run(
+            c,
+            name,
+            pid=pid,
+            tmux=tmux,
+            tmux_socket=tmux_socket,
+            dry_run=dry_run,
+            yes=yes,
+            as_json=as_json,
+        )
+    )
+
+
+@cli.command()
 @json_opt
 @pass_ctx
 def doctor(c: Invocation, as_json: bool) -> int:

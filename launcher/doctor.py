@@ -28,8 +28,31 @@ def run_doctor(home: Path) -> list[Check]:
     checks = [_init()]
     if systemd.booted():
         checks += [_logind(), _linger(), *_units(home)]
-    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd()]
+    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), *_adopted(home)]
     return checks
+
+
+def _adopted(home: Path) -> list[Check]:
+    """Live adopted jobs: contained in their own cgroup, or tracked by their tree only."""
+    out = []
+    for name in state.list_jobs(home):
+        try:
+            st = state.read_state(state.job_dir(home, name))
+        except TrainctlError:
+            continue
+        if st.adopted is None or st.phase in state.TERMINAL:
+            continue
+        how = str(st.adopted.get("how", ""))
+        if st.adopted.get("contained"):
+            out.append(Check(f"job {name}", f"adopted ({how}), contained in its cgroup", True))
+            continue
+        hint = (
+            "its tree, session and process group are watched; a process that leaves all "
+            "three (setsid + double fork) after adoption is not found. Adopt as root, or in "
+            "a delegated cgroup subtree, to contain it"
+        )
+        out.append(Check(f"job {name}", f"adopted ({how}), not contained", True, hint))
+    return out
 
 
 def _init() -> Check:

@@ -354,6 +354,12 @@ def status(s: Status) -> None:
     print(f"  {when}{up}   members {s.members}{escaped}   mode {s.mode}")
     if s.unit:
         print(f"  unit {s.unit}")
+    if s.adopted:
+        a = s.adopted
+        kept = "contained in its own cgroup" if a.get("contained") else "adopted, not contained"
+        at = a.get("at")
+        when = time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, float) else "?"
+        print(f"  adopted {a.get('how')} at {when}: {kept}")
     _status_details(s)
     if s.argv:
         cmd = clean(term.argv_line(s.argv, s.cwd))

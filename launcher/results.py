@@ -357,6 +357,7 @@ class Status:
     grace_left_s: float | None = None  # ... and how much of its grace is left now
     stop_by: str | None = None  # ... and why it began ("stop", "restart", "SIGTERM", ...)
     settings: JobSettings | None = None  # how the job is set up to run and stop (spec)
+    adopted: dict[str, Any] | None = None  # `adopt`: how, contained, log_source, at, members
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

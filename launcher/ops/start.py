@@ -247,12 +247,13 @@ def start_locked(
     t0 = time.monotonic()
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
-        _refuse_if_live(jdir, prev)
+        refuse_if_live(jdir, prev)
     req = backends.StartRequest(home, jdir, spec, cfg, gpus, prev, t0)
     return backends.backend(spec.backend).start(req)
 
 
-def _refuse_if_live(jdir: Path, prev: JobState) -> None:
+def refuse_if_live(jdir: Path, prev: JobState) -> None:
+    """A job of that name still runs (or left processes): refuse, naming them."""
     backends.of(prev).refuse_if_live(jdir, prev)
     left = live_members(prev)
     if state.supervisor_alive(jdir, prev) or (left and prev.phase not in state.TERMINAL):

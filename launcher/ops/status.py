@@ -145,6 +145,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         grace_left_s=round(max(0.0, going.grace_left_s), 1) if going else None,
         stop_by=going.reason if going else None,
         settings=None if spec is None else _settings(spec, training.checkpoint is not None),
+        adopted=st.adopted,
     )
 
 

@@ -34,4 +34,6 @@ def run(inv: Invocation, name: str, *, timeout: str | None = None, as_json: bool
         )
     elif cause is not None:
         render.line(f"{st.name} run {st.run} {st.phase}: {render.clean(cause.summary)}")
+    if st.exit_code is None and cause is not None and cause.kind == "unknown":
+        return ExitCode.STATE_UNKNOWN  # an adopted main: its exit code was never ours to read
     return st.exit_code if st.exit_code is not None else ExitCode.OK
