@@ -34,7 +34,7 @@
    shell (target <= 1.5x killpg).
 
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only startup|latency|order|crowd|repo|list|stack]
+                      [--only startup|latency|order|crowd|repo|list|stack|adopt]
 (every part by default; --quick leaves out 6 and 7)
 """
 
@@ -272,8 +272,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument(
         "--only",
-        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack"],
-        help="run only part 0, 1, 5, 6, 7, 8 or 9",
+        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack", "adopt"],
+        help="run only part 0, 1, 5, 6, 7, 8, 9 or 10",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -293,6 +293,7 @@ def main() -> None:
         "repo": lambda: bench_repo(tmp, env),
         "list": lambda: bench_list(tmp, env),
         "stack": lambda: bench_stack(tmp, env),
+        "adopt": lambda: bench_adopt(tmp, env, args),
     }
     if args.only:
         only[args.only]()
@@ -340,6 +341,7 @@ def main() -> None:
     bench_orders(tmp, env, args)
     bench_list(tmp, env)
     bench_stack(tmp, env)
+    bench_adopt(tmp, env, args)
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
@@ -456,6 +458,36 @@ STACK_JOB = (
     "open(sys.argv[1], 'w').close()\n"
     "time.sleep(600)\n"
 )
+
+
+def bench_adopt(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """10. `adopt --pid` of a 241-process tree started without trainctl, and its stop,
+    against the stop of the same tree started by trainctl (both held by the supervisor)."""
+    n = args.width + args.depth + 1
+    adopts, adopted_gone, started_gone = [], [], []
+    for _ in range(args.rounds):
+        p = bare_tree(tmp, args.width, args.depth, "adopt")
+        t0 = time.perf_counter()
+        r = tc("adopt", "bench-a", "--pid", str(p.pid), "--yes", "--json", env=env)
+        adopts.append(time.perf_counter() - t0)
+        if r.returncode or json.loads(r.stdout)["members"] != n:
+            raise SystemExit(f"bad adopt: {r.stdout[:300]} {r.stderr}")
+        time.sleep(SNAPSHOT_INTERVAL_S + 0.3)  # as long as the started job settles
+        r = tc("stop", "bench-a", "--json", env=env)
+        doc = json.loads(r.stdout)
+        if r.returncode or not doc["ok"] or doc["report"]["found"] != n:
+            raise SystemExit(f"bad stop of the adopted tree: {r.stdout[:500]} {r.stderr}")
+        adopted_gone.append(float(doc["report"]["gone_s"]))
+        p.wait(10)
+        reap_all()
+        started_gone.append(trainctl_stop(tmp, env, args.width, args.depth)[3])
+    a = statistics.median(adopts)
+    ad, st = statistics.median(adopted_gone) * 1000, statistics.median(started_gone) * 1000
+    print(
+        f"10. adopt --pid of a {n}-process tree: {a:.2f} s median of {args.rounds} "
+        f"(target <= 1 s); its stop, request->gone {ad:.0f} ms vs the same tree started by "
+        f"trainctl {st:.0f} ms -> ratio {ad / st:.2f}x (target <= 1.2x)"
+    )
 
 
 def bench_stack(tmp: Path, env: dict[str, str]) -> None:
