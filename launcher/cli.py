@@ -533,6 +533,7 @@ def prune(c: Invocation, older_than: str, dry_run: bool, as_json: bool) -> int:
     help="The process tree of each pane of a tmux session, session:window or %pane.",
 )
 @click.option("--tmux-socket", metavar="PATH", help="The tmux server's socket (tmux -S).")
+@click.option("--gpu", metavar="INDEX[,INDEX...]", help="Every process holding those GPUs.")
 @click.option("--dry-run", is_flag=True, help="Show the members that would be adopted; stop.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (needed off a terminal).")
 @json_opt
@@ -543,6 +544,7 @@ def adopt(
     pid: int | None,
     tmux: str | None,
     tmux_socket: str | None,
+    gpu: str | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -563,6 +565,7 @@ def adopt(
             pid=pid,
             tmux=tmux,
             tmux_socket=tmux_socket,
+            gpu=gpu,
             dry_run=dry_run,
             yes=yes,
             as_json=as_json,

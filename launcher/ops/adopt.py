@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.launcher.config import Config
+from trainctl.launcher.gpus import gpu_views
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import procfs, state
-from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.state import TRAINCTL_VARS, JobState, Phase
+from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Phase
 
 from .jobs import current_phase, existing_job
 from .start import refuse_if_live, resolve_spec
@@ -102,6 +103,49 @@ def plan_tmux(target: str, socket: str | None) -> Plan:
     server = _run([*tmux, "display-message", "-p", "#{pid}"], f"--tmux {target}").strip()
     refuse = {int(server): "it is the tmux server"} if server.isdigit() else {}
     return _plan(f"--tmux {target}", roots, panes, tmux, refuse)
+
+
+def plan_gpu(home: Path, indices: str) -> Plan:
+    """`--gpu INDEX[,INDEX...]`: every process holding those GPUs, with its session and
+    tree (a holder of a job is refused, as any member of another job)."""
+    wanted = _gpu_indices(indices)
+    views = {v.index: v for v in gpu_views(home)}
+    missing = [i for i in wanted if i not in views]
+    if missing:
+        have = ", ".join(map(str, sorted(views))) or "none"
+        raise ConfigError(f"--gpu {indices}: no GPU {missing[0]} here (GPUs: {have})")
+    roots: list[procfs.Stat] = []
+    for i in wanted:
+        for holder in views[i].processes:
+            st = procfs.read_stat(holder.pid)
+            if st is not None and st.state != "Z" and st.pid not in {r.pid for r in roots}:
+                roots.append(st)
+    if not roots:
+        raise ConfigError(f"--gpu {indices}: no process holds it; nothing to adopt")
+    return _plan(f"--gpu {indices}", roots, [], [])
+
+
+def _gpu_indices(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--gpu {text!r}: expected GPU indices such as 0 or 0,3")
+    return sorted({int(p) for p in parts})
+
+
+def gpu_leases(home: Path, pids: set[int]) -> tuple[GpuLease, ...]:
+    """The GPUs the adopted processes hold, as leases: the baseline is what the GPU uses
+    without them, so that the stop's release check waits for their memory to go."""
+    try:
+        views = gpu_views(home)
+    except GpuError:
+        return ()  # no driver, or NVML failing: nothing to lease, nothing to verify
+    out = []
+    for v in views:
+        theirs = [h for h in v.processes if h.pid in pids]
+        if theirs:
+            held = sum(h.used_bytes or 0 for h in theirs)
+            out.append(GpuLease(v.index, v.uuid, v.name, max(0, v.memory_used_bytes - held)))
+    return tuple(out)
 
 
 def _run(argv: list[str], what: str) -> str:
@@ -291,6 +335,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
             ho = Handover(
                 run,
                 uuid.uuid4().hex,
+                gpus=gpu_leases(home, {m.pid for m in plan.members}),
                 restarts=0,
                 adopt={
                     "how": plan.how,

@@ -8,6 +8,7 @@ from trainctl.launcher.inputs import confirm
 from trainctl.launcher.ops.adopt import (
     Plan,
     adopt_job,
+    plan_gpu,
     plan_lost,
     plan_pid,
     plan_tmux,
@@ -27,12 +28,13 @@ def run(
     pid: int | None = None,
     tmux: str | None = None,
     tmux_socket: str | None = None,
+    gpu: str | None = None,
     dry_run: bool = False,
     yes: bool = False,
     as_json: bool = False,
 ) -> int:
     """Show the members found, then (unless --dry-run) hand them to a new supervisor."""
-    plan, lost = _planned(inv, name, pid, tmux, tmux_socket)
+    plan, lost = _planned(inv, name, pid, tmux, tmux_socket, gpu)
     if dry_run:
         if as_json:
             render.emit_json({"dry_run": True, **plan.to_doc()})
@@ -65,17 +67,26 @@ def run(
 
 
 def _planned(
-    inv: Invocation, name: str, pid: int | None, tmux: str | None, socket: str | None
+    inv: Invocation,
+    name: str,
+    pid: int | None,
+    tmux: str | None,
+    socket: str | None,
+    gpu: str | None,
 ) -> tuple[Plan, JobState | None]:
-    """What to adopt, checked: a pid's session, tmux panes, or a lost job's members."""
+    """What to adopt, checked: a pid's session, tmux panes, GPU holders, or a lost job."""
     state.check_name(name)
-    if pid is not None and tmux is not None:
-        raise ConfigError("adopt: give one of --pid PID or --tmux TARGET, not both")
+    if sum(x is not None for x in (pid, tmux, gpu)) > 1:
+        raise ConfigError("adopt: give one of --pid PID, --tmux TARGET or --gpu INDEX")
     if socket is not None and tmux is None:
         raise ConfigError("adopt: --tmux-socket goes with --tmux")
-    if pid is None and tmux is None:
-        return plan_lost(inv.home, name)  # a lost job of trainctl's own
-    return (plan_pid(pid) if pid is not None else plan_tmux(str(tmux), socket)), None
+    if pid is not None:
+        return plan_pid(pid), None
+    if tmux is not None:
+        return plan_tmux(tmux, socket), None
+    if gpu is not None:
+        return plan_gpu(inv.home, gpu), None
+    return plan_lost(inv.home, name)  # a lost job of trainctl's own
 
 
 def _show(name: str, plan: Plan) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TREES, Harness, kill_verified, marked, wait_for
+from tests.gpu.test_gpus import fake_gpus
 from tests.helpers import NEEDS_TORCH, free_port
 
 CKPT = [sys.executable, str(TREES / "checkpointer.py")]
@@ -286,7 +287,7 @@ def test_what_must_never_be_adopted_is_refused_in_one_line(
         (["--pid", str(busy)], "already a member of a trainctl job"),
         (["--pid", "999999999"], "no such process"),
         ([], "no job named 'x'"),
-        (["--pid", "1", "--tmux", "x"], "one of --pid PID or --tmux TARGET, not both"),
+        (["--pid", "1", "--tmux", "x"], "one of --pid PID, --tmux TARGET or --gpu INDEX"),
     ]
     other = None
     if os.getuid() == 0:
@@ -354,3 +355,44 @@ def test_a_lost_job_gets_a_new_supervisor_and_stops_through_it(harness: Harness)
     assert report["via"] == "supervisor"
     assert (out / "ckpt.done").exists()
     assert not h.job_pids("lj")
+
+
+def test_the_holders_of_a_gpu_are_adopted_and_the_stop_proves_it_released(
+    harness: Harness,
+) -> None:
+    """GPUs through the fake backend (the one sanctioned double): a process trainctl did
+    not start holds GPU 1; `adopt --gpu 1` takes it, leases GPU 1 with the memory the GPU
+    uses without it as baseline, and the stop waits for that memory to be released."""
+    h = harness
+    fake_gpus(h, n=2)
+    ready = h.tmp / "holder.ready"
+    code = (
+        f"import os,time\nfd=os.open({h.env['FAKE_DEV_DIR']!r}+'/nvidia1',os.O_RDWR)\n"
+        f"open({str(ready)!r},'w').close()\ntime.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=h.env, start_new_session=True)
+    try:
+        wait_for(ready.exists, 10, "the GPU holder")
+        assert h.tc("adopt", "g", "--gpu", "0", "--yes").rc == 2  # nobody holds GPU 0
+        assert h.tc("adopt", "g", "--gpu", "7", "--yes").rc == 2
+        assert h.tc("adopt", "g", "--gpu", "one", "--yes").rc == 2
+        res = h.tc("adopt", "g", "--gpu", "1", "--yes", "--json")
+        assert res.rc == 0, res
+        doc = res.json()
+        assert isinstance(doc, dict)
+        assert doc["main_pid"] == proc.pid
+        [lease] = h.state("g")["gpus"]
+        assert lease["index"] == 1
+        assert lease["baseline_used_bytes"] == 300 << 20  # the GPU without its holder
+        stop = h.tc("stop", "g", "--json")
+        assert stop.rc == 0, stop
+        report = stop.json()
+        assert isinstance(report, dict)
+        [gpu] = report["report"]["gpus"]
+        assert (gpu["index"], gpu["ok"]) == (1, True)
+        assert gpu["released_bytes"] == 2048 << 20  # the holder's memory came back
+        assert proc.wait(10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
