@@ -396,3 +396,27 @@ def test_the_holders_of_a_gpu_are_adopted_and_the_stop_proves_it_released(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_members_that_come_and_go_during_adoption_are_handled(harness: Harness) -> None:
+    """A shell forking a short-lived child every 10 ms: members exit between the plan and
+    the handover. Those gone are left out, the rest (and later forks) are the job's."""
+    h = harness
+    proc = subprocess.Popen(
+        ["sh", "-c", "while :; do sleep 0.01; done"], env=h.env, start_new_session=True
+    )
+    try:
+        res = h.tc("adopt", "churn", "--pid", str(proc.pid), "--yes", "--json")
+        assert res.rc == 0, res
+        doc = res.json()
+        assert isinstance(doc, dict)
+        assert doc["main_pid"] == proc.pid
+        assert h.tc("status", "churn").rc == 0
+        stop = h.tc("stop", "churn", "--json")
+        assert stop.rc == 0, stop
+        assert proc.wait(10) is not None
+        wait_for(lambda: not _tree(h, proc.pid), 10, "nothing of the shell left")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
