@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from trainctl.supervisor.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
 
-from .inputs import check_duration, parse_duration
+from .inputs import check_duration, closest, parse_duration
 
 SHIPPED = Path(trainctl.conf.__file__).parent / "trainctl.toml"
 
@@ -152,8 +151,8 @@ def _apply(values: dict[str, Any], doc: dict[str, Any], where: str) -> None:
         for key, raw in entries.items():
             if (table, key) not in _KEYS:
                 known = [k for t, k in _KEYS if t == table and not k.endswith("_s")]
-                near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                hint = f"; did you mean {table}.{near[0]}?" if near else ""
+                near = closest(key, known)
+                hint = f"; did you mean {table}.{near}?" if near else ""
                 raise ConfigError(f"{where}: unknown key {table}.{key}{hint}")
             field, typ = _KEYS[(table, key)]
             values[field] = _checked(field, typ, raw, f"{where}: {table}.{key}")

@@ -132,3 +132,28 @@ def confirm(question: str, *, yes: bool, flag: str) -> None:
         answer = ""
     if answer not in ("y", "yes"):
         raise ConfigError("not confirmed; nothing changed")
+
+
+def closest(word: str, options: list[str] | tuple[str, ...]) -> str | None:
+    """The option nearest to a misspelt ``word`` (edit distance at most a third of its
+    length, at least 1), or None. Stdlib-free of difflib, which `status` need not load."""
+    best, best_d = None, max(1, len(word) // 3) + 1
+    for opt in options:
+        d = _distance(word, opt, best_d)
+        if d < best_d:
+            best, best_d = opt, d
+    return best
+
+
+def _distance(a: str, b: str, limit: int) -> int:
+    """Levenshtein distance of ``a`` and ``b``, or ``limit`` once it reaches it."""
+    if abs(len(a) - len(b)) >= limit:
+        return limit
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+        if min(row) >= limit:
+            return limit
+    return min(row[-1], limit)

@@ -8,7 +8,6 @@ its line; unknown keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import shlex
 import tomllib
@@ -21,7 +20,7 @@ from trainctl.supervisor.records import record
 from trainctl.supervisor.spec import parse_order
 from trainctl.supervisor.state import check_name
 
-from .inputs import check_env_key, parse_duration, parse_signal
+from .inputs import check_env_key, closest, parse_duration, parse_signal
 
 
 def _str(v: object, what: str) -> str:
@@ -356,9 +355,9 @@ def file_changes(spec_file: str, recorded: dict[str, Any]) -> list[str]:
 
 def closest_key(key: str) -> str:
     """`; did you mean grace?` for a misspelt key, else where the keys are listed."""
-    near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.6)
+    near = closest(key, list(KEYS))
     if near:
-        return f"; did you mean {near[0]}?"
+        return f"; did you mean {near}?"
     return " (every key is listed in the README, under Job specs)"
 
 
