@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +33,22 @@ def run_doctor(home: Path) -> list[Check]:
     return checks
 
 
-def _adopted(home: Path) -> list[Check]:
-    """Live adopted jobs: contained in their own cgroup, or tracked by their tree only."""
-    out = []
+def _live_states(home: Path) -> Iterator[tuple[str, state.JobState]]:
+    """(name, state) of every job whose recorded run is not over; unreadable ones skipped."""
     for name in state.list_jobs(home):
         try:
             st = state.read_state(state.job_dir(home, name))
         except TrainctlError:
             continue
-        if st.adopted is None or st.phase in state.TERMINAL:
+        if st.phase not in state.TERMINAL:
+            yield name, st
+
+
+def _adopted(home: Path) -> list[Check]:
+    """Live adopted jobs: contained in their own cgroup, or tracked by their tree only."""
+    out = []
+    for name, st in _live_states(home):
+        if st.adopted is None:
             continue
         how = str(st.adopted.get("how", ""))
         if st.adopted.get("contained"):
@@ -111,12 +119,8 @@ def _linger() -> Check:
 
 def _units(home: Path) -> list[Check]:
     out = []
-    for name in state.list_jobs(home):
-        try:
-            st = state.read_state(state.job_dir(home, name))
-        except TrainctlError:
-            continue
-        if st.unit is None or st.phase in state.TERMINAL:
+    for name, st in _live_states(home):
+        if st.unit is None:
             continue
         props = systemd.properties(("Delegate", "KillSignal", "TimeoutStopUSec"), st.unit)
         delegated = props.get("Delegate") == "yes"

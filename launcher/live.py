@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import TrainctlError
@@ -30,8 +30,8 @@ REDRAW_S = 0.25
 INTERRUPTED = 130
 
 
-def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: bool) -> T | int:
-    """Run ``work`` (a stop) in a thread and narrate it; return its result, or 130."""
+def _in_thread(work: Callable[[], T]) -> tuple[threading.Thread, dict[str, object]]:
+    """Start ``work`` in a daemon thread; its result or error lands in the box."""
     box: dict[str, object] = {}
 
     def target() -> None:
@@ -41,8 +41,21 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
             box["error"] = e
 
     thread = threading.Thread(target=target, daemon=True)
-    direct = not supervised(jdir)
     thread.start()
+    return thread, box
+
+
+def _outcome(box: dict[str, object]) -> object:
+    """The thread's result; its error raised here, in the caller's thread."""
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]
+
+
+def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: bool) -> T | int:
+    """Run ``work`` (a stop) in a thread and narrate it; return its result, or 130."""
+    direct = not supervised(jdir)
+    thread, box = _in_thread(work)
     line = _Line(jdir, name, tty=sys.stderr.isatty()) if enabled else None
     interrupted = False
     while thread.is_alive():
@@ -58,9 +71,7 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
             _say(line, _continues(name, direct, interrupted=False))
     if line is not None:
         line.clear()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]  # type: ignore[return-value]
+    return cast(T, _outcome(box))
 
 
 TICK_PLAIN_S = 15.0  # off a terminal, a waiting line is printed this often
@@ -70,16 +81,7 @@ def run_with_ticker(work: Callable[[], T], describe: Callable[[], str], *, enabl
     """Run ``work`` (a wait of minutes) in a thread, with a line that says how it goes:
     redrawn on a terminal, printed every TICK_PLAIN_S elsewhere. Ctrl-C ends the wait (the
     work is a wait: nothing is left half done)."""
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = work()
-        except BaseException as e:  # noqa: BLE001  (handed to the main thread as it is)
-            box["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
+    thread, box = _in_thread(work)
     tty, shown, printed = sys.stderr.isatty(), False, time.monotonic()
     try:
         while thread.is_alive():
@@ -97,9 +99,7 @@ def run_with_ticker(work: Callable[[], T], describe: Callable[[], str], *, enabl
         if shown:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]  # type: ignore[return-value]
+    return cast(T, _outcome(box))
 
 
 def _continues(name: str, direct: bool, interrupted: bool) -> str:

@@ -25,7 +25,7 @@ from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Phase
+from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, MemberSnap, Phase
 
 from .jobs import current_phase, existing_job
 from .start import refuse_if_live, resolve_spec
@@ -33,17 +33,10 @@ from .start import refuse_if_live, resolve_spec
 MARKER_VAR = b"TRAINCTL_JOB="
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """One process to adopt: identity (pid + start time), parent, command, how found."""
-
-    pid: int
-    start_ticks: int
-    ppid: int
-    pgid: int
-    sid: int
-    cmd: str
-    how: str  # "root", "session", "descendant"
+# One process to adopt: its identity (pid + start time), parent, group, session, command,
+# and how it was found ("root", "session", "descendant"; a lost job's: its nets), the
+# same record as a member of the job's snapshot.
+Found = MemberSnap
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +52,25 @@ class Plan:
     panes: list[str] = field(default_factory=list)  # tmux pane ids, for pipe-pane
     tmux: list[str] = field(default_factory=list)  # the tmux command (socket) for them
 
+    def handover(self) -> dict[str, object]:
+        """What the new supervisor gets (boot.adopt): identities, group, session, log."""
+        return {
+            "how": self.how,
+            "main": [self.main.pid, self.main.start_ticks],
+            "members": [[m.pid, m.start_ticks] for m in self.members],
+            "pgid": self.pgid,
+            "sid": self.sid,
+            "log_source": self.log_source,
+        }
+
     def to_doc(self) -> dict[str, object]:
         """The JSON form (`adopt --json`, `--dry-run`)."""
         return {
             "how": self.how,
             "main": self.main.pid,
             "members": [
-                {"pid": m.pid, "ppid": m.ppid, "cmd": m.cmd, "how": m.how} for m in self.members
+                {"pid": m.pid, "ppid": m.ppid, "cmd": m.cmd, "how": "+".join(m.nets)}
+                for m in self.members
             ],
             "process_group": self.pgid,
             "session": self.sid,
@@ -222,7 +227,7 @@ def _plan(
 
 def _found(s: procfs.Stat, how: str) -> Found:
     cmd = procfs.read_cmdline(s.pid)[:300] or f"[{s.comm}]"
-    return Found(s.pid, s.start_ticks, s.ppid, s.pgid, s.sid, cmd, how)
+    return Found(s.pid, s.start_ticks, s.ppid, s.pgid, s.sid, cmd, (how,))
 
 
 def _descendants(children: dict[int, list[int]], root: int) -> list[int]:
@@ -337,14 +342,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
                 uuid.uuid4().hex,
                 gpus=gpu_leases(home, {m.pid for m in plan.members}),
                 restarts=0,
-                adopt={
-                    "how": plan.how,
-                    "main": [plan.main.pid, plan.main.start_ticks],
-                    "members": [[m.pid, m.start_ticks] for m in plan.members],
-                    "pgid": plan.pgid,
-                    "sid": plan.sid,
-                    "log_source": plan.log_source,
-                },
+                adopt=plan.handover(),
             )
             reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
             piped = _pipe_panes(plan, log)
@@ -444,15 +442,7 @@ def readopt_job(home: Path, name: str, plan: Plan, st: JobState, cfg: Config) ->
             restarts=st.restarts,
             last_failure=st.last_failure,
             restart_history=st.restart_history,
-            adopt={
-                "how": plan.how,
-                "main": [plan.main.pid, plan.main.start_ticks],
-                "members": [[m.pid, m.start_ticks] for m in plan.members],
-                "pgid": plan.pgid,
-                "sid": plan.sid,
-                "log_source": None,
-                "cgroup": st.cgroup,
-            },
+            adopt={**plan.handover(), "cgroup": st.cgroup},
         )
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     now = state.read_state(jdir)

@@ -95,4 +95,4 @@ def _show(name: str, plan: Plan) -> None:
     for m in plan.members:
         mark = " (main)" if m.pid == plan.main.pid else ""
         cmd = render.cmd_cell(m.cmd, width + 18)
-        render.line(f"  {m.pid:>{width}}  {m.how:<10}  {cmd}{mark}")
+        render.line(f"  {m.pid:>{width}}  {'+'.join(m.nets):<10}  {cmd}{mark}")
