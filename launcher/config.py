@@ -39,6 +39,7 @@ class Config:
     gpu_foreign_threshold_mib: int
     gpu_tolerance_mib: int
     gpu_timeout_s: float
+    slurm_query_timeout_s: float  # [slurm] query_timeout: how long a controller may take
     # [hooks]: defaults for every job's hook keys (on_failure, notify, ...), checked at start
     hooks: dict[str, Any] = field(default_factory=dict)
     # [causes]: extra pattern classes, name = "regex" (supervisor/causes.py)
@@ -65,6 +66,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("gpu", "foreign_threshold_mib"): ("gpu_foreign_threshold_mib", int),
     ("gpu", "tolerance_mib"): ("gpu_tolerance_mib", int),
     ("gpu", "release_timeout"): ("gpu_timeout_s", float),
+    ("slurm", "query_timeout"): ("slurm_query_timeout_s", float),
 }
 _KEYS.update({(t, f"{k}_s"): v for (t, k), v in list(_KEYS.items()) if v[1] is float})
 
@@ -86,7 +88,7 @@ def _checked(field: str, typ: type, raw: object, what: str) -> object:
 
 
 # polling intervals: 0 would spin a core
-_POSITIVE = {"snapshot_interval_s", "follow_poll_s", "ready_timeout_s"}
+_POSITIVE = {"snapshot_interval_s", "follow_poll_s", "ready_timeout_s", "slurm_query_timeout_s"}
 
 
 def _load(text: str, where: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ never a hang), and Slurm's error text is cut to its one line of reason.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -15,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from trainctl.launcher.config import load_config
 from trainctl.launcher.results import SlurmVerdict
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
@@ -42,9 +44,12 @@ class SlurmUnreachableError(StateError):
     """The controller does not answer: the job's state is unknown (exit 4), not wrong."""
 
 
-# How long a query of the controller may take before trainctl says it is unreachable:
-# scontrol itself retries for tens of seconds, and every verb must answer in a few.
-QUERY_TIMEOUT_S = 5.0
+@functools.cache
+def query_timeout_s() -> float:
+    """How long a query of the controller may take before trainctl says it is unreachable
+    (`[slurm] query_timeout`, 5 s): scontrol itself retries for tens of seconds, and every
+    verb must answer in a few."""
+    return load_config().slurm_query_timeout_s
 
 
 def tool(name: str) -> str:
@@ -177,7 +182,7 @@ def query(st: JobState) -> SlurmVerdict:
         raise ConfigError(f"job {st.name} has no Slurm job id")
     try:
         argv = [tool("scontrol"), "show", "job", "-o", str(job_id)]
-        out = run_tool(argv, timeout_s=QUERY_TIMEOUT_S)
+        out = run_tool(argv, timeout_s=query_timeout_s())
     except SlurmError as e:
         if "unreachable" in str(e):
             raise SlurmUnreachableError(str(e)) from None
@@ -208,7 +213,7 @@ def query(st: JobState) -> SlurmVerdict:
 def scancel(argv: list[str]) -> None:
     """scancel, where "Invalid job id" means the job already left the queue: not an error."""
     try:
-        run_tool(argv, timeout_s=2 * QUERY_TIMEOUT_S)
+        run_tool(argv, timeout_s=2 * query_timeout_s())
     except SlurmError as e:
         if "invalid job id" not in str(e).lower():
             raise
@@ -218,7 +223,7 @@ def _sacct(job_id: str) -> dict[str, str]:
     try:
         out = run_tool(
             [tool("sacct"), "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"],
-            timeout_s=QUERY_TIMEOUT_S,
+            timeout_s=query_timeout_s(),
         )
     except SlurmError:
         return {}
