@@ -338,8 +338,7 @@ def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
         return f"{len(ls.survivors)} SURVIVED"
     if not ls.killed:
         return "clean"
-    each = max(20, (term.width() - 40) // 3)
-    who = ", ".join(f"{p.pid} {term.middle(clean(p.cmd), each)}" for p in ls.killed_procs[:3])
+    who = _few(ls.killed_procs, 40, with_pid=True)
     more = f" and {ls.killed - 3} more" if ls.killed > 3 else ""
     return f"{ls.killed} needed SIGKILL ({who}{more})"
 
@@ -387,11 +386,19 @@ def _settings_lines(s: Status) -> None:
         print(f"  ckpt nothing matches {js.checkpoint} yet")
 
 
+def _few(procs: list[Any], used: int, *, with_pid: bool) -> str:
+    """The first three processes' commands on one line that has ``used`` columns already:
+    each cut in the middle to its share of a terminal, whole when piped."""
+    each = max(20, (term.width() - used) // 3)
+    return ", ".join(
+        (f"{p.pid} " if with_pid else "") + term.middle(clean(p.cmd), each) for p in procs[:3]
+    )
+
+
 def _last_stop_lines(ls: StopReport | SlurmStopReport) -> None:
     print(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
     if isinstance(ls, StopReport) and ls.reason == "main exited" and ls.found:
-        each = max(20, (term.width() - 60) // 3)
-        names = ", ".join(term.middle(clean(p.cmd), each) for p in ls.sent[:3])
+        names = _few(ls.sent, 60, with_pid=False)
         more = f" and {ls.found - 3} more" if ls.found > 3 else ""
         print(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
     if getattr(ls, "stacks", None):
@@ -412,11 +419,12 @@ def _status_head(s: Status) -> None:
         by = f" ({s.stop_by})" if s.stop_by else ""
         left = f"{age(s.grace_left_s or 0)} of grace left" if s.grace_left_s else "grace over"
         print(f"  stop since {time.strftime('%H:%M:%S', time.localtime(s.stop_since))}{by}: {left}")
-    if s.slurm is None and backoff:
-        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+    if s.slurm is not None:
+        return
+    sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+    if backoff:
         print(f"  main pid -   (run {s.run} ended; its supervisor {sup} relaunches it)")
-    elif s.slurm is None:
-        sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
+    else:
         main = "-" if s.main_pid is None else s.main_pid
         pgid = "-" if s.pgid is None else s.pgid
         print(f"  main pid {main}   pgid {pgid}   supervisor {sup}")

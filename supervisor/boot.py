@@ -186,15 +186,7 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     try:
         starting = _record_starting(jdir, spec, ho, cgroup, None)
         snap = tuple(
-            MemberSnap(
-                r.pid,
-                r.start_ticks,
-                s.ppid,
-                s.pgid,
-                s.sid,
-                procfs.read_cmdline(r.pid)[:300],
-                ("adopted",),
-            )
+            MemberSnap.of(s, ("adopted",))
             for r in live
             if (s := procfs.read_stat(r.pid)) is not None and s.start_ticks == r.start_ticks
         )
@@ -224,10 +216,6 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     with contextlib.suppress(OSError):
         append_event(jdir, "adopted", job=spec.name, run=ho.run, main_pid=main.pid, **adopted)
     return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
-
-
-def _cmd(pid: int) -> str:
-    return procfs.read_cmdline(pid)[:300]
 
 
 def _release(cgroup: Path) -> None:

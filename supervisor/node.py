@@ -215,15 +215,7 @@ def _record(
         at=time.time(),
         agent=target.supervisor.pid if target.supervisor else None,
         main=target.main.pid if target.main else None,
-        members=tuple(
-            nf.NodeProcess(
-                m.stat.pid,
-                m.stat.ppid,
-                m.stat.state,
-                procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]",
-            )
-            for m in members[:256]
-        ),
+        members=tuple(nf.node_process(m.stat) for m in members[:256]),
         member_count=len(members),
         stop=stop,
         exit_code=exit_code,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StateError
+from .procfs import Stat, read_cmdline
 from .schema import build_document
 from .state import log_path, write_bytes_atomic, write_json_atomic
 
@@ -54,6 +55,11 @@ class NodeProcess:
     ppid: int = 0
     state: str = "?"
     cmd: str = ""
+
+
+def node_process(st: Stat) -> NodeProcess:
+    """A live process as an agent publishes it (and as this host's marker scan shows it)."""
+    return NodeProcess(st.pid, st.ppid, st.state, read_cmdline(st.pid)[:300] or f"[{st.comm}]")
 
 
 @dataclass(frozen=True, slots=True)

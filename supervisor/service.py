@@ -438,16 +438,7 @@ class Supervisor:
                 ProcRef(s.pid, s.start_ticks) for s in self.state.members
             } and self.life.stage is lc.Stage.RUNNING:
                 snap = tuple(
-                    MemberSnap(
-                        pid=m.stat.pid,
-                        start_ticks=m.stat.start_ticks,
-                        ppid=m.stat.ppid,
-                        pgid=m.stat.pgid,
-                        sid=m.stat.sid,
-                        cmd=procfs.read_cmdline(pid)[:300],
-                        nets=tuple(sorted(m.nets)),
-                    )
-                    for pid, m in sorted(live.items())
+                    MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
                 )
                 self._set(self.state.phase, members=snap, snapshot_at=time.time())
 

@@ -97,6 +97,12 @@ class MemberSnap:
     cmd: str
     nets: tuple[str, ...]
 
+    @classmethod
+    def of(cls, st: procfs.Stat, nets: tuple[str, ...]) -> MemberSnap:
+        """The member as a snapshot records it, from its stat (command cut to 300)."""
+        cmd = procfs.read_cmdline(st.pid)[:300]
+        return cls(st.pid, st.start_ticks, st.ppid, st.pgid, st.sid, cmd, nets)
+
 
 @dataclass(frozen=True, slots=True)
 class GpuLease:

@@ -29,10 +29,10 @@ from trainctl.launcher.results import (
 )
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import nodefiles as nf
-from trainctl.supervisor import procfs, state
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
 from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.proctree import Member, Target, alive, scan
+from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
@@ -257,7 +257,7 @@ class Slurm:
             live = [n for n in live if n.host != here]
             rows = [r for r in rows if r.node not in {n.node for n in nodes if n.host == here}]
             found = alive(scan(local_target(st)))
-            rows += [_row(f"{here} (marker)", _process(m)) for m in found.values()]
+            rows += [_row(f"{here} (marker)", nf.node_process(m.stat)) for m in found.values()]
             count = sum(n.member_count for n in live) + len(found)
         return Seen(
             info.phase,
@@ -322,11 +322,6 @@ class Slurm:
 
 
 BACKEND = Slurm()
-
-
-def _process(m: Member) -> nf.NodeProcess:
-    cmd = procfs.read_cmdline(m.stat.pid)[:300] or f"[{m.stat.comm}]"
-    return nf.NodeProcess(m.stat.pid, m.stat.ppid, m.stat.state, cmd)
 
 
 def _row(node: str, p: nf.NodeProcess) -> PsRow:

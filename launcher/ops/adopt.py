@@ -226,8 +226,8 @@ def _plan(
 
 
 def _found(s: procfs.Stat, how: str) -> Found:
-    cmd = procfs.read_cmdline(s.pid)[:300] or f"[{s.comm}]"
-    return Found(s.pid, s.start_ticks, s.ppid, s.pgid, s.sid, cmd, (how,))
+    found = Found.of(s, (how,))
+    return found if found.cmd else dataclasses.replace(found, cmd=f"[{s.comm}]")
 
 
 def _descendants(children: dict[int, list[int]], root: int) -> list[int]:

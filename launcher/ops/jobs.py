@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainctl.launcher import backends
@@ -70,38 +71,36 @@ def stop_under_way(jdir: Path) -> StopUnderWay | None:
     return None
 
 
-def live_jobs(home: Path) -> list[str]:
-    """The jobs of ``home`` with a run going (or a lost one with processes left): what
-    `stop --all` stops. A job whose state cannot be trusted is left out."""
-    out = []
+def _phases(home: Path) -> Iterator[tuple[str, JobState, Phase]]:
+    """(name, state, phase now) of every job of ``home`` whose state can be trusted."""
     for name in state.list_jobs(home):
         jdir = state.job_dir(home, name)
         try:
             st = state.read_state(jdir)
-            phase = current_phase(jdir, st)
+            yield name, st, current_phase(jdir, st)
         except (StateError, JobNotFoundError, FileNotFoundError):
             continue
-        if phase not in state.TERMINAL and (phase != Phase.LOST or live_members(st)):
-            out.append(name)
-    return out
+
+
+def live_jobs(home: Path) -> list[str]:
+    """The jobs of ``home`` with a run going (or a lost one with processes left): what
+    `stop --all` stops. A job whose state cannot be trusted is left out."""
+    return [
+        name
+        for name, st, phase in _phases(home)
+        if phase not in state.TERMINAL and (phase != Phase.LOST or live_members(st))
+    ]
 
 
 def ended_jobs(home: Path, older_than_s: float) -> list[tuple[str, float]]:
     """(name, ended_at) of every job whose run ended over ``older_than_s`` ago, with
     nothing of it left running: what `prune` removes. Untrusted ones are left out."""
-    now, out = time.time(), []
-    for name in state.list_jobs(home):
-        jdir = state.job_dir(home, name)
-        try:
-            st = state.read_state(jdir)
-            seen = backends.of(st).seen(jdir, st)
-        except (StateError, JobNotFoundError, FileNotFoundError):
-            continue
-        if seen.phase not in state.TERMINAL or st.ended_at is None:
-            continue
-        if now - st.ended_at >= older_than_s:
-            out.append((name, st.ended_at))
-    return out
+    now = time.time()
+    return [
+        (name, st.ended_at)
+        for name, st, phase in _phases(home)
+        if phase in state.TERMINAL and st.ended_at is not None and now - st.ended_at >= older_than_s
+    ]
 
 
 def live_members(st: JobState) -> dict[int, Member]:
