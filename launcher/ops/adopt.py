@@ -260,6 +260,8 @@ def _refuse(
     """One line, exit 2, nothing changed: for any member that must never be adopted."""
     uid = os.getuid()
     for m in members:
+        if not procfs.is_alive(m.pid, m.start_ticks):
+            continue  # exited since it was found: the supervisor leaves it out too
         why = refuse.get(m.pid) or _why_not(m, stats[m.pid], uid, mine)
         if why:
             raise ConfigError(f"will not adopt pid {m.pid} ({m.cmd[:60]}): {why}; nothing changed")
@@ -269,7 +271,9 @@ def _why_not(m: Found, st: procfs.Stat, uid: int, mine: set[int]) -> str | None:
     owner = procfs.read_uid(m.pid)
     checks = (
         (m.pid == 1, "it is PID 1 (init)"),
-        (m.pid == 2 or st.ppid == 2 or not procfs.read_argv(m.pid), "it is a kernel thread"),
+        # every kernel thread is a child of kthreadd (pid 2); an empty command line is not
+        # a sign of one: it is also what a process that just exited shows
+        (m.pid == 2 or st.ppid == 2, "it is a kernel thread"),
         (owner is not None and owner != uid, f"it belongs to another user (uid {owner})"),
         (m.pid in mine, "it is this command's own shell or one of its ancestors"),
         (st.comm == "sshd" or st.comm.startswith("sshd-"), "it is sshd"),
