@@ -51,15 +51,19 @@ def _adopted(home: Path) -> list[Check]:
         if st.adopted is None:
             continue
         how = str(st.adopted.get("how", ""))
+        said = state.containment(st.adopted)
         if st.adopted.get("contained"):
-            out.append(Check(f"job {name}", f"adopted ({how}), contained in its cgroup", True))
+            out.append(Check(f"job {name}", f"adopted ({how}), {said}", True))
             continue
         hint = (
             "its tree, session and process group are watched; a process that leaves all "
-            "three (setsid + double fork) after adoption is not found. Adopt as root, or in "
-            "a delegated cgroup subtree, to contain it"
+            "three (setsid + double fork) after adoption is not found. Adopt as root, from "
+            "a delegated cgroup subtree, or on a systemd host (its manager moves the "
+            "processes), to contain it"
         )
-        out.append(Check(f"job {name}", f"adopted ({how}), not contained", True, hint))
+        out.append(
+            Check(f"job {name}", f"adopted ({how}), {said.removeprefix('adopted, ')}", True, hint)
+        )
     return out
 
 

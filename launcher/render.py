@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainctl.supervisor.state import containment
+
 from . import term
 from .inputs import human_duration
 from .progress import sparkline
@@ -355,7 +357,7 @@ def status(s: Status) -> None:
         print(f"  unit {s.unit}")
     if s.adopted:
         a = s.adopted
-        kept = "contained in its own cgroup" if a.get("contained") else "adopted, not contained"
+        kept = containment(a)
         at = a.get("at")
         when = time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, float) else "?"
         print(f"  adopted {a.get('how')} at {when}: {kept}")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroup as cg
-from . import control, memory, procfs
+from . import control, memory, procfs, systemd
 from .drift import code_version
 from .errors import SpawnError, TrainctlError
 from .launch import Handover, Ready
@@ -176,13 +176,7 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
         cgroup: Path | None = kept  # a lost run's own cgroup: its members are still in it
     else:
         cgroup = cg.create_job_cgroup(f"{leaf}.{os.getpid()}") if spec.isolation.cgroup else None
-    if cgroup is not None and not cg.move(cgroup, main.pid):
-        cg.remove(cgroup)  # not allowed here: tracked, not contained
-        cgroup = None
-    if cgroup is not None:
-        for r in live:
-            if r != main and procfs.is_alive(r.pid, r.start_ticks):
-                cg.move(cgroup, r.pid)  # one that exited meanwhile is simply gone
+    cgroup, by, why = _contain(cgroup, main, live, spec.isolation.cgroup)
     try:
         starting = _record_starting(jdir, spec, ho, cgroup, None)
         snap = tuple(
@@ -193,6 +187,8 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
         adopted = {
             "how": str(a.get("how", "")),
             "contained": cgroup is not None,
+            "contained_by": by,  # "kernel" (a direct move) or "systemd" (the user's manager)
+            "why_not": why,  # why it is not contained, in words (None: it is)
             "log_source": a.get("log_source"),
             "at": time.time(),
             "members": len(snap),
@@ -216,6 +212,48 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     with contextlib.suppress(OSError):
         append_event(jdir, "adopted", job=spec.name, run=ho.run, main_pid=main.pid, **adopted)
     return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
+
+
+def _contain(
+    cgroup: Path | None, main: ProcRef, live: list[ProcRef], wanted: bool
+) -> tuple[Path | None, str | None, str | None]:
+    """Move the members into ``cgroup``: (the cgroup or None, by whom, why not).
+
+    First directly, which the kernel allows where we may write the common ancestor of
+    both cgroups (root; a process already in our delegated subtree). A non-root user's
+    login processes sit in ``session-N.scope``, which belongs to root: then the user's own
+    systemd manager is asked (AttachProcessesToUnit on this supervisor's delegated scope),
+    and it has the system manager move them. Members that exit meanwhile are simply gone.
+    """
+    if cgroup is None:
+        why = "cgroups are off in the config" if not wanted else "no usable cgroup v2 here"
+        return None, None, why
+    others = [r for r in live if r != main]
+    if cg.move(cgroup, main.pid):
+        rest = [r for r in others if not cg.move(cgroup, r.pid) and _alive(r)]
+        if rest and (unit := own_unit()) is not None:
+            systemd.attach(unit, _below(cgroup), [r.pid for r in rest])
+        return cgroup, "kernel", None
+    denied = f"the kernel refused the move out of {cg.of_pid(main.pid) or '?'}"
+    unit = own_unit()
+    if unit is None:
+        cg.remove(cgroup)
+        return None, None, f"{denied}, and no systemd manager can be asked here"
+    pids = [main.pid, *(r.pid for r in others if _alive(r))]
+    said = systemd.attach(unit, _below(cgroup), pids)
+    if said is None and cg.of_pid(main.pid) == cg.relative(cgroup):
+        return cgroup, "systemd", None
+    cg.remove(cgroup)
+    return None, None, f"{denied}, and systemd's manager refused: {said or 'main did not move'}"
+
+
+def _alive(r: ProcRef) -> bool:
+    return procfs.is_alive(r.pid, r.start_ticks)
+
+
+def _below(cgroup: Path) -> str:
+    """The job cgroup as the scope's manager names it: relative to the scope's cgroup."""
+    return "/" + "/".join(cgroup.parts[-2:])  # <scope>/trainctl/<leaf>
 
 
 def _release(cgroup: Path) -> None:

@@ -41,14 +41,24 @@ def find_mount() -> Path | None:
 
 def own_cgroup() -> str | None:
     """Return this process's cgroup v2 path (the ``0::`` line), or None."""
+    return of_pid("self")
+
+
+def of_pid(pid: int | str) -> str | None:
+    """The cgroup v2 path of process ``pid`` (the ``0::`` line), or None once it is gone."""
     try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
+        with open(f"/proc/{pid}/cgroup") as f:
+            return next((line[3:].strip() for line in f if line.startswith("0::")), None)
     except OSError:
         return None
-    return None
+
+
+def relative(path: Path) -> str | None:
+    """A cgroup directory as /proc/PID/cgroup names it (``/a/b``), or None off the mount."""
+    mount = find_mount()
+    if mount is None or not path.is_relative_to(mount):
+        return None
+    return "/" + str(path.relative_to(mount)) if path != mount else "/"
 
 
 def create_job_cgroup(leaf: str) -> Path | None:

@@ -155,7 +155,8 @@ class JobState:
     # /proc/sys/kernel/random/boot_id when the run started: pids and start times mean
     # nothing after a reboot, so a state from another boot is never acted on by pid
     boot_id: str | None = None
-    # `trainctl adopt`: {how, contained, log_source, at, members} (None: started by trainctl)
+    # `trainctl adopt`: {how, contained, contained_by, why_not, log_source, at, members}
+    # (None: started by trainctl)
     adopted: dict[str, Any] | None = None
     schema: int = SCHEMA
 
@@ -604,3 +605,12 @@ def current_boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
+
+
+def containment(adopted: dict[str, Any]) -> str:
+    """An adopted run's containment, in words (status, doctor and adopt say it alike)."""
+    if adopted.get("contained"):
+        by = " (moved by systemd)" if adopted.get("contained_by") == "systemd" else ""
+        return f"contained in its own cgroup{by}"
+    why = adopted.get("why_not")
+    return f"adopted, not contained: {why}" if why else "adopted, not contained"

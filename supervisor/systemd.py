@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import dbus
+
 SLICE = "trainctl.slice"
 
 
@@ -160,4 +162,36 @@ def own_unit() -> str | None:
                         return leaf
     except OSError:
         return None
+    return None
+
+
+def manager_socket() -> str:
+    """The private socket of this user's manager (the system one's, for root)."""
+    if os.geteuid() == 0:
+        return "/run/systemd/private"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    return f"{runtime}/systemd/private"
+
+
+def attach(unit: str, subcgroup: str, pids: list[int]) -> str | None:
+    """Ask the manager to move ``pids`` into ``subcgroup`` of ``unit`` (a delegated scope).
+
+    This is how a non-root user's processes leave a login's ``session-N.scope``, which the
+    kernel does not let the user write: the user's manager asks the system manager, which
+    moves processes of the caller's own uid into the caller's own delegated subtree (the
+    same path ``systemd-run --user --scope`` takes for its own pid). Returns None when the
+    manager did it, else what it said.
+    """
+    try:
+        dbus.call(
+            manager_socket(),
+            None,
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+            "AttachProcessesToUnit",
+            "ssau",
+            (unit, subcgroup, pids),
+        )
+    except dbus.DBusError as e:
+        return str(e)
     return None

@@ -355,9 +355,8 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
             shutil.rmtree(jdir, ignore_errors=True)
         raise
     st = state.read_state(jdir)
-    contained = bool((st.adopted or {}).get("contained"))
     source = plan.log_source if plan.log_source else ("tmux pipe-pane" if piped else None)
-    return AdoptResult(name, run, plan.main.pid, len(plan.members), reply.mode, contained, source)
+    return AdoptResult.of(st, plan, reply.mode, source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +369,17 @@ class AdoptResult:
     members: int
     mode: str
     contained: bool
+    containment: str  # in words: contained (by whom), or not and why
     log_from: str | None  # where the run's log is copied from (None: nothing to copy)
+
+    @classmethod
+    def of(cls, st: JobState, plan: Plan, mode: str, log_from: str | None) -> AdoptResult:
+        """The result, read back from the state the new supervisor wrote."""
+        a = st.adopted or {}
+        return cls(
+            st.name, st.run, plan.main.pid, len(plan.members), mode,
+            bool(a.get("contained")), state.containment(a), log_from,
+        )  # fmt: skip
 
     def to_doc(self) -> dict[str, object]:
         """The JSON form."""
@@ -450,6 +459,4 @@ def readopt_job(home: Path, name: str, plan: Plan, st: JobState, cfg: Config) ->
         )
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     now = state.read_state(jdir)
-    contained = bool((now.adopted or {}).get("contained"))
-    log = str(state.log_path(jdir, st.run))
-    return AdoptResult(name, st.run, plan.main.pid, len(plan.members), reply.mode, contained, log)
+    return AdoptResult.of(now, plan, reply.mode, str(state.log_path(jdir, st.run)))

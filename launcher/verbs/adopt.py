@@ -54,10 +54,9 @@ def run(
         found["processes"] = found.pop("members")  # `members` is the count, as in status
         render.emit_json({**found, **res.to_doc()})
         return ExitCode.OK
-    how = "contained in its own cgroup" if res.contained else "adopted, not contained"
     render.line(
         f"adopted {res.name} run {res.run}: main pid {res.main_pid}, {res.members} "
-        f"process(es), {how}"
+        f"process(es), {res.containment}"
     )
     if res.log_from:
         render.line(f"log: from now on, copied from {res.log_from} (trainctl logs {name})")

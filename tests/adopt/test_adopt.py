@@ -107,6 +107,8 @@ def test_a_nohup_run_is_adopted_by_pid_and_stops_with_its_checkpoint(
         kept = "adopted, not contained" if signals else "contained in its own cgroup"
         assert f"adopted --pid {job.pid} at " in human
         assert kept in human
+        if signals:  # and why, in words
+            assert "not contained: cgroups are off in the config" in human
         doctor = h.tc("doctor", "--json").json()
         assert isinstance(doctor, list)
         [check] = [c for c in doctor if c["name"] == "job nh"]

@@ -255,12 +255,16 @@ def test_without_the_scope_the_same_job_dies_at_logout(bed: Bed) -> None:
     bed.ssh(f"{TC} rm plain")
 
 
-def test_a_user_without_linger_is_warned_and_linger_keeps_the_job(bed: Bed) -> None:
-    add = bed.ssh(
+def _alice(b: Bed) -> None:
+    add = b.ssh(
         "id alice || (useradd -m -s /bin/bash alice && mkdir -p ~alice/.ssh && "
         "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh)"
     )
     assert add.returncode == 0, add.stderr
+
+
+def test_a_user_without_linger_is_warned_and_linger_keeps_the_job(bed: Bed) -> None:
+    _alice(bed)
     res = bed.ssh(f"{TC} start --name a -- sleep 600", user="alice")
     assert res.returncode == 0, res.stderr
     assert "loginctl enable-linger alice" in res.stderr
@@ -308,6 +312,51 @@ with open(os.path.join(out, "ckpt.done" if ok else "ckpt.broken"), "w") as f:
     f.flush()
     os.fsync(f.fileno())
 """
+
+
+def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
+    bed: Bed,
+) -> None:
+    """Non-root, on systemd: the login's session scope belongs to root, so the kernel
+    refuses the move; the user's manager has the system manager move the processes into
+    the adopted run's delegated scope. The proof: logind kills that login's processes at
+    logout (KillUserProcesses=yes), and the adopted job lives on, then stops gracefully.
+    """
+    _alice(bed)
+    assert bed.ssh("loginctl enable-linger alice").returncode == 0
+    out = bed.out / "adopt"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    (out / "job.py").write_text(NEEDS_ITS_CHILDREN)
+    job = "/mnt/out/adopt"
+    login = (
+        f"cd /tmp; nohup python3 {job}/job.py {job} </dev/null >/tmp/nohup.out 2>&1 & P=$!; "
+        f"for _ in $(seq 100); do [ -e {job}/ready ] && break; sleep 0.1; done; "
+        f"grep '^0::' /proc/$P/cgroup; {TC} adopt ad --pid $P --yes --json"
+    )
+    try:
+        res = bed.ssh(login, user="alice", timeout=90)
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        before, _, doc = res.stdout.partition("\n")
+        assert "/session-" in before  # it was started in the login's scope
+        assert '"contained": true' in doc, doc
+        assert "moved by systemd" in doc
+        assert '"log_from": "/tmp/nohup.out"' in doc
+        time.sleep(3)  # the login is over: logind has killed what was left in its scope
+        status = bed.ssh(f"{TC} status ad", user="alice")
+        assert status.returncode == 0, (status.stdout, status.stderr)
+        assert "contained in its own cgroup (moved by systemd)" in status.stdout
+        where = _job_cgroup(bed, "ad", home="/home/alice/.local/state/trainctl")
+        assert "/user@" in where  # the user's own manager, not the system one
+        assert "/trainctl.slice/trainctl-ad-r1-" in where, where
+        assert "session-" not in where
+        stop = bed.ssh(f"{TC} stop ad", user="alice", timeout=90)
+        assert stop.returncode == 0, (stop.stdout, stop.stderr)
+        assert (out / "ckpt.done").read_text() == "step 7"  # its loaders lived to the end
+        left = bed.ssh("systemctl --user list-units 'trainctl-ad*' --no-legend", user="alice")
+        assert left.stdout.strip() == ""
+    finally:
+        bed.ssh("loginctl disable-linger alice")
 
 
 def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:

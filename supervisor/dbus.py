@@ -1,0 +1,227 @@
+"""Just enough D-Bus to ask a systemd manager one thing, without a D-Bus library.
+
+trainctl calls one method on one peer: ``AttachProcessesToUnit`` on the user's own
+systemd manager, over the manager's private socket (``$XDG_RUNTIME_DIR/systemd/private``,
+which every user manager listens on, with or without a session bus). That is a
+peer-to-peer connection: no bus daemon, no ``Hello``. ``busctl`` cannot be pointed at it
+(it says "Invalid request descriptor"), and a D-Bus binding would be a compiled
+dependency for one call, so the wire format (D-Bus specification, "Message Protocol") is
+written here for the few types that call needs: ``s o g u b`` and arrays of ``u``.
+Little-endian, no unix fds, SASL EXTERNAL with the caller's uid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+METHOD_CALL, METHOD_RETURN, ERROR = 1, 2, 3
+_PATH, _INTERFACE, _MEMBER, _ERROR_NAME, _REPLY_SERIAL, _DESTINATION, _SIGNATURE = (
+    1, 2, 3, 4, 5, 6, 8,
+)  # fmt: skip
+_ALIGN = {"y": 1, "b": 4, "u": 4, "s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "v": 1}
+
+
+class DBusError(Exception):
+    """The peer answered with an error, or could not be reached or understood."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}" if message else name)
+        self.name = name
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def pad(self, n: int) -> None:
+        self.buf += b"\0" * (-len(self.buf) % n)
+
+    def put(self, code: str, value: object) -> None:
+        self.pad(_ALIGN[code[0]])
+        if code == "y":
+            self.buf += struct.pack("<B", value)
+        elif code in ("u", "b"):
+            self.buf += struct.pack("<I", int(value))  # type: ignore[call-overload]
+        elif code in ("s", "o"):
+            raw = str(value).encode()
+            self.buf += struct.pack("<I", len(raw)) + raw + b"\0"
+        elif code == "g":
+            raw = str(value).encode()
+            self.buf += struct.pack("<B", len(raw)) + raw + b"\0"
+        elif code == "au":
+            items = list(value)  # type: ignore[call-overload]
+            self.buf += struct.pack("<I", 4 * len(items))
+            for item in items:
+                self.buf += struct.pack("<I", int(item))
+        else:  # pragma: no cover - a programming error, not input
+            raise ValueError(f"type {code!r} is not supported")
+
+
+def _split(signature: str) -> list[str]:
+    """``"ssau"`` -> ``["s", "s", "au"]`` (only the shapes this module writes or reads)."""
+    out, i = [], 0
+    while i < len(signature):
+        j = i
+        while signature[j] == "a":
+            j += 1
+        out.append(signature[i : j + 1])
+        i = j + 1
+    return out
+
+
+def _message(serial: int, fields: list[tuple[int, str, object]], sig: str, body: bytes) -> bytes:
+    w = _Writer()
+    w.buf += struct.pack("<cBBBII", b"l", METHOD_CALL, 0, 1, len(body), serial)
+    head = _Writer()
+    for code, kind, value in fields:
+        head.pad(8)
+        head.put("y", code)
+        head.put("g", kind)
+        head.put(kind, value)
+    # The fields array: its byte length, then (aligned to 8, as its elements are) the fields.
+    w.put("u", len(head.buf))
+    w.pad(8)
+    # head was built from offset 0, and here it starts at offset 16: both multiples of 8.
+    w.buf += head.buf
+    w.pad(8)
+    return bytes(w.buf) + body
+
+
+class _Reader:
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data, self.pos = data, pos
+
+    def align(self, n: int) -> None:
+        self.pos += -self.pos % n
+
+    def get(self, code: str) -> object:
+        self.align(_ALIGN[code[0]])
+        d = self.data
+        if code == "y":
+            self.pos += 1
+            return d[self.pos - 1]
+        if code in ("u", "b"):
+            (v,) = struct.unpack_from("<I", d, self.pos)
+            self.pos += 4
+            return bool(v) if code == "b" else v
+        if code in ("s", "o"):
+            (n,) = struct.unpack_from("<I", d, self.pos)
+            self.pos += 4 + n + 1
+            return d[self.pos - n - 1 : self.pos - 1].decode(errors="replace")
+        if code == "g":
+            n = d[self.pos]
+            self.pos += 1 + n + 1
+            return d[self.pos - n - 1 : self.pos - 1].decode(errors="replace")
+        raise DBusError("trainctl.UnsupportedType", f"cannot read type {code!r}")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise DBusError("trainctl.Disconnected", "the peer closed the connection")
+        out += chunk
+    return bytes(out)
+
+
+def _read_message(sock: socket.socket) -> tuple[int, dict[int, object], bytes]:
+    """One message: (type, header fields by code, body)."""
+    fixed = _recv_exact(sock, 16)
+    if fixed[:1] != b"l":
+        raise DBusError("trainctl.Protocol", "the peer answers big-endian, which is not read here")
+    kind = fixed[1]
+    body_len, _serial, fields_len = struct.unpack_from("<III", fixed, 4)
+    rest = _recv_exact(sock, fields_len + (-(16 + fields_len) % 8) + body_len)
+    data = fixed + rest
+    r = _Reader(data, 16)
+    fields: dict[int, object] = {}
+    while r.pos < 16 + fields_len:
+        r.align(8)
+        code = int(r.get("y"))  # type: ignore[call-overload]
+        sig = str(r.get("g"))
+        fields[code] = r.get(sig) if sig in ("s", "o", "g", "u", "b", "y") else None
+        if sig not in ("s", "o", "g", "u", "b", "y"):
+            break  # a field this module does not need; what follows cannot be found
+    start = 16 + fields_len + (-(16 + fields_len) % 8)
+    return kind, fields, data[start : start + body_len]
+
+
+def _connect(path: str, timeout_s: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+        _auth(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _auth(sock: socket.socket) -> None:
+    """SASL EXTERNAL: the kernel tells the peer our uid; we only name it."""
+    sock.sendall(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\n")
+    line = b""
+    while not line.endswith(b"\r\n"):
+        chunk = sock.recv(512)
+        if not chunk:
+            raise DBusError("trainctl.Auth", "the peer closed the connection during auth")
+        line += chunk
+    if not line.startswith(b"OK "):
+        raise DBusError("trainctl.Auth", line.decode(errors="replace").strip())
+    sock.sendall(b"BEGIN\r\n")
+
+
+def call(
+    address: str,
+    destination: str | None,
+    path: str,
+    interface: str,
+    member: str,
+    signature: str,
+    args: Sequence[object],
+    timeout_s: float = 5.0,
+) -> bytes:
+    """Call one method and return the reply's raw body; DBusError for an error reply.
+
+    ``address`` is a unix socket path. ``destination`` may be None on a peer-to-peer
+    connection (a manager's private socket).
+    """
+    body = _Writer()
+    for code, value in zip(_split(signature), args, strict=True):
+        body.put(code, value)
+    fields: list[tuple[int, str, object]] = [
+        (_PATH, "o", path),
+        (_INTERFACE, "s", interface),
+        (_MEMBER, "s", member),
+        *([(_DESTINATION, "s", destination)] if destination else []),
+        *([(_SIGNATURE, "g", signature)] if signature else []),
+    ]
+    try:
+        sock = _connect(address, timeout_s)
+    except OSError as e:
+        raise DBusError("trainctl.Connect", f"{address}: {e.strerror or e}") from None
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock.sendall(_message(1, fields, signature, bytes(body.buf)))
+        while time.monotonic() < deadline:
+            kind, got, reply = _read_message(sock)
+            if got.get(_REPLY_SERIAL) != 1:
+                continue  # a signal or another peer's message: not the answer
+            if kind == ERROR:
+                name = str(got.get(_ERROR_NAME, "org.freedesktop.DBus.Error.Failed"))
+                sig = str(got.get(_SIGNATURE, ""))
+                text = str(_Reader(reply).get("s")) if sig.startswith("s") else ""
+                raise DBusError(name, text)
+            if kind == METHOD_RETURN:
+                return reply
+        raise DBusError("trainctl.Timeout", f"no answer from {address} in {timeout_s:g} s")
+    except (OSError, struct.error, IndexError) as e:
+        raise DBusError("trainctl.Protocol", f"{address}: {e}") from None
+    finally:
+        sock.close()
