@@ -355,6 +355,10 @@ def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
         assert (out / "ckpt.done").read_text() == "step 7"  # its loaders lived to the end
         left = bed.ssh("systemctl --user list-units 'trainctl-ad*' --no-legend", user="alice")
         assert left.stdout.strip() == ""
+        # The manager's refusal comes back in its own words (an ERROR reply, parsed).
+        ask = "from trainctl.supervisor import systemd; print(systemd.attach('no.scope', '', [1]))"
+        said = bed.ssh(f'python3 -c "{ask}"', user="alice")
+        assert "org.freedesktop.systemd1.NoSuchUnit" in said.stdout, (said.stdout, said.stderr)
     finally:
         bed.ssh("loginctl disable-linger alice")
 
