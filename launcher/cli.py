@@ -111,6 +111,33 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     metavar="ARG",
     help="Slurm: extra sbatch argument, e.g. --sbatch-arg=--exclusive (repeatable).",
 )
+@click.option(
+    "--queue",
+    "queue",
+    is_flag=True,
+    help="When the --gpus are not free, queue the job (state queued) instead of refusing; "
+    "it starts when they are, first in, first out.",
+)
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="JOB[:ok|failed|any]",
+    help="Queue the job until JOB's run ends that way (ok by default; repeatable). "
+    "If it ends the other way, the queued job ends failed, with that cause.",
+)
+@click.option(
+    "--singleton",
+    is_flag=False,
+    flag_value="name",
+    type=click.Choice(["name", "spec"]),
+    help="One run at a time of this name (--singleton), or of this spec (--singleton=spec: "
+    "the same spec file, or command and directory): a second start queues behind the first.",
+)
+@click.option(
+    "--backfill",
+    is_flag=True,
+    help="Queued: may start before earlier queued jobs when the GPUs it asks for are free.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -134,6 +161,10 @@ def start(
     partition: str | None,
     time_limit: str | None,
     sbatch_args: tuple[str, ...],
+    queue: bool,
+    after: tuple[str, ...],
+    singleton: str | None,
+    backfill: bool,
     follow: bool,
     as_json: bool,
     argv: tuple[str, ...],
@@ -144,6 +175,8 @@ def start(
     Examples:
       trainctl start --name llama --grace 120 -- torchrun --nproc-per-node 8 train.py
       trainctl start -c conf/jobs/demo.toml --set max_restarts=5
+      trainctl start --name eval --queue --gpus 2 -- python eval.py
+      trainctl start --name gen --after train:ok -- python gen.py
     """
     _refuse_unknown_option(argv)
     flags = verbs.load("start").StartFlags(
@@ -165,6 +198,10 @@ def start(
         time_limit=time_limit,
         sbatch_args=sbatch_args,
         argv=argv,
+        queue=queue,
+        after=after,
+        singleton=singleton,
+        backfill=backfill,
     )
     return int(verbs.load("start").run(c, flags, follow=follow, as_json=as_json))
 
@@ -503,6 +540,21 @@ def wait(c: Invocation, name: str, timeout: str | None, as_json: bool) -> int:
 def rm(c: Invocation, names: tuple[str, ...], force: bool) -> int:
     """Remove finished jobs: their state, events and logs."""
     return int(verbs.load("rm").run(c, names, force=force))
+
+
+@cli.command()
+@click.argument("action", required=False, type=click.Choice(["list", "resume"]), default="list")
+@json_opt
+@pass_ctx
+def queue(c: Invocation, action: str, as_json: bool) -> int:
+    """Show the queued jobs, first queued first, and what each waits for.
+
+    \b
+    `trainctl queue resume` gives every queued job without a waiter a new one: after a
+    reboot the queue is still on disk but nothing dispatches it until this runs (or the
+    next `trainctl start`). Put it in a @reboot crontab or a user unit to dispatch on boot.
+    """
+    return int(verbs.load("queue").run(c, action, as_json=as_json))
 
 
 @cli.command()

@@ -104,6 +104,7 @@ def _load(text: str, where: str) -> dict[str, Any]:
 
 # [hooks] keys, as the spec file spells them (their values are checked like spec keys)
 HOOK_KEYS = (
+    "on_start",
     "on_exit",
     "on_failure",
     "on_stall",

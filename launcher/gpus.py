@@ -146,6 +146,59 @@ def resolve_gpus(
         backend.close()
 
 
+_INVENTORY: list[Gpu] = []
+
+
+def lease_fit(request: str, leased: dict[int, str], *, share: bool) -> str | None:
+    """Could ``request`` fit, judged by the home's leases alone? None, or what holds it.
+
+    The queue asks this four times a second without touching the driver: which GPUs a
+    machine has does not change, so they are read once per process; a GPU leased by a
+    live job is busy whatever its memory says. Foreign use is for `start` to find.
+    """
+    if not _INVENTORY:
+        try:
+            backend = open_backend()
+        except NoDriverError as e:
+            return f"no GPUs: {e}"
+        try:
+            _INVENTORY[:] = backend.gpus()
+        finally:
+            backend.close()
+    parsed = _parse(request, _INVENTORY)
+    held = {} if share else leased
+    if isinstance(parsed, int):
+        free = [g for g in _INVENTORY if g.index not in held]
+        if len(free) >= parsed:
+            return None
+        return f"needs {parsed} GPU(s), {len(free)} free" + _held_by(held)
+    busy = {g.index: held[g.index] for g in parsed if g.index in held}
+    return None if not busy else _held_by(busy).removeprefix("; ")
+
+
+def _held_by(held: dict[int, str]) -> str:
+    by_job: dict[str, list[int]] = {}
+    for index, job in sorted(held.items()):
+        by_job.setdefault(job, []).append(index)
+    parts = [
+        f"GPU{'s' if len(ix) > 1 else ''} {' and '.join(map(str, ix))} held by {job}"
+        for job, ix in by_job.items()
+    ]
+    return f"; {', '.join(parts)}" if parts else ""
+
+
+def check_request(request: str) -> None:
+    """Refuse a --gpus that names GPUs this machine does not have (before queueing it)."""
+    try:
+        backend = open_backend()
+    except NoDriverError as e:
+        raise GpuError(f"--gpus: {e}") from None
+    try:
+        _parse(request, backend.gpus())
+    finally:
+        backend.close()
+
+
 def gpu_env(leases: list[GpuLease]) -> dict[str, str]:
     """Return the environment that binds a job to its GPUs (indices as nvidia-smi shows)."""
     return {

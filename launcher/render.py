@@ -29,6 +29,8 @@ from .results import (
     MemoryView,
     Progress,
     PsRow,
+    Queued,
+    QueueView,
     SlurmStopReport,
     StackReport,
     StartResult,
@@ -97,6 +99,8 @@ def time_cell(s: Status) -> str:
     """`up 3m02s` for a live run, `ended 5m02s ago` for a finished one (list, top)."""
     if s.ended_at is not None and s.state in ENDED_STATES:
         return f"ended {ago(s.ended_at)}"
+    if s.state == "queued":
+        return f"queued {duration(s.uptime_s)}"
     return f"up {duration(s.uptime_s)}"
 
 
@@ -149,6 +153,12 @@ def start(res: StartResult) -> None:
         print(f"unit: {res.unit} (systemd scope, outside your login session)")
     for line in res.warnings:
         sys.stderr.write(f"trainctl: {line}\n")
+
+
+def queued(q: Queued) -> None:
+    """Render a start that was queued."""
+    print(f"queued {q.name}: position {q.position}, waiting for {'; '.join(q.waits_for)}")
+    print(f"  `trainctl status {q.name}` shows its place; `trainctl stop {q.name}` dequeues it")
 
 
 def stop(res: StopResult, *, verbose: bool = False) -> None:
@@ -347,6 +357,9 @@ def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
 
 def status(s: Status) -> None:
     """Render one job's status."""
+    if s.state == "queued" and s.queue is not None:
+        _queued_status(s, s.queue)
+        return
     _status_head(s)
     ended = s.ended_at is not None and s.state in ENDED_STATES
     when = f"ran {duration(s.uptime_s)}, ended {ago(s.ended_at)}" if ended else "uptime"
@@ -371,6 +384,25 @@ def status(s: Status) -> None:
         print(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
         _last_stop_lines(s.last_stop)
+    if s.queue is not None:
+        print(f"  next run {s.run + 1} queued: waiting for {'; '.join(s.queue.waits_for)}")
+
+
+def _queued_status(s: Status, q: QueueView) -> None:
+    """A job that waits in the queue: its place, what it waits for, what it will run."""
+    print(f"{s.name}: {term.phase('queued', 'queued')}, run {s.run}, position {q.position}")
+    print(f"  waiting for {'; '.join(q.waits_for) or 'its turn (the dispatcher looks now)'}")
+    since = time.strftime("%H:%M:%S", time.localtime(q.queued_at))
+    asked = [f"gpus {q.gpus}"] if q.gpus else []
+    asked += [f"after {a}" for a in q.after]
+    asked += [f"singleton ({q.singleton})"] if q.singleton else []
+    asked += ["backfill"] if q.backfill else []
+    print(f"  queued at {since} ({duration(s.uptime_s)} ago): {', '.join(asked) or '-'}")
+    if not q.waiter_alive:
+        print("  no waiter is running (a reboot?): `trainctl queue resume` dispatches it again")
+    if s.argv:
+        cmd = clean(term.argv_line(s.argv, s.cwd))
+        print(f"  cmd  {term.middle(cmd, term.width() - 7)}")
 
 
 def _settings_lines(s: Status) -> None:
@@ -446,6 +478,8 @@ def job_table(rows: list[Status | tuple[str, str]], home: str) -> None:
         main = str(row.main_pid) if row.main_pid else "-"
         up = time_cell(row)
         last = clean(row.last_log_line if row.cause is None else f"({row.cause.summary})")
+        if row.state == "queued" and row.queue is not None:
+            last = f"(#{row.queue.position}: {'; '.join(row.queue.waits_for) or 'its turn'})"
         cells.append(
             (row.name, row.state + code, row.state, str(row.run), main, str(row.members), up, last)
         )

@@ -31,6 +31,8 @@ __all__ = [
     "NodeStop",
     "Progress",
     "PsRow",
+    "QueueView",
+    "Queued",
     "RestartEntry",
     "Seen",
     "Skipped",
@@ -83,6 +85,35 @@ class Progress:
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form (numbers stay numbers)."""
         return asdict(self)
+
+
+@record(frozen=True)
+class Queued:
+    """`start` put the job in the queue: its place, and what it waits for."""
+
+    name: str
+    position: int
+    waits_for: list[str]
+    waiter_pid: int | None
+    state: str = "queued"
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class QueueView:
+    """A queued job, as `status` shows it: its place and what it waits for."""
+
+    position: int  # 1: the first queued in this home
+    queued_at: float
+    waits_for: list[str]  # in words: "GPUs 2 and 5 held by train", "after train:ok"
+    gpus: str | None = None  # --gpus as asked
+    after: list[str] = field(default_factory=list)  # "train:ok", ...
+    singleton: str | None = None  # "name" or "spec"
+    backfill: bool = False
+    waiter_alive: bool = True  # False after a reboot: `trainctl queue resume`
 
 
 @record(frozen=True)
@@ -358,6 +389,8 @@ class Status:
     stop_by: str | None = None  # ... and why it began ("stop", "restart", "SIGTERM", ...)
     settings: JobSettings | None = None  # how the job is set up to run and stop (spec)
     adopted: dict[str, Any] | None = None  # `adopt`: how, contained, log_source, at, members
+    # queued (state "queued"), or the next run queued behind a live one (--singleton)
+    queue: QueueView | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

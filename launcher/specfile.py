@@ -225,6 +225,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "restart_on": _restart_on,
     "restart_window": parse_duration,
     "stall_action": _choice("mark", "restart"),
+    "on_start": _hook,
     "on_exit": _hook,
     "on_failure": _hook,
     "on_stall": _on_stall,
@@ -279,6 +280,7 @@ class SpecDraft:
     restart_on: list[str] | None = None
     restart_window: float | None = None
     stall_action: str | None = None
+    on_start: list[str] | None = None
     on_exit: list[str] | None = None
     on_failure: list[str] | None = None
     on_stall: str | list[str] | None = None  # "mark"/"restart" (the action) or a hook

@@ -39,6 +39,7 @@ _CODES = {"green": "32", "yellow": "33", "red": "31", "bold": "1", "dim": "2"}
 PHASE_STYLE = {
     "running": "green",
     "starting": "yellow",
+    "queued": "yellow",
     "stopping": "yellow",
     "stopped": "dim",
     "exited": "dim",

@@ -34,7 +34,7 @@ from .state import HELPER_VAR, TRAINCTL_VARS, JobState, log_path, write_json_ato
 
 LAST_LINES = 50
 LINE_CHARS = 500
-EVENTS = ("exit", "failure", "stall", "restart", "checkpoint_stale")
+EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale")
 
 
 def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:

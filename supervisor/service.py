@@ -798,6 +798,8 @@ class Supervisor:
             source = (self.state.adopted or {}).get("log_source")
             if isinstance(source, str):
                 tg.start_soon(self._copy_log, Path(source))
+            if self.state.restarts == 0 and self.state.adopted is None:
+                self._fire("start", self._started(), notify=False)
             await self._own_lifecycle(tg)
             if self.life.stage is not lc.Stage.HANDED_OVER:
                 with contextlib.suppress(FileNotFoundError):
@@ -808,6 +810,12 @@ class Supervisor:
                     self._drain_late_requests()
                     await anyio.sleep(0.005)
             tg.cancel_scope.cancel()
+
+    def _started(self) -> dict[str, Any]:
+        main = self.state.main.pid if self.state.main else None
+        gpus = ",".join(str(g.index) for g in self.state.gpus)
+        on = f" on GPU(s) {gpus}" if gpus else ""
+        return {"kind": "start", "summary": f"run {self.state.run} started{on}, main pid {main}"}
 
     def _drain_late_requests(self) -> None:
         while True:

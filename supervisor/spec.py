@@ -97,6 +97,7 @@ class Hooks:
     (supervisor/hookrun.py) runs it with ``timeout_s`` and records its exit in events.
     """
 
+    on_start: tuple[str, ...] | None = None  # a run began (`start`, a queued dispatch)
     on_exit: tuple[str, ...] | None = None  # the job ended (stopped, exited or failed)
     on_failure: tuple[str, ...] | None = None  # the job ended failed (no restart follows)
     on_stall: tuple[str, ...] | None = None  # the stall watchdog saw the run stall
@@ -107,7 +108,7 @@ class Hooks:
     timeout_s: float = 30.0
 
     def command(self, event: str) -> tuple[str, ...] | None:
-        """The command for ``event`` (exit, failure, stall, restart, checkpoint_stale)."""
+        """The command for ``event`` (start, exit, failure, stall, restart, checkpoint_stale)."""
         cmd: tuple[str, ...] | None = getattr(self, f"on_{event}")
         return cmd
 

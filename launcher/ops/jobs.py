@@ -25,6 +25,11 @@ def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
     jdir = state.check_not_symlink(state.job_dir(home, name))
     if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
+        if (home / "queue" / f"{name}.json").exists():  # ops/queue.py's entry
+            raise JobNotFoundError(
+                f"job {name!r} is queued and has not run yet: `trainctl status {name}` says "
+                "what it waits for"
+            )
         raise JobNotFoundError(f"no job named {name!r} (in {home})")
     state.check_owner(jdir)
     return jdir

@@ -169,6 +169,7 @@ def _hooks(d: SpecDraft, cfg: Config) -> Hooks:
         return tuple(value) if isinstance(value, list) else None
 
     return Hooks(
+        on_start=cmd("on_start"),
         on_exit=cmd("on_exit"),
         on_failure=cmd("on_failure"),
         on_stall=cmd("on_stall"),

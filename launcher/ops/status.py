@@ -34,6 +34,7 @@ from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import Phase
 
+from . import queue
 from .jobs import existing_job, stop_under_way
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
@@ -43,7 +44,7 @@ def status_exit_code(s: Status) -> int:
     """0 while the run is live, 3 once it has ended, 4 when its supervisor is lost."""
     if s.state == Phase.LOST:
         return ExitCode.STATE_UNKNOWN
-    return ExitCode.OK if s.state in RUNNING_PHASES else ExitCode.NOT_RUNNING
+    return ExitCode.OK if s.state in RUNNING_PHASES or s.state == "queued" else ExitCode.NOT_RUNNING
 
 
 def last_line(path: Path) -> str:
@@ -71,8 +72,16 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     ``brief`` (the `list` table): without what comes from the spec (argv, cwd) and the
     training view (checkpoint, progress, drift), which the table does not show.
     """
-    jdir = existing_job(home, name)
+    entry = queue.read_entry(home, name)
+    try:
+        jdir = existing_job(home, name)
+    except JobNotFoundError:
+        if entry is None:
+            raise
+        return queued_status(home, entry)
     st = state.read_state(jdir)
+    if entry is not None and st.phase in state.TERMINAL:
+        return queued_status(home, entry)  # its next run is queued: that is what it is now
     spec: Spec | None = None
     if not brief:
         with contextlib.suppress(StateError, JobNotFoundError):
@@ -146,6 +155,38 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         stop_by=going.reason if going else None,
         settings=None if spec is None else _settings(spec, training.checkpoint is not None),
         adopted=st.adopted,
+        queue=None if entry is None else queue.queue_view(home, name, entry),
+    )
+
+
+def queued_status(home: Path, e: queue.Entry) -> Status:
+    """A queued job: no run yet, only its place in the queue and what it waits for."""
+    argv = e.spec.get("argv")
+    cwd = e.spec.get("cwd")
+    spec_file = e.spec.get("spec_file")
+    now = time.time()
+    return Status(
+        name=e.name,
+        state="queued",
+        run=queue.next_run(home, e.name),
+        main_pid=None,
+        pgid=None,
+        supervisor_pid=None,
+        supervisor_alive=False,
+        exit_code=None,
+        members=0,
+        escaped=0,
+        mode="-",
+        cgroup=None,
+        started_at=e.queued_at,
+        ended_at=None,
+        uptime_s=round(now - e.queued_at, 3),
+        log="",
+        last_log_line="",
+        argv=[str(a) for a in argv] if isinstance(argv, list) else [],
+        cwd=cwd if isinstance(cwd, str) else None,
+        spec_file=spec_file if isinstance(spec_file, str) else None,
+        queue=queue.queue_view(home, e.name, e),
     )
 
 
@@ -260,7 +301,8 @@ def _stall_stacks(jdir: Path, st: state.JobState) -> str | None:
 def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:
     """Return the status of every job; an untrusted one becomes (name, error)."""
     out: list[Status | tuple[str, str]] = []
-    for name in state.list_jobs(home):
+    names = set(state.list_jobs(home)) | set(queue.queued_names(home))
+    for name in sorted(names):
         try:
             out.append(job_status(home, name, brief=brief))
         except (StateError, ConfigError) as e:

@@ -38,6 +38,7 @@ VERBS: dict[str, Verb] = {
     "wait": Verb("wait", "Wait until a job's run ends; exit with its exit code."),
     "rm": Verb("rm", "Remove finished jobs."),
     "prune": Verb("prune", "Remove the jobs that ended more than a given time ago."),
+    "queue": Verb("queue", "Show the queued jobs in order; `queue resume` after a reboot."),
     "adopt": Verb("adopt", "Take over a run trainctl did not start (tmux pane, nohup)."),
     "doctor": Verb(
         "doctor", "Report what decides whether jobs survive logout and stop cleanly here."

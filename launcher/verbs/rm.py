@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops.jobs import existing_job
+from trainctl.launcher.ops import queue
 from trainctl.launcher.ops.remove import remove_job
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
 
 from . import Invocation
@@ -20,18 +21,28 @@ def run(inv: Invocation, names: tuple[str, ...] | str, *, force: bool = False) -
     chosen = [names] if isinstance(names, str) else list(dict.fromkeys(names))
     if not force:
         for name in chosen:
-            existing_job(inv.home, name)
+            queue.known(inv.home, name)
     if len(chosen) == 1:
-        path = remove_job(inv.home, chosen[0], force=force)
-        render.line(f"removed {chosen[0]} ({path})")
+        render.line(_remove(inv, chosen[0], force=force))
         return ExitCode.OK
     code = ExitCode.OK
     for name in chosen:
         try:
-            path = remove_job(inv.home, name, force=force)
+            said = _remove(inv, name, force=force)
         except TrainctlError as e:
             render.line(f"kept {name}: {e}")
             code = ExitCode.FAILED
             continue
-        render.line(f"removed {name} ({path})")
+        render.line(said)
     return code
+
+
+def _remove(inv: Invocation, name: str, *, force: bool) -> str:
+    """Dequeue the job if it is queued, then remove its directory if it has one."""
+    if queue.has_live_run(inv.home, name):
+        return str(remove_job(inv.home, name, force=force))  # refused: it runs
+    entry = queue.dequeue(inv.home, name)
+    if entry is not None and not state.job_dir(inv.home, name).exists():
+        return f"removed {name} from the queue (it never started)"
+    path = remove_job(inv.home, name, force=force)
+    return f"removed {name} ({path})" + (", and its queued run" if entry else "")

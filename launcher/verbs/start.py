@@ -9,12 +9,15 @@ from pathlib import Path
 
 from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.gpus import check_request
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
+from trainctl.launcher.ops import dispatch, queue
+from trainctl.launcher.ops.queue import QueueAsk, check_ask
 from trainctl.launcher.ops.start import resolve_spec, start_job
-from trainctl.launcher.results import GpuRequest
+from trainctl.launcher.results import GpuRequest, Queued, StartResult
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
-from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import parse_order
+from trainctl.supervisor.errors import ConfigError, JobConflictError
+from trainctl.supervisor.spec import Spec, parse_order
 
 from . import Invocation
 from .logs import follow_new_run
@@ -42,6 +45,20 @@ class StartFlags:
     time_limit: str | None = None
     sbatch_args: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
+    queue: bool = False  # --queue: wait for the GPUs
+    after: tuple[str, ...] = ()
+    singleton: str | None = None  # "name" or "spec"
+    backfill: bool = False
+
+    def ask(self) -> QueueAsk:
+        """What the flags ask of the queue."""
+        return QueueAsk(
+            queue=self.queue,
+            after=self.after,
+            singleton=self.singleton == "name",
+            singleton_spec=self.singleton == "spec",
+            backfill=self.backfill,
+        )
 
 
 def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
@@ -79,6 +96,28 @@ def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
     return file_draft, draft
 
 
+def _start_or_queue(
+    inv: Invocation, spec: Spec, request: GpuRequest | None, ask: QueueAsk
+) -> StartResult | Queued:
+    """Start now, or, with --queue/--after/--singleton, queue it when it must wait."""
+    check_ask(ask, request)
+    if spec.backend == "local":
+        dispatch.ensure_waiters(inv.home)  # after a reboot, the first start resumes the queue
+    if not ask.wanted:
+        if queue.read_entry(inv.home, spec.name) is not None:
+            raise JobConflictError(
+                f"job {spec.name} is already queued; `trainctl stop {spec.name}` dequeues it"
+            )
+        return start_job(inv.home, spec, inv.cfg, request)
+    if spec.backend != "local":
+        raise ConfigError(
+            "--queue, --after and --singleton are for local jobs (Slurm queues its own)"
+        )
+    if request is not None:
+        check_request(str(request.spec))
+    return dispatch.enqueue_or_start(inv.home, spec, inv.cfg, request, ask)
+
+
 def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
     file_draft, cli = layers(f)
@@ -98,9 +137,14 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         if draft.gpus
         else None
     )
-    res = start_job(inv.home, spec, inv.cfg, request)
+    got = _start_or_queue(inv, spec, request, f.ask())
+    if isinstance(got, Queued):
+        render.emit_json(got.to_doc()) if as_json else render.queued(got)
+        return ExitCode.OK
+    res = got
     if as_json:
-        render.emit_json(asdict(res))
+        # "state" tells a script a start from a queued one (`"state": "queued"`)
+        render.emit_json({**asdict(res), "state": "running" if res.main_pid else "submitted"})
     else:
         render.start(res)
     if follow:

@@ -12,7 +12,8 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback, run_with_ticker
-from trainctl.launcher.ops.jobs import existing_job, live_jobs
+from trainctl.launcher.ops import queue
+from trainctl.launcher.ops.jobs import live_jobs
 from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
@@ -100,6 +101,8 @@ def run(
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
     how = resolve_order(order, main_only=main_only)
+    if (left := _dequeue(inv, name, as_json=as_json)) is not None:
+        return left
     pre = prepare(inv, name, ckpt, quiet=as_json)
     home, force = inv.home, ckpt.force
     res = run_with_feedback(
@@ -112,6 +115,23 @@ def run(
         return res  # Ctrl-C: said what happens to the stop
     render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
     return stop_exit_code(res)
+
+
+def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
+    """A queued job leaves the queue: nothing of it starts. Its exit code when that is
+    all there is to stop; None when a live run of it must be stopped as well."""
+    entry = queue.dequeue(inv.home, name)
+    if entry is None:
+        return None
+    run_no = queue.next_run(inv.home, name)
+    if queue.has_live_run(inv.home, name):
+        render.line(f"dequeued the next run of {name} (run {run_no}); stopping the live one")
+        return None
+    if as_json:
+        render.emit_json({"name": name, "run": run_no, "state": "dequeued", "ok": True})
+    else:
+        render.line(f"dequeued {name}: run {run_no} never started, nothing ran")
+    return ExitCode.OK
 
 
 def run_many(
@@ -132,9 +152,13 @@ def run_many(
         raise ConfigError("stop: give job names or --all, not both")
     if not every and not names:
         raise ConfigError("stop: name a job (or several), or --all for every live job")
-    chosen = list(dict.fromkeys(names)) if names else live_jobs(inv.home)
+    chosen = (
+        list(dict.fromkeys(names))
+        if names
+        else list(dict.fromkeys([*live_jobs(inv.home), *queue.queued_names(inv.home)]))
+    )
     for name in chosen:
-        existing_job(inv.home, name)
+        queue.known(inv.home, name)
     if every:
         if not chosen:
             render.line(f"no live jobs in {inv.home}; nothing to stop")

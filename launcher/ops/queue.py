@@ -1,0 +1,455 @@
+"""The queue of a home: jobs that wait for GPUs, for other jobs, or for their turn.
+
+No daemon. A queued job is a file, ``<home>/queue/<name>.json`` (its spec and what it
+waits for), and a waiter process of its own (launcher/waiter.py) that holds
+``<name>.lock`` for as long as it lives. One waiter at a time, the holder of
+``dispatch.lock``, is the home's dispatcher: it looks at the whole queue four times a
+second and starts what may start. The others sleep in ``flock`` (no CPU) and look once a
+second whether their entry is still there; when the dispatcher's own job starts, it exits
+and the next waiter takes over at once.
+
+What a job waits for, in the order it is checked:
+
+1. ``--singleton``: no live run of the same name, nor of the same spec (the same spec
+   file, or the same command and directory), and no earlier queued entry of the same.
+2. ``--after JOB[:ok|failed|any]``: JOB's run has ended that way. A run that ended the
+   other way, or a JOB that was removed or dequeued, ends the queued job ``failed`` with
+   that cause: it can never be met.
+3. ``--queue --gpus``: the GPUs are free. Jobs that wait only for GPUs are served first in,
+   first out: a later job that would fit goes first only with ``--backfill``.
+
+The GPUs are read only when the leases recorded in the home say the request could fit
+(a GPU leased by a live job is busy without asking the driver), and then at most once a
+second in the whole home. The lease itself is taken at dispatch, by the ordinary start,
+under the home's GPU lock: two jobs can never be started on the same free GPU.
+
+Locks, always taken in this order: ``queue.lock`` (any change to the queue), then the
+job's lock, then ``gpus.lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.gpus import lease_fit
+from trainctl.launcher.results import GpuRequest, QueueView
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import (
+    ConfigError,
+    StateError,
+    TrainctlError,
+)
+from trainctl.supervisor.records import record
+from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.spec import Spec, spec_to_doc
+from trainctl.supervisor.state import JobState, Phase
+
+from .jobs import current_phase, existing_job
+
+TICK_S = 0.25  # how often the dispatcher looks at the queue
+GPU_POLL_S = 1.0  # at most one look at the GPUs per this, in the whole home
+WHEN = ("ok", "failed", "any")
+
+
+@record(frozen=True)
+class After:
+    """One ``--after``: start once run ``run`` (or a later one) of ``job`` ended ``when``."""
+
+    job: str
+    run: int
+    when: str = "ok"
+
+    def label(self) -> str:
+        return f"{self.job}:{self.when}"
+
+
+@record(frozen=True)
+class Entry:
+    """A queued start: ``<home>/queue/<name>.json``."""
+
+    name: str
+    token: str  # this entry's own id: a waiter serves only the entry it was started for
+    seq: int  # first in, first out: the time it was queued, in ns
+    queued_at: float
+    spec: dict[str, Any]
+    gpus: str | None = None
+    share: bool = False
+    force: bool = False
+    after: list[After] = dataclasses.field(default_factory=list)
+    singleton: str | None = None  # "name:NAME" or "spec:KEY"
+    backfill: bool = False
+    boot_id: str | None = None
+    waiter: list[int] | None = None  # [pid, start ticks] of its waiter, as spawned
+
+
+def queue_dir(home: Path) -> Path:
+    return home / "queue"
+
+
+def entry_path(home: Path, name: str) -> Path:
+    return queue_dir(home) / f"{name}.json"
+
+
+@contextlib.contextmanager
+def queue_lock(home: Path, timeout_s: float = 10.0) -> Iterator[None]:
+    """Hold the lock every change to the queue takes (enqueue, dequeue, dispatch)."""
+    _ensure_dir(home)
+    with state.flock_file(queue_dir(home) / "queue.lock", timeout_s, "the queue is busy"):
+        yield
+
+
+def _ensure_dir(home: Path) -> None:
+    state.ensure_home(home)
+    q = queue_dir(home)
+    with contextlib.suppress(FileExistsError):
+        q.mkdir(mode=0o700)
+    state.check_not_symlink(q)
+
+
+def read_entry(home: Path, name: str) -> Entry | None:
+    """The queued entry of ``name``; None when it has none. StateError when untrusted."""
+    path = entry_path(home, name)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StateError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise StateError(f"{path} is not valid JSON; remove it to dequeue") from None
+    entry = build_document(Entry, doc, str(path))
+    if entry.name != name:
+        raise StateError(f"{path} names job {entry.name!r}; remove it to dequeue")
+    return entry
+
+
+def queued_names(home: Path) -> list[str]:
+    """The names with an entry in the queue (trusted or not), cheaply: one listdir."""
+    try:
+        return [p.name[:-5] for p in queue_dir(home).iterdir() if p.name.endswith(".json")]
+    except FileNotFoundError:
+        return []
+
+
+def next_run(home: Path, name: str) -> int:
+    """The run number a queued job will get: one past its last run."""
+    try:
+        return state.read_state(state.job_dir(home, name)).run + 1
+    except (TrainctlError, FileNotFoundError):
+        return 1
+
+
+def entries(home: Path) -> list[Entry]:
+    """Every trusted entry of the home, first queued first."""
+    out = []
+    for name in queued_names(home):
+        with contextlib.suppress(StateError, ValueError):
+            e = read_entry(home, name)
+            if e is not None:
+                out.append(e)
+    return sorted(out, key=lambda e: e.seq)
+
+
+def waiter_alive(home: Path, name: str) -> bool:
+    """Tell whether a waiter holds the entry's lock (it does for as long as it lives)."""
+    return state.is_locked(queue_dir(home), f"{name}.lock")
+
+
+# ---------------------------------------------------------------- what a job waits for
+
+
+def parse_after(text: str) -> tuple[str, str]:
+    """``JOB``, ``JOB:ok``, ``JOB:failed``, ``JOB:any`` -> (job, when); ok by default."""
+    job, _, when = text.partition(":")
+    when = when or "ok"
+    if when not in WHEN:
+        raise ConfigError(f"--after {text}: say JOB, JOB:ok, JOB:failed or JOB:any")
+    state.check_name(job)
+    return job, when
+
+
+def singleton_key(spec: Spec, by_spec: bool) -> str:
+    """What ``--singleton`` keeps to one run at a time: the name, or the spec."""
+    if not by_spec:
+        return f"name:{spec.name}"
+    if spec.spec_file:
+        return f"spec:{spec.spec_file}"
+    return f"spec:{spec.cwd}\0{chr(0).join(spec.argv)}"
+
+
+@dataclasses.dataclass
+class HomeView:
+    """What the dispatcher knows about the home's jobs, read again only when changed."""
+
+    home: Path
+    states: dict[str, tuple[int, JobState | None]] = dataclasses.field(default_factory=dict)
+    specs: dict[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+
+    def state_of(self, name: str) -> JobState | None:
+        path = state.job_dir(self.home, name) / "state.json"
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            self.states.pop(name, None)
+            return None
+        cached = self.states.get(name)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        try:
+            st: JobState | None = state.read_state(path.parent)
+        except (TrainctlError, OSError):
+            st = None  # untrusted: never counted as ended, nor as free
+        self.states[name] = (mtime, st)
+        return st
+
+    def live(self, name: str) -> bool:
+        st = self.state_of(name)
+        if st is None:
+            return False
+        if st.phase in state.TERMINAL:
+            return False
+        return current_phase(state.job_dir(self.home, name), st) not in state.TERMINAL
+
+    def singleton_of(self, name: str) -> str | None:
+        """The spec key of a job's current run (for --singleton by spec)."""
+        path = state.job_dir(self.home, name) / "spec.json"
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self.specs.get(name)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        try:
+            key: str | None = singleton_key(state.read_spec(path.parent), by_spec=True)
+        except (TrainctlError, OSError):
+            key = None
+        self.specs[name] = (mtime, key)
+        return key
+
+    def leases(self) -> dict[int, str]:
+        """{GPU index: the live job that leases it}."""
+        out: dict[int, str] = {}
+        for name in state.list_jobs(self.home):
+            st = self.state_of(name)
+            if st is not None and st.gpus and st.phase not in state.TERMINAL:
+                for g in st.gpus:
+                    out.setdefault(g.index, name)
+        return out
+
+
+def _dep_verdict(h: HomeView, dep: After, queued: set[str]) -> str | None:
+    """None: met. ``"wait"``: not yet. Anything else: it can never be met, and why."""
+    st = h.state_of(dep.job)
+    if st is None or st.run < dep.run or h.live(dep.job):
+        return _dep_pending(h, dep, st, queued)
+    ok = st.phase == Phase.EXITED and (st.exit_code or 0) == 0
+    failed = st.phase == Phase.FAILED or (st.phase == Phase.EXITED and bool(st.exit_code))
+    if dep.when == "any" or (dep.when == "ok" and ok) or (dep.when == "failed" and failed):
+        return None
+    how = f"exit {st.exit_code}" if st.exit_code is not None else str(st.phase)
+    ended = "was stopped" if st.phase == Phase.STOPPED else f"ended {st.phase} ({how})"
+    return f"after {dep.label()}, but {dep.job} run {st.run} {ended}"
+
+
+def _dep_pending(h: HomeView, dep: After, st: JobState | None, queued: set[str]) -> str:
+    """The awaited run has not ended: ``"wait"``, or why it never will."""
+    if dep.job in queued or (st is not None and st.run >= dep.run):
+        return "wait"  # queued, or running (a restart policy may relaunch it: still going)
+    if st is None:
+        gone = not state.job_dir(h.home, dep.job).exists()
+        # a state being written, or untrusted, is never a verdict
+        return f"job {dep.job} was removed" if gone else "wait"
+    return f"job {dep.job} left the queue before it ran"
+
+
+def _singleton_blocker(h: HomeView, e: Entry, earlier: list[Entry]) -> str | None:
+    key = e.singleton
+    if key is None:
+        return None
+    for other in earlier:
+        if other.singleton == key:
+            return f"singleton: queued behind {other.name}"
+    if key.startswith("name:"):
+        name = key[5:]
+        st = h.state_of(name)
+        if st is not None and h.live(name):
+            return f"singleton: {name} run {st.run} is running"
+        return None
+    for name in state.list_jobs(h.home):
+        if name != e.name and h.singleton_of(name) == key and h.live(name):
+            return f"singleton: {name} runs the same spec"
+    return None
+
+
+# ---------------------------------------------------------------- enqueue, dequeue
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueAsk:
+    """What `start` asked of the queue."""
+
+    queue: bool = False  # --queue: wait for the GPUs instead of refusing
+    after: tuple[str, ...] = ()
+    singleton: bool = False
+    singleton_spec: bool = False  # --singleton=spec: one run of this spec, any name
+    backfill: bool = False
+
+    @property
+    def wanted(self) -> bool:
+        return self.queue or bool(self.after) or self.singleton or self.singleton_spec
+
+
+def check_ask(ask: QueueAsk, gpus: GpuRequest | None) -> None:
+    """Bad combinations: one line each, before anything is touched."""
+    if ask.queue and gpus is None and not ask.after:
+        raise ConfigError("--queue waits for GPUs or for other jobs: give --gpus or --after")
+    if ask.backfill and not ask.wanted:
+        raise ConfigError("--backfill only makes sense with --queue, --after or --singleton")
+
+
+@dataclasses.dataclass
+class Blocked:
+    waits: list[str]
+    failed: str | None = None  # a dependency that can never be met
+    gpu_wait: bool = False  # waits only for GPUs (first in, first out applies)
+
+
+def blockers(
+    h: HomeView, e: Entry, earlier: list[Entry], queued: set[str], *, gpus_too: bool = True
+) -> Blocked:
+    """What ``e`` waits for now, cheaply (the GPUs by their leases only)."""
+    waits: list[str] = []
+    single = _singleton_blocker(h, e, [x for x in earlier if x.seq < e.seq])
+    if single:
+        waits.append(single)
+    for dep in e.after:
+        verdict = _dep_verdict(h, dep, queued)
+        if verdict == "wait":
+            waits.append(f"after {dep.label()}")
+        elif verdict is not None:
+            return Blocked(waits, failed=verdict)
+    if waits or not gpus_too or e.gpus is None:
+        return Blocked(waits)
+    held = lease_fit(e.gpus, h.leases(), share=e.share)
+    if held:
+        return Blocked([held], gpu_wait=True)
+    return Blocked([])
+
+
+def known(home: Path, name: str) -> None:
+    """Raise JobNotFoundError unless ``name`` is a job or is queued."""
+    if entry_path(home, name).exists():
+        return
+    existing_job(home, name)
+
+
+def has_live_run(home: Path, name: str) -> bool:
+    """Tell whether the job has a run going now (a queued job has none)."""
+    jdir = state.job_dir(home, name)
+    if not (jdir / "state.json").exists():
+        return False
+    st = state.read_state(jdir)
+    return st.phase not in state.TERMINAL and current_phase(jdir, st) not in state.TERMINAL
+
+
+def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
+    """Block while ``name`` is queued. True: it started (or was not queued); False: it
+    left the queue without a run (dequeued). TimeoutError when ``timeout_s`` runs out."""
+    e = read_entry(home, name)
+    if e is None:
+        existing_job(home, name)
+        return True
+    before = next_run(home, name)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while entry_path(home, name).exists():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"job {name} still queued after {timeout_s:g} s")
+        time.sleep(0.1)
+    return next_run(home, name) > before  # a run was recorded: started, or ended failed
+
+
+def dequeue(home: Path, name: str) -> Entry | None:
+    """Take ``name`` out of the queue (its waiter sees it gone and exits); None if it was
+    not queued. Nothing of it is started afterwards: dispatch checks under the same lock."""
+    with queue_lock(home):
+        e = read_entry(home, name)
+        if e is None:
+            return None
+        entry_path(home, name).unlink()
+    return e
+
+
+# ---------------------------------------------------------------- views
+
+
+def queue_view(
+    home: Path, name: str, e: Entry, all_entries: list[Entry] | None = None
+) -> QueueView:
+    """What `status` shows of a queued job: its position and what it waits for."""
+    es = entries(home) if all_entries is None else all_entries
+    queued = {x.name for x in es}
+    h = HomeView(home)
+    blocked = blockers(h, e, es, queued)
+    waits = blocked.waits if blocked.failed is None else [blocked.failed]
+    said = _said(home).get(name)
+    if said and (blocked.gpu_wait or not waits):
+        waits = [said]  # the dispatcher's own look at the GPUs (foreign use, say)
+    return QueueView(
+        position=1 + sum(1 for x in es if x.seq < e.seq),
+        queued_at=e.queued_at,
+        waits_for=waits,
+        gpus=e.gpus,
+        after=[d.label() for d in e.after],
+        singleton=None if e.singleton is None else e.singleton.split(":", 1)[0],
+        backfill=e.backfill,
+        waiter_alive=waiter_alive(home, name),
+    )
+
+
+def _said(home: Path) -> dict[str, str]:
+    try:
+        doc = json.loads((queue_dir(home) / "waits.said").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+
+def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> None:
+    """Record the queued job's run as ended ``failed`` before it started (its cause: why)."""
+    jdir = state.check_not_symlink(state.job_dir(home, e.name))
+    jdir.mkdir(mode=0o700, exist_ok=True)
+    with state.job_lock(jdir, 10.0):
+        try:
+            prev: JobState | None = state.read_state(jdir)
+        except (FileNotFoundError, TrainctlError):
+            prev = None
+        if prev is not None and prev.phase not in state.TERMINAL:
+            return  # a run is going (started by hand): its record is not ours to replace
+        if prev is not None and prev.started_at >= e.queued_at:
+            return  # a run began since it was queued (a failed dispatch): its record stands
+        now = time.time()
+        st = JobState(
+            name=e.name,
+            run=(prev.run + 1) if prev else 1,
+            phase=Phase.FAILED,
+            marker=uuid.uuid4().hex,
+            started_at=now,
+            ended_at=now,
+            error=why,
+            cause={"kind": kind, "summary": why},
+            boot_id=state.current_boot_id(),
+        )
+        state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
+        state.write_state(jdir, st)
+        with contextlib.suppress(OSError):
+            state.append_event(jdir, "queue_failed", job=e.name, run=st.run, reason=why)
