@@ -34,13 +34,14 @@
    shell (target <= 1.5x killpg).
 
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only startup|latency|order|crowd|repo|list|stack|adopt]
+                      [--only startup|latency|order|crowd|repo|list|stack|adopt|queue]
 (every part by default; --quick leaves out 6 and 7)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -272,8 +273,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument(
         "--only",
-        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack", "adopt"],
-        help="run only part 0, 1, 5, 6, 7, 8, 9 or 10",
+        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack", "adopt", "queue"],
+        help="run only part 0, 1, 5, 6, 7, 8, 9, 10 or 11",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -294,6 +295,7 @@ def main() -> None:
         "list": lambda: bench_list(tmp, env),
         "stack": lambda: bench_stack(tmp, env),
         "adopt": lambda: bench_adopt(tmp, env, args),
+        "queue": lambda: bench_queue(tmp, env, args),
     }
     if args.only:
         only[args.only]()
@@ -342,6 +344,7 @@ def main() -> None:
     bench_list(tmp, env)
     bench_stack(tmp, env)
     bench_adopt(tmp, env, args)
+    bench_queue(tmp, env, args)
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
@@ -488,6 +491,119 @@ def bench_adopt(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> Non
         f"(target <= 1 s); its stop, request->gone {ad:.0f} ms vs the same tree started by "
         f"trainctl {st:.0f} ms -> ratio {ad / st:.2f}x (target <= 1.2x)"
     )
+
+
+HOLD_GPU = (
+    "import os, sys, time\n"
+    "fd = os.open(os.environ['FAKE_DEV_DIR'] + '/nvidia0', os.O_RDWR)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
+
+
+def bench_queue(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """11. The queue: how soon a queued job starts once its GPU is free or its dependency
+    ended, and what 20 waiting jobs cost. One fake GPU (chosen explicitly: this part needs
+    a machine without an NVIDIA driver)."""
+    dev = tmp / "qdev"
+    dev.mkdir(exist_ok=True)
+    (dev / "nvidia0").touch()
+    gpus = tmp / "qgpus.json"
+    gpus.write_text(
+        json.dumps(
+            {
+                "dev_dir": str(dev),
+                "gpus": [
+                    {
+                        "uuid": "GPU-q-0",
+                        "name": "Fake",
+                        "memory_total_mib": 81920,
+                        "base_used_mib": 0,
+                    }
+                ],
+            }
+        )
+    )
+    qenv = {**env, "TRAINCTL_HOME": str(tmp / "queue-home"), "TRAINCTL_FAKE_GPU": str(gpus),
+            "FAKE_DEV_DIR": str(dev), "FAKE_GPU_MIB": "1024"}  # fmt: skip
+    home = Path(qenv["TRAINCTL_HOME"])
+
+    def started_at(name: str, run: int = 1) -> float:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                st = json.loads((home / "jobs" / name / "state.json").read_text())
+                if st["run"] >= run and st["phase"] != "starting":
+                    return float(st["started_at"])
+            time.sleep(0.02)
+        raise SystemExit(f"{name} was never dispatched")
+
+    def ended_at(name: str) -> float:
+        return float(json.loads((home / "jobs" / name / "state.json").read_text())["ended_at"])
+
+    gpu_lat, dep_lat = [], []
+    py = [sys.executable, "-c", HOLD_GPU]
+    for i in range(args.rounds):
+        tc("start", "--name", f"h{i}", "--gpus", "0", "--", *py, "600", env=qenv)
+        r = tc("start", "--name", f"q{i}", "--queue", "--gpus", "0", "--", *py, "0.1", env=qenv)
+        if "queued" not in r.stdout:
+            raise SystemExit(f"not queued: {r.stdout} {r.stderr}")
+        time.sleep(1.5)  # the dispatcher has looked a few times
+        tc("stop", f"h{i}", env=qenv)
+        gpu_lat.append(started_at(f"q{i}") - ended_at(f"h{i}"))
+        tc("start", "--name", f"d{i}", "--", "sleep", "1", env=qenv)
+        tc("start", "--name", f"a{i}", "--after", f"d{i}:any", "--", "true", env=qenv)
+        dep_lat.append(started_at(f"a{i}") - _ended(home, f"d{i}"))
+        tc("wait", f"q{i}", env=qenv)
+    # 20 queued jobs waiting for a GPU a live job holds: the cost of every waiter together
+    tc("start", "--name", "holder", "--gpus", "0", "--", *py, "600", env=qenv)
+    for i in range(20):
+        tc("start", "--name", f"w{i}", "--queue", "--gpus", "0", "--", "true", env=qenv)
+    time.sleep(2)
+    waiters = _own_waiters(home)
+    t0, c0 = time.monotonic(), sum(_cpu_ticks(p) for p in waiters)
+    time.sleep(args.duration)
+    t1, c1 = time.monotonic(), sum(_cpu_ticks(p) for p in waiters)
+    cost = (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0) * 100
+    tc("stop", "--all", "--yes", env=qenv)
+    g, d = statistics.median(gpu_lat), statistics.median(dep_lat)
+    print(
+        f"11. queue: dispatch {g * 1000:.0f} ms after the GPU was released (max "
+        f"{max(gpu_lat) * 1000:.0f} ms), {d * 1000:.0f} ms after the dependency ended (max "
+        f"{max(dep_lat) * 1000:.0f} ms), median of {args.rounds} (target <= 1 s); "
+        f"{len(waiters)} waiting jobs: {cost:.2f}% of one core together over "
+        f"{args.duration:.0f} s (target <= 1%)"
+    )
+
+
+def _ended(home: Path, name: str) -> float:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            st = json.loads((home / "jobs" / name / "state.json").read_text())
+            if st["ended_at"]:
+                return float(st["ended_at"])
+        time.sleep(0.02)
+    raise SystemExit(f"{name} never ended")
+
+
+def _own_waiters(home: Path) -> list[int]:
+    """This bench's waiters: the exact argv naming this bench's own home."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+                if argv[1:4] == [b"-m", b"trainctl.launcher.waiter", str(home).encode()]:
+                    out.append(int(name))
+    return out
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
 
 
 def bench_stack(tmp: Path, env: dict[str, str]) -> None:

@@ -118,7 +118,7 @@ def read_entry(home: Path, name: str) -> Entry | None:
     path = entry_path(home, name)
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
@@ -136,7 +136,7 @@ def queued_names(home: Path) -> list[str]:
     """The names with an entry in the queue (trusted or not), cheaply: one listdir."""
     try:
         return [p.name[:-5] for p in queue_dir(home).iterdir() if p.name.endswith(".json")]
-    except FileNotFoundError:
+    except OSError:  # no queue yet (or no home: the verb says so itself)
         return []
 
 
@@ -381,6 +381,8 @@ def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
 def dequeue(home: Path, name: str) -> Entry | None:
     """Take ``name`` out of the queue (its waiter sees it gone and exits); None if it was
     not queued. Nothing of it is started afterwards: dispatch checks under the same lock."""
+    if not entry_path(home, name).exists():
+        return None  # (a read-only home can still be stopped: nothing is written then)
     with queue_lock(home):
         e = read_entry(home, name)
         if e is None:

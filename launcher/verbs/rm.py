@@ -39,7 +39,11 @@ def run(inv: Invocation, names: tuple[str, ...] | str, *, force: bool = False) -
 
 def _remove(inv: Invocation, name: str, *, force: bool) -> str:
     """Dequeue the job if it is queued, then remove its directory if it has one."""
-    if queue.has_live_run(inv.home, name):
+    try:
+        live = queue.has_live_run(inv.home, name)
+    except TrainctlError:
+        live = False  # an untrusted state: remove_job refuses it, or --force removes it
+    if live:
         return str(remove_job(inv.home, name, force=force))  # refused: it runs
     entry = queue.dequeue(inv.home, name)
     if entry is not None and not state.job_dir(inv.home, name).exists():
