@@ -19,10 +19,21 @@ from pathlib import Path
 LOOK_S = 1.0
 
 
-def _mine(entry: Path, token: str) -> bool:
+def _mine(entry: Path, token: str) -> int | None:
+    """The entry's inode when it is the one this waiter was started for, else None."""
     try:
-        return bool(json.loads(entry.read_bytes()).get("token") == token)
+        with open(entry, "rb") as f:
+            doc = json.loads(f.read())
+            return os.fstat(f.fileno()).st_ino if doc.get("token") == token else None
     except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _same(entry: Path, inode: int) -> bool:
+    """Still queued, by the same entry: one stat (an entry is only ever replaced)."""
+    try:
+        return os.stat(entry).st_ino == inode
+    except OSError:
         return False
 
 
@@ -36,7 +47,8 @@ def main(argv: list[str]) -> int:
         fcntl.flock(own, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # this entry has a waiter already
-    if not _mine(entry, token):
+    inode = _mine(entry, token)
+    if inode is None:
         return 0
     got = threading.Event()
     lock = os.open(qdir / "dispatch.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -47,7 +59,7 @@ def main(argv: list[str]) -> int:
 
     threading.Thread(target=take, daemon=True).start()
     while not got.wait(LOOK_S):
-        if not _mine(entry, token):
+        if not _same(entry, inode):
             return 0
     from trainctl.launcher.ops.dispatch import dispatch_loop  # noqa: PLC0415  (light until it dispatches)
 

@@ -222,7 +222,8 @@ def dispatch_loop(home: Path, name: str, token: str) -> int:
     d = _Dispatcher(home, load_config())
     while True:
         _reap()
-        es = entries(home)
+        d.h.fresh()
+        es = d.h.queue()
         if not any(e.name == name and e.token == token for e in es):
             return 0
         d.round(es)

@@ -86,7 +86,6 @@ class Entry:
     singleton: str | None = None  # "name:NAME" or "spec:KEY"
     backfill: bool = False
     boot_id: str | None = None
-    waiter: list[int] | None = None  # [pid, start ticks] of its waiter, as spawned
 
 
 def queue_dir(home: Path) -> Path:
@@ -193,6 +192,37 @@ class HomeView:
     home: Path
     states: dict[str, tuple[int, JobState | None]] = dataclasses.field(default_factory=dict)
     specs: dict[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+    entries: dict[str, tuple[tuple[int, int], Entry | None]] = dataclasses.field(
+        default_factory=dict
+    )
+    _leases: dict[int, str] | None = None  # for one round (see fresh)
+
+    def fresh(self) -> None:
+        """A new round: the leases are read again (each state only if it changed)."""
+        self._leases = None
+
+    def queue(self) -> list[Entry]:
+        """The trusted entries, first queued first; each parsed again only if it changed."""
+        out = []
+        names = queued_names(self.home)
+        for gone in set(self.entries) - set(names):
+            del self.entries[gone]
+        for name in names:
+            try:
+                s = entry_path(self.home, name).stat()
+            except OSError:
+                continue
+            key = (s.st_ino, s.st_mtime_ns)
+            cached = self.entries.get(name)
+            if cached is None or cached[0] != key:
+                try:
+                    cached = (key, read_entry(self.home, name))
+                except (StateError, ValueError):
+                    cached = (key, None)  # untrusted: never dispatched
+                self.entries[name] = cached
+            if cached[1] is not None:
+                out.append(cached[1])
+        return sorted(out, key=lambda e: e.seq)
 
     def state_of(self, name: str) -> JobState | None:
         path = state.job_dir(self.home, name) / "state.json"
@@ -238,12 +268,15 @@ class HomeView:
 
     def leases(self) -> dict[int, str]:
         """{GPU index: the live job that leases it}."""
+        if self._leases is not None:
+            return self._leases
         out: dict[int, str] = {}
         for name in state.list_jobs(self.home):
             st = self.state_of(name)
             if st is not None and st.gpus and st.phase not in state.TERMINAL:
                 for g in st.gpus:
                     out.setdefault(g.index, name)
+        self._leases = out
         return out
 
 
