@@ -7,10 +7,12 @@ the fast path in ``main.py`` calls; errors end in ``exitcodes.exit_for_exception
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any
 
 import click
 
+from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import BACKENDS
 
 from . import __version__, verbs
@@ -42,8 +44,9 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     every process of the job (however it escaped) and nothing else, waits for it to
     checkpoint, escalates, and verifies that nothing survived.
     """
-    del host  # --host is served before click runs (launcher/remote.py); `hosts` is local
-    ctx.obj = Invocation(home)
+    # --host is served before click runs (launcher/remote.py), except for `hosts` (local)
+    # and `mcp`, whose server runs here and sends each tool call to the host
+    ctx.obj = Invocation(home, host_opt=host or os.environ.get("TRAINCTL_HOST") or None)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -286,6 +289,12 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 @click.option(
     "--verbose", "-v", is_flag=True, help="A full report: nets, launchers, each process's timing."
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Only show what the stop would do: each member and when it gets the signal, the "
+    "launchers, the newest checkpoint and its age, the GPUs. Nothing is signalled.",
+)
 @json_opt
 @pass_ctx
 def stop(
@@ -302,6 +311,7 @@ def stop(
     require_checkpoint_within: str | None,
     force: bool,
     verbose: bool,
+    dry_run: bool,
     as_json: bool,
 ) -> int:
     """Stop every process of job NAME and nothing else; exit 0 only if none survives.
@@ -324,6 +334,7 @@ def stop(
             ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
             verbose=verbose,
+            dry_run=dry_run,
         )
     )
 
@@ -499,9 +510,16 @@ def gpus(c: Invocation, as_json: bool) -> int:
     metavar="NODE",
     help="Slurm: the log of node NODE (each node past the first writes its own).",
 )
+@json_opt
 @pass_ctx
 def logs(
-    c: Invocation, name: str, follow: bool, lines: str | None, run: int | None, node: str | None
+    c: Invocation,
+    name: str,
+    follow: bool,
+    lines: str | None,
+    run: int | None,
+    node: str | None,
+    as_json: bool,
 ) -> int:
     """Print the log (stdout+stderr) of job NAME.
 
@@ -510,7 +528,11 @@ def logs(
     A multi-node Slurm job has one log per node: the first node's by default, the others
     with `--node NODE` (`status` lists the nodes).
     """
-    return int(verbs.load("logs").run(c, name, follow_=follow, lines=lines, run_no=run, node=node))
+    return int(
+        verbs.load("logs").run(
+            c, name, follow_=follow, lines=lines, run_no=run, node=node, as_json=as_json
+        )
+    )
 
 
 @cli.command()
@@ -540,6 +562,33 @@ def wait(c: Invocation, name: str, timeout: str | None, as_json: bool) -> int:
 def rm(c: Invocation, names: tuple[str, ...], force: bool) -> int:
     """Remove finished jobs: their state, events and logs."""
     return int(verbs.load("rm").run(c, names, force=force))
+
+
+@cli.command()
+@click.option(
+    "--allow",
+    metavar="stop,restart,start",
+    help="Mutating tools the agent may call (comma-separated) [default: none: read-only].",
+)
+@pass_ctx
+def mcp(c: Invocation, allow: str | None) -> int:
+    """Serve trainctl as MCP tools over stdio, for coding agents (`pip install 'trainctl[mcp]'`).
+
+    \b
+    Tools: list_jobs, job_status, job_ps, job_logs, gpus, job_stack, doctor, plan_stop;
+    stop_job, restart_job and start_job only when --allow names them. Each returns what
+    the verb's --json prints. With --host (before the verb), every tool runs on that host.
+    Register it in an agent's MCP configuration as the command `trainctl mcp`.
+    """
+    try:
+        module = verbs.load("mcp")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "mcp":
+            raise
+        raise ConfigError(
+            "trainctl mcp needs the MCP Python SDK: pip install 'trainctl[mcp]'"
+        ) from None
+    return int(module.run(c, host=c.host_opt, allow=allow))
 
 
 @cli.command()

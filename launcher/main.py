@@ -96,8 +96,8 @@ def _remote(argv: list[str]) -> int | None:
             remote.check_client_version()  # we are the remote end of --host
             return None
         host, rest = remote.split_host(argv)
-        if host is None or rest[:1] == ["hosts"]:
-            return None
+        if host is None or rest[:1] in (["hosts"], ["mcp"]):
+            return None  # local verbs: `mcp` sends each tool call to the host itself
         return remote.run_remote(host, rest)
     except TrainctlError as e:
         return exit_for_exception(e)

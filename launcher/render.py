@@ -35,6 +35,7 @@ from .results import (
     StackReport,
     StartResult,
     Status,
+    StopPlan,
     StopReport,
     StopResult,
     Survivor,
@@ -153,6 +154,27 @@ def start(res: StartResult) -> None:
         print(f"unit: {res.unit} (systemd scope, outside your login session)")
     for line in res.warnings:
         sys.stderr.write(f"trainctl: {line}\n")
+
+
+def stop_plan(p: StopPlan) -> None:
+    """Render `stop --dry-run`: what the stop would do, in the order it would do it."""
+    print(
+        f"{p.name} run {p.run} ({p.state}): a stop would send {p.signal} in order {p.order}, "
+        f"grace {age(p.grace_s)}, then SIGKILL; {len(p.members)} live member(s)"
+    )
+    if p.queued:
+        print("  its queued next run would be dequeued first")
+    for m in p.members:
+        gpu = " [GPU]" if m.gpu else ""
+        print(f"  {m.pid:>7}  {m.role:<28} {term.middle(clean(m.cmd), term.width() - 40)}{gpu}")
+    if p.checkpoint_glob:
+        if p.checkpoint is None:
+            print(f"  checkpoint: none matches {p.checkpoint_glob}")
+        else:
+            print(f"  checkpoint: {p.checkpoint}, {age(p.checkpoint_age_s or 0)} old")
+    if p.gpus:
+        print(f"  GPUs {', '.join(map(str, p.gpus))}: the stop waits until they are released")
+    print("  nothing was signalled (--dry-run)")
 
 
 def queued(q: Queued) -> None:

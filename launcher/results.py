@@ -29,6 +29,7 @@ __all__ = [
     "MemoryView",
     "NamedProc",
     "NodeStop",
+    "PlannedProc",
     "Progress",
     "PsRow",
     "QueueView",
@@ -45,6 +46,7 @@ __all__ = [
     "StackThread",
     "StartResult",
     "Status",
+    "StopPlan",
     "StopReport",
     "StopResult",
     "Survivor",
@@ -84,6 +86,42 @@ class Progress:
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form (numbers stay numbers)."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class PlannedProc:
+    """One member, as `stop --dry-run` plans its stop."""
+
+    pid: int
+    ppid: int
+    cmd: str
+    role: str  # first | after parent | launcher: WHY (supervisor/forest.py)
+    gpu: bool = False  # has a GPU open (a GPU holder)
+
+
+@record(frozen=True)
+class StopPlan:
+    """What `trainctl stop NAME` would do now; nothing is signalled to find it out."""
+
+    name: str
+    run: int
+    state: str
+    order: str  # tree | all | main
+    signal: str  # the first signal
+    grace_s: float
+    kill_wait_s: float
+    members: list[PlannedProc]
+    first: list[int]  # signalled at once
+    launchers: list[int]  # signalled once their workers are gone
+    gpus: list[int]  # leased: the stop waits until they are released
+    checkpoint_glob: str | None = None
+    checkpoint: str | None = None  # the newest one, its path
+    checkpoint_age_s: float | None = None
+    queued: bool = False  # the job (or its next run) is queued: the stop dequeues it
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form."""
         return asdict(self)
 
 

@@ -39,6 +39,7 @@ VERBS: dict[str, Verb] = {
     "rm": Verb("rm", "Remove finished jobs."),
     "prune": Verb("prune", "Remove the jobs that ended more than a given time ago."),
     "queue": Verb("queue", "Show the queued jobs in order; `queue resume` after a reboot."),
+    "mcp": Verb("mcp_", "Serve trainctl's verbs as MCP tools over stdio (coding agents)."),
     "adopt": Verb("adopt", "Take over a run trainctl did not start (tmux pane, nohup)."),
     "doctor": Verb(
         "doctor", "Report what decides whether jobs survive logout and stop cleanly here."
@@ -58,6 +59,8 @@ class Invocation:
 
     home_opt: str | None = None
     _cfg: Config | None = field(default=None, repr=False)
+    # --host, for the one verb that serves it itself (`mcp`: each tool call goes there)
+    host_opt: str | None = None
 
     @property
     def cfg(self) -> Config:

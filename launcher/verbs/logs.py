@@ -55,10 +55,16 @@ def run(
     lines: str | None = None,
     run_no: int | None = None,
     node: str | None = None,
+    as_json: bool = False,
 ) -> int:
     """Print the log of job NAME (its last lines with -n; following it with -f)."""
+    if as_json and follow_:
+        raise ConfigError("--json prints the lines once: it does not go with -f")
     tail = tail_of(lines, follow_, inv.cfg.tail_lines)
     path, text = log_lines(inv.home, name, run_no, tail, node=node)
+    if as_json:
+        render.emit_json({"name": name, "log": str(path), "lines": [t.rstrip("\n") for t in text]})
+        return ExitCode.OK
     nodes = other_nodes(inv.home, name, run_no) if node is None else None
     if nodes is not None:  # say which node this is: the others' lines are elsewhere
         first, rest = nodes

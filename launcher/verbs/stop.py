@@ -14,6 +14,7 @@ from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback, run_with_ticker
 from trainctl.launcher.ops import queue
 from trainctl.launcher.ops.jobs import live_jobs
+from trainctl.launcher.ops.plan import plan_stop
 from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
@@ -95,12 +96,15 @@ def run(
     ckpt: CheckpointFlags = NO_CHECKPOINT,
     as_json: bool = False,
     verbose: bool = False,
+    dry_run: bool = False,
 ) -> int:
     """Stop job NAME; exit 0 only when nothing of it survives and its GPUs are free."""
     # every flag is checked before anything is done
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     gpu_s = None if gpu_timeout is None else parse_seconds(gpu_timeout, "--gpu-timeout")
     how = resolve_order(order, main_only=main_only)
+    if dry_run:
+        return _dry_run(inv, name, as_json=as_json)
     if (left := _dequeue(inv, name, as_json=as_json)) is not None:
         return left
     pre = prepare(inv, name, ckpt, quiet=as_json)
@@ -115,6 +119,20 @@ def run(
         return res  # Ctrl-C: said what happens to the stop
     render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
     return stop_exit_code(res)
+
+
+def _dry_run(inv: Invocation, name: str, *, as_json: bool) -> int:
+    """What the stop would do: its members and their order, the checkpoint, the GPUs."""
+    if queue.read_entry(inv.home, name) is not None and not queue.has_live_run(inv.home, name):
+        doc = {"name": name, "state": "queued", "queued": True, "members": []}
+        if as_json:
+            render.emit_json(doc)
+        else:
+            render.line(f"{name} is queued: a stop would dequeue it; nothing of it runs")
+        return ExitCode.OK
+    p = plan_stop(inv.home, name)
+    render.emit_json(p.to_doc()) if as_json else render.stop_plan(p)
+    return ExitCode.OK
 
 
 def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
@@ -163,7 +181,8 @@ def run_many(
         if not chosen:
             render.line(f"no live jobs in {inv.home}; nothing to stop")
             return ExitCode.OK
-        confirm(f"stop {len(chosen)} job(s): {', '.join(chosen)}?", yes=yes, flag="--yes")
+        if not opts.get("dry_run"):
+            confirm(f"stop {len(chosen)} job(s): {', '.join(chosen)}?", yes=yes, flag="--yes")
     if len(chosen) == 1 and not every:
         return run(inv, chosen[0], as_json=as_json, **opts)
     codes = []

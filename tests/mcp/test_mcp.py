@@ -1,0 +1,132 @@
+"""`trainctl mcp`, driven over stdio by the MCP SDK's own client, against real jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import Harness, wait_for
+from tests.helpers import one_line_error
+
+mcp_client = pytest.importorskip(
+    "mcp.client", reason="the MCP SDK (trainctl[mcp]) is not installed"
+)
+mcp_stdio = pytest.importorskip("mcp.client.stdio")
+
+# Holds SIGTERM for 1.5 s (a checkpoint), then exits: the stop's grace shows as progress.
+SLOW_EXIT = (
+    "import signal, sys, time\n"
+    "def bye(*_):\n"
+    "    time.sleep(1.5)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('step 1 loss 0.5', flush=True)\n"
+    "print('step 2 loss 0.4', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _session(h: Harness, *args: str) -> Any:
+    params = mcp_stdio.StdioServerParameters(
+        command=sys.executable, args=["-m", "trainctl.launcher", "mcp", *args], env=h.env
+    )
+    return mcp_client.Client(params, read_timeout_seconds=60)
+
+
+def _doc(result: Any) -> Any:
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)
+
+
+def _error(result: Any) -> str:
+    assert result.is_error
+    [text] = [c.text for c in result.content]
+    assert "\n" not in text.strip()
+    return str(text)
+
+
+def _start(h: Harness, name: str) -> None:
+    h.tc(
+        "start", "--name", name, "--grace", "10", "--", sys.executable, "-c", SLOW_EXIT, check=True
+    )
+    wait_for(lambda: "step 2" in h.tc("logs", name).out, 20, "the job's output")
+
+
+def test_read_only_tools_on_a_real_job_and_refusals(harness: Harness) -> None:
+    h = harness
+    _start(h, "train")
+
+    async def talk() -> None:
+        async with _session(h) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            assert names == {
+                "list_jobs", "job_status", "job_ps", "job_logs", "gpus", "job_stack",
+                "doctor", "plan_stop", "stop_job", "restart_job", "start_job",
+            }  # fmt: skip
+            stop_tool = next(t for t in (await c.list_tools()).tools if t.name == "stop_job")
+            assert "pkill" in (stop_tool.description or "")
+            st = _doc(await c.call_tool("job_status", {"name": "train"}))
+            cli = h.tc("status", "train", "--json").json()
+            assert isinstance(cli, dict)
+            assert (st["state"], st["run"], st["main_pid"]) == ("running", 1, cli["main_pid"])
+            jobs = _doc(await c.call_tool("list_jobs", {}))
+            assert [j["name"] for j in jobs] == ["train"]
+            logs = _doc(await c.call_tool("job_logs", {"name": "train", "lines": 1}))
+            assert logs["lines"] == ["step 2 loss 0.4"]
+            assert logs["truncated"] is False
+            ps = _doc(await c.call_tool("job_ps", {"name": "train"}))
+            assert [r["pid"] for r in ps] == [cli["main_pid"]]
+            plan = _doc(await c.call_tool("plan_stop", {"name": "train"}))
+            assert plan["first"] == [cli["main_pid"]]
+            assert plan["signal"] == "SIGTERM"
+            assert plan["grace_s"] == 10
+            # bad arguments: one line each, and the server keeps serving
+            assert "no job named 'nosuch'" in _error(
+                await c.call_tool("job_status", {"name": "nosuch"})
+            )
+            assert "lines must be 1..500" in _error(
+                await c.call_tool("job_logs", {"name": "train", "lines": 501})
+            )
+            said = _error(await c.call_tool("stop_job", {"name": "train"}))
+            assert "trainctl mcp --allow stop" in said
+            said = _error(await c.call_tool("start_job", {"name": "x", "argv": ["true"]}))
+            assert "--allow start" in said
+            assert _doc(await c.call_tool("job_status", {"name": "train"}))["state"] == "running"
+
+    anyio.run(talk)
+    assert h.tc("status", "train").rc == 0  # nothing was stopped
+    assert h.job_pids("train")
+    assert h.tc("stop", "train").rc == 0
+
+
+def test_allow_stop_stops_the_job_with_progress_and_nothing_survives(harness: Harness) -> None:
+    h = harness
+    _start(h, "train")
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    async def talk() -> Any:
+        async with _session(h, "--allow", "stop") as c:
+            said = _error(await c.call_tool("restart_job", {"name": "train"}))
+            assert "--allow restart" in said
+            return _doc(
+                await c.call_tool("stop_job", {"name": "train"}, progress_callback=progress)
+            )
+
+    report = anyio.run(talk)
+    assert report["ok"] is True
+    assert report["report"]["survivors"] == []
+    assert h.job_pids("train") == {}  # the marker scan: 0 survivors
+    assert h.state("train")["phase"] == "stopped"
+    assert seen, "no progress while the job used its grace"
+    assert any(m and "grace left" in m for _, _, m in seen)
+
+
+def test_bad_allow_is_one_line_and_exit_2(harness: Harness) -> None:
+    one_line_error(harness.tc("mcp", "--allow", "stop,kill"), 2, "kill is not one of")
