@@ -34,7 +34,7 @@
    shell (target <= 1.5x killpg).
 
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only startup|latency|order|crowd|repo|list|stack|adopt|queue]
+                      [--only startup|latency|order|crowd|repo|list|stack|adopt|queue|mcp]
 (every part by default; --quick leaves out 6 and 7)
 """
 
@@ -273,8 +273,19 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument(
         "--only",
-        choices=["startup", "latency", "order", "crowd", "repo", "list", "stack", "adopt", "queue"],
-        help="run only part 0, 1, 5, 6, 7, 8, 9, 10 or 11",
+        choices=[
+            "startup",
+            "latency",
+            "order",
+            "crowd",
+            "repo",
+            "list",
+            "stack",
+            "adopt",
+            "queue",
+            "mcp",
+        ],
+        help="run only part 0, 1, 5, 6, 7, 8, 9, 10, 11 or 12",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -296,6 +307,7 @@ def main() -> None:
         "stack": lambda: bench_stack(tmp, env),
         "adopt": lambda: bench_adopt(tmp, env, args),
         "queue": lambda: bench_queue(tmp, env, args),
+        "mcp": lambda: bench_mcp(tmp, env),
     }
     if args.only:
         only[args.only]()
@@ -345,6 +357,7 @@ def main() -> None:
     bench_stack(tmp, env)
     bench_adopt(tmp, env, args)
     bench_queue(tmp, env, args)
+    bench_mcp(tmp, env)
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
@@ -573,6 +586,46 @@ def bench_queue(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> Non
         f"{len(waiters)} waiting jobs: {cost:.2f}% of one core together over "
         f"{args.duration:.0f} s (target <= 1%)"
     )
+
+
+def bench_mcp(tmp: Path, env: dict[str, str]) -> None:
+    """12. `trainctl mcp`: list_jobs and job_status over stdio, per call, against the CLI's
+    `list --json` and `status NAME --json` for the same home (each a new process)."""
+    try:
+        import anyio  # noqa: PLC0415  (only this part needs the MCP SDK)
+        from mcp.client import Client  # noqa: PLC0415
+        from mcp.client.stdio import StdioServerParameters  # noqa: PLC0415
+    except ImportError:
+        print("12. mcp: the MCP SDK is not installed (pip install 'trainctl[mcp]') -> skipped")
+        return
+    menv = {**env, "TRAINCTL_HOME": str(tmp / "mcp-home")}
+    for i in range(3):
+        tc("start", "--name", f"m{i}", "--", "sleep", "600", env=menv)
+    cli = {
+        "list_jobs": median_ms([TRAINCTL, "list", "--json"], menv, 10),
+        "job_status": median_ms([TRAINCTL, "status", "m0", "--json"], menv, 10),
+    }
+    took: dict[str, list[float]] = {"list_jobs": [], "job_status": []}
+
+    async def calls() -> None:
+        params = StdioServerParameters(command=TRAINCTL, args=["mcp"], env=menv)
+        async with Client(params) as c:
+            for _ in range(10):
+                for tool, args in (("list_jobs", {}), ("job_status", {"name": "m0"})):
+                    t0 = time.perf_counter()
+                    r = await c.call_tool(tool, args)
+                    took[tool].append(time.perf_counter() - t0)
+                    if r.is_error:
+                        raise SystemExit(f"{tool}: {r.content}")
+
+    anyio.run(calls)
+    for i in range(3):
+        tc("stop", f"m{i}", env=menv)
+    parts = []
+    for tool, base in cli.items():
+        ms = statistics.median(took[tool]) * 1000
+        parts.append(f"{tool} {ms:.0f} ms vs the CLI {base:.0f} ms -> {ms / base:.2f}x")
+    print(f"12. mcp, per call over stdio, median of 10: {'; '.join(parts)} (target <= 1.5x)")
 
 
 def _ended(home: Path, name: str) -> float:
