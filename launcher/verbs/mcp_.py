@@ -117,24 +117,46 @@ def build(tools: Tools) -> MCPServer[Any]:
     return server
 
 
+# (tool, verb, description): each returns the verb's --json document, nothing changed
+WHOLE_HOME = (
+    ("list_jobs", "list", "Every job of the home: state, run, main pid, members, last line."),
+    ("gpus", "gpus", "Every GPU: its lease (which job), memory, and who is on it."),
+    ("doctor", "doctor", "What decides here whether jobs survive logout and stop cleanly."),
+)
+ONE_JOB = (
+    (
+        "job_status",
+        "status",
+        "One job's status: state, run, pids, members, GPUs, newest checkpoint, progress, why "
+        "it ended, its place in the queue. Read this before stopping a job.",
+    ),
+    ("job_ps", "ps", "A job's live process tree, and what a stop would do to each."),
+    (
+        "job_stack",
+        "stack",
+        "The Python stack of every process of a job, grouped (py-spy): what a hung or slow "
+        "run is doing. Changes nothing; the job keeps running.",
+    ),
+)
+
+
 def _read_tools(server: MCPServer[Any], tools: Tools) -> None:
     """The tools that only look (always there)."""
     v = verbs.load
 
-    @server.tool(description="Every job of the home: state, run, main pid, members, last line.")
-    def list_jobs() -> str:
-        return tools.verb("list", [], lambda i: v("list").run(i, as_json=True))
+    def home_tool(verb: str) -> Callable[[], str]:
+        return lambda: tools.verb(verb, [], lambda i: v(verb).run(i, as_json=True))
 
-    @server.tool(
-        description="One job's status: state, run, pids, members, GPUs, newest checkpoint, "
-        "progress, why it ended, its place in the queue. Read this before stopping a job."
-    )
-    def job_status(name: str) -> str:
-        return tools.verb("status", [name], lambda i: v("status").run(i, name, as_json=True))
+    def job_tool(verb: str) -> Callable[[str], str]:
+        def tool(name: str) -> str:
+            return tools.verb(verb, [name], lambda i: v(verb).run(i, name, as_json=True))
 
-    @server.tool(description="A job's live process tree, and what a stop would do to each.")
-    def job_ps(name: str) -> str:
-        return tools.verb("ps", [name], lambda i: v("ps").run(i, name, as_json=True))
+        return tool
+
+    for tool, verb, about in WHOLE_HOME:
+        server.add_tool(home_tool(verb), name=tool, description=about)
+    for tool, verb, about in ONE_JOB:
+        server.add_tool(job_tool(verb), name=tool, description=about)
 
     @server.tool(
         description=f"The last `lines` lines of a job's log (at most {MAX_LOG_LINES}, and "
@@ -149,21 +171,6 @@ def _read_tools(server: MCPServer[Any], tools: Tools) -> None:
             lambda i: v("logs").run(i, name, lines=str(lines), as_json=True),
         )
         return json.dumps(_capped(doc), indent=2)
-
-    @server.tool(description="Every GPU: its lease (which job), memory, and who is on it.")
-    def gpus() -> str:
-        return tools.verb("gpus", [], lambda i: v("gpus").run(i, as_json=True))
-
-    @server.tool(
-        description="The Python stack of every process of a job, grouped (py-spy): what a "
-        "hung or slow run is doing. Changes nothing; the job keeps running."
-    )
-    def job_stack(name: str) -> str:
-        return tools.verb("stack", [name], lambda i: v("stack").run(i, name, as_json=True))
-
-    @server.tool(description="What decides here whether jobs survive logout and stop cleanly.")
-    def doctor() -> str:
-        return tools.verb("doctor", [], lambda i: v("doctor").run(i, as_json=True))
 
     @server.tool(
         description="What stopping a job would do, changing nothing: each member and when it "
