@@ -95,11 +95,15 @@ STOP_SIGNAL = "SIGURG"
 STOP_SLACK_S = 30
 
 
-def scope_argv(sd: Systemd, unit: str, stop_budget_s: float | None = None) -> list[str]:
+def scope_argv(
+    sd: Systemd, unit: str, stop_budget_s: float | None = None, kill_signal: str = STOP_SIGNAL
+) -> list[str]:
     """The systemd-run prefix that puts the command in a new delegated scope.
 
     ``stop_budget_s``: how long the job's own stop may take; the scope's TimeoutStopSec
     (how long systemd waits after KillSignal before SIGKILL) leaves it that much.
+    ``kill_signal``: what systemd sends when it stops the scope (a queued job's waiter
+    has nothing to save: SIGTERM ends it at once, and its entry stays queued on disk).
     """
     budget = [] if stop_budget_s is None else ["-p", f"TimeoutStopSec={int(stop_budget_s)}s"]
     return [
@@ -115,7 +119,7 @@ def scope_argv(sd: Systemd, unit: str, stop_budget_s: float | None = None) -> li
         "-p",
         "Delegate=yes",
         "-p",
-        f"KillSignal={STOP_SIGNAL}",
+        f"KillSignal={kill_signal}",
         *budget,
         "--",
     ]
@@ -191,6 +195,7 @@ def attach(unit: str, subcgroup: str, pids: list[int]) -> str | None:
             "AttachProcessesToUnit",
             "ssau",
             (unit, subcgroup, pids),
+            timeout_s=20.0,  # the manager asks the system manager in turn; a busy host is slow
         )
     except dbus.DBusError as e:
         return str(e)

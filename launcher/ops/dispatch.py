@@ -175,7 +175,7 @@ def _spawn_waiter(home: Path, e: Entry, spec: Spec) -> int | None:
     sd = systemd.detect() if spec.isolation.systemd else None
     unit = f"trainctl-{e.name}-queued-{e.token[:8]}.scope"
     argv = [
-        *(systemd.scope_argv(sd, unit) if sd is not None else []),
+        *(systemd.scope_argv(sd, unit, kill_signal="SIGTERM") if sd is not None else []),
         sys.executable,
         "-m",
         "trainctl.launcher.waiter",

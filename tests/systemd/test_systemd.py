@@ -363,6 +363,26 @@ def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
         bed.ssh("loginctl disable-linger alice")
 
 
+def test_a_queued_job_outlives_the_login_that_queued_it(bed: Bed) -> None:
+    """Its waiter runs in a scope of its own: logind's KillUserProcesses=yes spares it."""
+    res = bed.ssh(
+        f"{TC} start --name qa --grace 2 -- sleep 600 && "
+        f"{TC} start --name qb --after qa:any --json -- sh -c 'echo dispatched'"
+    )
+    assert res.returncode == 0, res.stderr
+    assert '"state": "queued"' in res.stdout
+    time.sleep(3)  # the login is over: its session scope has been torn down
+    status = bed.ssh(f"{TC} status qb")
+    assert "queued" in status.stdout, status.stdout
+    assert "no waiter is running" not in status.stdout
+    assert bed.ssh(f"{TC} stop qa").returncode == 0
+    done = bed.ssh(f"{TC} wait qb --timeout 30")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "dispatched" in bed.ssh(f"{TC} logs qb").stdout
+    left = bed.ssh("systemctl list-units 'trainctl-q*' --no-legend")
+    assert left.stdout.strip() == ""
+
+
 def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:
     """`systemctl poweroff` stops each scope; trainctl's scope turns that into its stop.
 
