@@ -210,7 +210,13 @@ class Harness:
 def harness(tmp_path: Path) -> Iterator[Harness]:
     """An isolated home + marker; afterwards, no marked survivor may remain."""
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_")}
+    # COLUMNS and LINES too: a test that wants a width says so (pytest-xdist's workers
+    # inherit a COLUMNS the main process never had, and every table would be cut to it)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINCTL_") and k not in ("COLUMNS", "LINES")
+    }
     env.update(
         TRAINCTL_HOME=str(tmp_path / "home"),
         TCTEST_MARK=mark,

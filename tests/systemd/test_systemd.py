@@ -356,7 +356,12 @@ def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
         left = bed.ssh("systemctl --user list-units 'trainctl-ad*' --no-legend", user="alice")
         assert left.stdout.strip() == ""
         # The manager's refusal comes back in its own words (an ERROR reply, parsed).
-        ask = "from trainctl.supervisor import systemd; print(systemd.attach('no.scope', '', [1]))"
+        # (its own pid: a foreign one would have the system manager ask polkit, which this
+        # bed does not have, and dbus-daemon can take its 25 s timeout to say so)
+        ask = (
+            "import os; from trainctl.supervisor import systemd; "
+            "print(systemd.attach('no.scope', '', [os.getpid()]))"
+        )
         said = bed.ssh(f'python3 -c "{ask}"', user="alice")
         assert "org.freedesktop.systemd1.NoSuchUnit" in said.stdout, (said.stdout, said.stderr)
     finally:
