@@ -68,9 +68,7 @@ def _targets(
         jdir = state.job_dir(home, job)
         try:
             st = state.read_state(jdir)
-        except FileNotFoundError:
-            raise ConfigError(f"--after {text}: no job named {job!r} (in {home})") from None
-        except JobNotFoundError:
+        except (FileNotFoundError, JobNotFoundError):
             raise ConfigError(f"--after {text}: no job named {job!r} (in {home})") from None
         out.append(After(job, st.run, when))
     _refuse_cycle(name, out, queued, home)
@@ -147,8 +145,10 @@ def enqueue_or_start(
         if not blocked.waits and (not ahead or ask.backfill or gpus is None):
             if gpus is None or not ask.queue:
                 return start_job(home, spec, cfg, gpus)
-            with contextlib.suppress(GpuError):
+            try:
                 return start_job(home, spec, cfg, gpus)  # free now: no need to queue
+            except GpuError as err:
+                blocked.waits.append(str(err))  # busy after all (foreign use): say how
         if not blocked.waits and ahead and not ask.backfill and gpus is not None:
             blocked.waits.append(f"first in, first out: behind {ahead[0]}")
         state.write_json_atomic(entry_path(home, spec.name), dataclasses.asdict(e))
@@ -171,7 +171,7 @@ def _refuse_live_name(home: Path, name: str) -> None:
 
 def _spawn_waiter(home: Path, e: Entry, spec: Spec) -> int | None:
     """Start the entry's waiter, detached (in a systemd scope where there is one, so that
-    it outlives the login); record its pid in the entry."""
+    it outlives the login); its pid (it holds the entry's lock for as long as it lives)."""
     sd = systemd.detect() if spec.isolation.systemd else None
     unit = f"trainctl-{e.name}-queued-{e.token[:8]}.scope"
     argv = [
@@ -250,32 +250,44 @@ class _Dispatcher:
         said: dict[str, str] = {}
         first_gpu_waiter: str | None = None  # the first job that waits for GPUs
         for e in es:
-            b = blockers(self.h, e, es, queued)
-            if b.failed is not None:
-                self._fail(e, b.failed)
+            try:
+                waiting = self._look(e, es, queued, said, first_gpu_waiter)
+            except TrainctlError as err:  # its spec or a state it names cannot be trusted
+                said[e.name] = f"cannot be dispatched: {err}"
                 continue
-            if b.waits and not b.gpu_wait:
-                continue  # its turn has not come: it holds no one up
-            if e.gpus is not None and first_gpu_waiter is not None and not e.backfill:
-                said[e.name] = f"first in, first out: behind {first_gpu_waiter}"
-                continue
-            if b.gpu_wait:
-                first_gpu_waiter = first_gpu_waiter or e.name
-                continue
-            if e.gpus is not None:
-                now = time.monotonic()
-                if now - self.last_gpu_look < GPU_POLL_S:
-                    first_gpu_waiter = first_gpu_waiter or e.name
-                    continue  # the GPUs were read less than a second ago
-                self.last_gpu_look = now
-            busy = self._dispatch(e)
-            if busy is not None:
-                said[e.name] = busy
+            if waiting and e.gpus is not None:
                 first_gpu_waiter = first_gpu_waiter or e.name
         if said != self.said:
             self.said = said
             with contextlib.suppress(OSError):
                 state.write_json_atomic(queue_dir(self.home) / "waits.said", said, durable=False)
+
+    def _look(
+        self, e: Entry, es: list[Entry], queued: set[str], said: dict[str, str], ahead: str | None
+    ) -> bool:
+        """Dispatch ``e`` if it may start now; True when it waits for GPUs (FIFO)."""
+        b = blockers(self.h, e, es, queued)
+        if b.failed is not None:
+            self._fail(e, b.failed)
+            return False
+        if b.waits and not b.gpu_wait:
+            return False  # its turn has not come: it holds no one up
+        if e.gpus is not None and ahead is not None and not e.backfill:
+            said[e.name] = f"first in, first out: behind {ahead}"
+            return True
+        if b.gpu_wait:
+            return True
+        if e.gpus is not None:
+            now = time.monotonic()
+            if now - self.last_gpu_look < GPU_POLL_S:
+                if e.name in self.said:
+                    said[e.name] = self.said[e.name]  # what the last look found still holds
+                return True  # the GPUs were read less than a second ago
+            self.last_gpu_look = now
+        busy = self._dispatch(e)
+        if busy is not None:
+            said[e.name] = busy
+        return busy is not None
 
     def _dispatch(self, e: Entry) -> str | None:
         """Start the entry's job; the GPUs' refusal when they were not free after all."""
@@ -292,7 +304,7 @@ class _Dispatcher:
             except JobConflictError as err:
                 return str(err)  # started by hand meanwhile, or busy: look again later
             except TrainctlError as err:
-                self._record_failed(e, spec, f"dispatch failed: {err}", kind="start-failed")
+                record_never_ran(self.home, e, spec, f"dispatch failed: {err}", "start-failed")
                 entry_path(self.home, e.name).unlink()
                 return None
             entry_path(self.home, e.name).unlink()
@@ -314,8 +326,5 @@ class _Dispatcher:
             if cur is None or cur.token != e.token:
                 return
             spec = spec_from_doc(e.spec, f"queued job {e.name}")
-            self._record_failed(e, spec, why, kind="dependency")  # first: `wait` reads it
+            record_never_ran(self.home, e, spec, why, "dependency")  # first: `wait` reads it
             entry_path(self.home, e.name).unlink()
-
-    def _record_failed(self, e: Entry, spec: Spec, why: str, *, kind: str) -> None:
-        record_never_ran(self.home, e, spec, why, kind)

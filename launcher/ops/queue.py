@@ -402,13 +402,18 @@ def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
     if e is None:
         existing_job(home, name)
         return True
-    before = next_run(home, name)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while entry_path(home, name).exists():
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"job {name} still queued after {timeout_s:g} s")
         time.sleep(0.1)
-    return next_run(home, name) > before  # a run was recorded: started, or ended failed
+    # A run recorded since it was queued (started, or ended failed before it ran) means it
+    # left the queue by dispatch; none means a dequeue. (Not a run number read before the
+    # loop: the dispatch may have happened between that read and the entry's.)
+    jdir = state.job_dir(home, name)
+    if not (jdir / "state.json").exists():
+        return False
+    return state.read_state(jdir).started_at >= e.queued_at
 
 
 def dequeue(home: Path, name: str) -> Entry | None:

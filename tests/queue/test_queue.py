@@ -237,3 +237,22 @@ def _waiter(h: Harness, name: str) -> tuple[int, int]:
         if argv[1:5] == want:
             return pid, start_ticks
     pytest.fail(f"no waiter for {name}")
+
+
+def test_an_untrusted_entry_is_never_dispatched_and_holds_no_one_up(harness: Harness) -> None:
+    h = harness
+    fake_gpus(h, 1)
+    start(h, "hold", "--gpus", "0", secs=60)
+    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+    start(h, "first", "--queue", "--gpus", "0", secs=0.1)
+    start(h, "second", "--queue", "--gpus", "0", secs=0.1)
+    wait_for((h.home / "queue" / "first.lock").exists, 10, "first's waiter")
+    pid, start_ticks = _waiter(h, "first")
+    entry = h.home / "queue" / "first.json"
+    entry.write_text('{"name": "first", "token": 7}')  # hand-edited: a wrong type
+    one_line_error(h.tc("status", "first"), 4, "first.json")
+    assert h.tc("stop", "hold").rc == 0
+    assert h.tc("wait", "second", "--timeout", "60").rc == 0
+    assert "first" not in spans(h)  # never acted on
+    entry.unlink()  # what the error line says to do
+    wait_for(lambda: not alive(pid, start_ticks), 10, "the untrusted entry's waiter to exit")
