@@ -106,7 +106,9 @@ def test_the_stop_report_is_short_and_verbose_names_each_killed_pid_once(
     assert not any("[" in ln or "median" in ln or "SIGKILL" in ln for ln in clean), clean
     script = h.tmp / "stubborn.py"
     script.write_text(IGNORES_TERM)
-    long_arg = "y" * 80  # the report keeps 200 characters of a command
+    # The report keeps 200 characters of a command: with the interpreter's and the script's
+    # paths (a clone's venv, a pytest-xdist worker's tmp dir) 80 more went past that.
+    long_arg = "y" * 40
     argv = ("--", sys.executable, str(script), long_arg)
     h.tc("start", "--name", "k", "--grace", "0.5", *argv, check=True)
     short = h.tc("stop", "k", env={**h.env, "COLUMNS": "100"}).out
