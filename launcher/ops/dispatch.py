@@ -128,7 +128,6 @@ def enqueue_or_start(
             after=deps,
             singleton=key,
             backfill=ask.backfill,
-            boot_id=state.current_boot_id(),
         )
         # Without --queue the GPUs are not waited for: `start` refuses busy ones, as ever.
         h = HomeView(home)

@@ -85,7 +85,6 @@ class Entry:
     after: list[After] = dataclasses.field(default_factory=list)
     singleton: str | None = None  # "name:NAME" or "spec:KEY"
     backfill: bool = False
-    boot_id: str | None = None
 
 
 def queue_dir(home: Path) -> Path:
@@ -148,14 +147,8 @@ def next_run(home: Path, name: str) -> int:
 
 
 def entries(home: Path) -> list[Entry]:
-    """Every trusted entry of the home, first queued first."""
-    out = []
-    for name in queued_names(home):
-        with contextlib.suppress(StateError, ValueError):
-            e = read_entry(home, name)
-            if e is not None:
-                out.append(e)
-    return sorted(out, key=lambda e: e.seq)
+    """Every trusted entry of the home, first queued first (one look, nothing kept)."""
+    return HomeView(home).queue()
 
 
 def waiter_alive(home: Path, name: str) -> bool:
@@ -243,11 +236,7 @@ class HomeView:
 
     def live(self, name: str) -> bool:
         st = self.state_of(name)
-        if st is None:
-            return False
-        if st.phase in state.TERMINAL:
-            return False
-        return current_phase(state.job_dir(self.home, name), st) not in state.TERMINAL
+        return st is not None and run_is_live(state.job_dir(self.home, name), st)
 
     def singleton_of(self, name: str) -> str | None:
         """The spec key of a job's current run (for --singleton by spec)."""
@@ -391,7 +380,11 @@ def has_live_run(home: Path, name: str) -> bool:
     jdir = state.job_dir(home, name)
     if not (jdir / "state.json").exists():
         return False
-    st = state.read_state(jdir)
+    return run_is_live(jdir, state.read_state(jdir))
+
+
+def run_is_live(jdir: Path, st: JobState) -> bool:
+    """The recorded run has not ended, as its backend sees it now (a lost one counts)."""
     return st.phase not in state.TERMINAL and current_phase(jdir, st) not in state.TERMINAL
 
 

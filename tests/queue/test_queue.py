@@ -44,6 +44,13 @@ def start(h: Harness, name: str, *flags: str, secs: float = 0.5, code: int = 0) 
     return doc
 
 
+def hold_gpu_0(h: Harness, gpus: int) -> None:
+    """``gpus`` fake GPUs, and job ``hold`` running on GPU 0 (for 60 s, or until stopped)."""
+    fake_gpus(h, gpus)
+    start(h, "hold", "--gpus", "0", secs=60)
+    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+
+
 def journal(h: Harness) -> list[tuple[str, str, float]]:
     path = h.tmp / "journal"
     if not path.exists():
@@ -122,9 +129,7 @@ def test_after_ok_runs_after_a_clean_exit_and_fails_when_the_dependency_fails(
 
 def test_stop_of_a_queued_job_dequeues_it_and_nothing_starts(harness: Harness) -> None:
     h = harness
-    fake_gpus(h, 1)
-    start(h, "hold", "--gpus", "0", secs=60)
-    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+    hold_gpu_0(h, 1)
     start(h, "later", "--queue", "--gpus", "0", secs=0.1)
     plain = h.tc("start", "--name", "later", "--", "true")  # not past the queue
     one_line_error(plain, 1, "already queued")
@@ -161,9 +166,7 @@ def test_singleton_queues_a_second_start_of_the_same_name(harness: Harness) -> N
 
 def test_ten_queued_jobs_keep_their_order(harness: Harness) -> None:
     h = harness
-    fake_gpus(h, 1)
-    start(h, "hold", "--gpus", "0", secs=60)
-    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+    hold_gpu_0(h, 1)
     names = [f"j{i}" for i in range(10)]
     for n in names:
         assert start(h, n, "--queue", "--gpus", "0", secs=0.05)["state"] == "queued"
@@ -179,9 +182,7 @@ def test_ten_queued_jobs_keep_their_order(harness: Harness) -> None:
 
 def test_backfill_lets_a_later_job_that_fits_go_first(harness: Harness) -> None:
     h = harness
-    fake_gpus(h, 2)
-    start(h, "hold", "--gpus", "0", secs=60)
-    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+    hold_gpu_0(h, 2)
     start(h, "big", "--queue", "--gpus", "0,1", secs=0.1)  # waits for GPU 0
     plain = start(h, "plain", "--queue", "--gpus", "1", secs=0.1)
     assert "first in, first out: behind big" in plain["waits_for"][0]
@@ -241,9 +242,7 @@ def _waiter(h: Harness, name: str) -> tuple[int, int]:
 
 def test_an_untrusted_entry_is_never_dispatched_and_holds_no_one_up(harness: Harness) -> None:
     h = harness
-    fake_gpus(h, 1)
-    start(h, "hold", "--gpus", "0", secs=60)
-    wait_for(lambda: bool(journal(h)), 20, "the GPU holder to run")
+    hold_gpu_0(h, 1)
     start(h, "first", "--queue", "--gpus", "0", secs=0.1)
     start(h, "second", "--queue", "--gpus", "0", secs=0.1)
     wait_for((h.home / "queue" / "first.lock").exists, 10, "first's waiter")
