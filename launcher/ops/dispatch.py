@@ -24,6 +24,7 @@ from trainctl.supervisor.errors import (
     GpuError,
     JobConflictError,
     JobNotFoundError,
+    SpawnError,
     StateError,
     TrainctlError,
 )
@@ -150,8 +151,16 @@ def enqueue_or_start(
                 blocked.waits.append(str(err))  # busy after all (foreign use): say how
         if not blocked.waits and ahead and not ask.backfill and gpus is not None:
             blocked.waits.append(f"first in, first out: behind {ahead[0]}")
-        state.write_json_atomic(entry_path(home, spec.name), dataclasses.asdict(e))
-        pid = _spawn_waiter(home, e, spec)
+        path = entry_path(home, spec.name)
+        try:
+            state.write_json_atomic(path, dataclasses.asdict(e))
+            pid = _spawn_waiter(home, e, spec)
+        except OSError as err:  # a full or read-only disk: the old state stays as it was
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise SpawnError(
+                f"cannot queue {spec.name}: {err.strerror or err} ({path}); nothing queued"
+            ) from None
         position = 1 + sum(1 for q in queued.values() if q.seq < e.seq)
         return Queued(spec.name, position, blocked.waits or ["GPUs"], pid)
 
@@ -251,8 +260,8 @@ class _Dispatcher:
         for e in es:
             try:
                 waiting = self._look(e, es, queued, said, first_gpu_waiter)
-            except TrainctlError as err:  # its spec or a state it names cannot be trusted
-                said[e.name] = f"cannot be dispatched: {err}"
+            except (TrainctlError, OSError) as err:  # an untrusted spec or state; a full disk
+                said[e.name] = f"cannot be dispatched: {err}"  # and it stays queued
                 continue
             if waiting and e.gpus is not None:
                 first_gpu_waiter = first_gpu_waiter or e.name

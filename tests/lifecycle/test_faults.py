@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, TREES, Harness, alive, marked, wait_for
-from tests.helpers import stop_and_check
+from tests.helpers import one_line_error, stop_and_check
 
 
 def _kill_supervisor(h: Harness, name: str) -> None:
@@ -439,3 +439,18 @@ def test_restart_racing_stop_always_ends_stopped(harness: Harness, head_start_s:
     assert st["phase"] == "stopped", st
     assert not h.job_pids("rs")
     assert h.tc("status", "rs").rc == 3
+
+
+def test_queueing_on_a_full_disk_is_one_line_and_queues_nothing(
+    harness: Harness, small_home: Path
+) -> None:
+    h = harness
+    h.tc("start", "--name", "a", "--grace", "1", "--", "sleep", "600", check=True)
+    (small_home / "queue").mkdir(mode=0o700)
+    _fill(small_home)
+    res = h.tc("start", "--name", "b", "--after", "a:any", "--", "true")
+    one_line_error(res, 1, "nothing queued")
+    assert "No space left" in res.err
+    assert not (small_home / "queue" / "b.json").exists()
+    (small_home / "filler").unlink()
+    assert h.tc("stop", "a").rc == 0
