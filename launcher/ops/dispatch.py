@@ -44,6 +44,7 @@ from .queue import (
     parse_after,
     queue_dir,
     queue_lock,
+    ran_since_queued,
     read_entry,
     record_never_ran,
     singleton_key,
@@ -303,6 +304,9 @@ class _Dispatcher:
             cur = read_entry(self.home, e.name)
             if cur is None or cur.token != e.token:
                 return None  # dequeued meanwhile: nothing is started
+            if ran_since_queued(self.home, e):  # started by a dispatcher that died after
+                entry_path(self.home, e.name).unlink()
+                return None
             spec = spec_from_doc(e.spec, f"queued job {e.name}")
             req = None if e.gpus is None else GpuRequest(e.gpus, share=e.share, force=e.force)
             try:

@@ -400,10 +400,18 @@ def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"job {name} still queued after {timeout_s:g} s")
         time.sleep(0.1)
-    # A run recorded since it was queued (started, or ended failed before it ran) means it
-    # left the queue by dispatch; none means a dequeue. (Not a run number read before the
-    # loop: the dispatch may have happened between that read and the entry's.)
-    jdir = state.job_dir(home, name)
+    # (Not a run number read before the loop: the dispatch may have happened between
+    # that read and the entry's.)
+    return ran_since_queued(home, e)
+
+
+def ran_since_queued(home: Path, e: Entry) -> bool:
+    """Tell whether the entry's job has a run recorded since it was queued: started, or
+    ended failed before it ran. Only its dispatch makes one (a plain `start` of a queued
+    name is refused), so with the entry gone it was dispatched, not dequeued; with the
+    entry still there, a dispatcher was killed between the start and the entry's removal.
+    """
+    jdir = state.job_dir(home, e.name)
     if not (jdir / "state.json").exists():
         return False
     return state.read_state(jdir).started_at >= e.queued_at

@@ -255,3 +255,24 @@ def test_an_untrusted_entry_is_never_dispatched_and_holds_no_one_up(harness: Har
     assert "first" not in spans(h)  # never acted on
     entry.unlink()  # what the error line says to do
     wait_for(lambda: not alive(pid, start_ticks), 10, "the untrusted entry's waiter to exit")
+
+
+def test_an_entry_left_by_a_dispatcher_killed_after_its_start_is_not_run_twice(
+    harness: Harness,
+) -> None:
+    """What a dispatcher killed between starting a job and removing its entry leaves: the
+    entry, and a run recorded after it was queued. The next dispatcher drops the entry."""
+    h = harness
+    start(h, "b", secs=0.1)
+    wait_for(lambda: ended(h, "b"), 20, "b's run")
+    assert h.tc("wait", "b", "--timeout", "20").rc == 0
+    queued_at = h.state("b")["started_at"] - 5  # it was queued, then dispatched
+    spec = json.loads((h.home / "jobs" / "b" / "spec.json").read_text())
+    entry = {"name": "b", "token": "0" * 32, "seq": 1, "queued_at": queued_at, "spec": spec}
+    (h.home / "queue").mkdir(mode=0o700, exist_ok=True)
+    (h.home / "queue" / "b.json").write_text(json.dumps(entry))
+    assert h.tc("queue", "resume", "--json").json() == {"resumed": ["b"]}
+    wait_for(lambda: not (h.home / "queue" / "b.json").exists(), 10, "the stale entry dropped")
+    time.sleep(0.5)
+    assert [w for n, w, _ in journal(h) if n == "b"] == ["start", "end"]  # ran once
+    assert h.state("b")["run"] == 1
