@@ -55,8 +55,9 @@ def test_a_stalled_ddp_run_shows_each_rank_and_keeps_its_stacks_before_kill(
     _start(h, "ddp", "stall", "--set", "stall_timeout=3", "--grace", "1")
     stall_file = h.home / "jobs" / "ddp" / "stacks" / "run-1.stall.json"
     wait_for(stall_file.exists, 60, "the stall stacks")
+    # the stacks are written as the stall is found; the state that says so follows them
+    wait_for(lambda: "STALLED" in h.tc("status", "ddp").out, 30, "status to say STALLED")
     status = h.tc("status", "ddp").out
-    assert "STALLED" in status
     assert str(stall_file) in status
     doc = h.tc("stack", "ddp", "--json", check=True, timeout=60).json()
     assert isinstance(doc, dict)

@@ -19,24 +19,36 @@ from tests.conftest import Harness, alive, kill_verified, marked, wait_for
 from tests.gpu.test_gpus import fake_gpus
 from tests.helpers import one_line_error
 
-# argv: journal, name, seconds, exit code. Holds the GPU it was given, as a trainer would.
+# argv: journal, name, seconds or gate, exit code. Holds the GPU it was given, as a trainer
+# would. A gate (a path) makes the job run until the test creates that file: a verdict that
+# needs a job to be still running must never rest on a sleep being long enough.
 JOB = (
     "import os, sys, time\n"
     "cvd = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
     "fds = [os.open(os.environ['FAKE_DEV_DIR'] + '/nvidia' + i, os.O_RDWR)"
     " for i in cvd.split(',')] if cvd else []\n"
     "with open(sys.argv[1], 'a') as f: f.write(f'{sys.argv[2]} start {time.time()}\\n')\n"
-    "time.sleep(float(sys.argv[3]))\n"
+    "gate = sys.argv[3]\n"
+    "if gate.startswith('/'):\n"
+    "    t = time.monotonic() + 120\n"
+    "    while not os.path.exists(gate) and time.monotonic() < t: time.sleep(0.02)\n"
+    "else: time.sleep(float(gate))\n"
     "with open(sys.argv[1], 'a') as f: f.write(f'{sys.argv[2]} end {time.time()}\\n')\n"
     "sys.exit(int(sys.argv[4]))\n"
 )
 
 
-def start(h: Harness, name: str, *flags: str, secs: float = 0.5, code: int = 0) -> dict:  # type: ignore[type-arg]
-    """Start the journal job as ``name`` with ``flags``; its --json document."""
+def start(
+    h: Harness, name: str, *flags: str, secs: float = 0.5, code: int = 0, gate: Path | None = None
+) -> dict:  # type: ignore[type-arg]
+    """Start the journal job as ``name`` with ``flags``; its --json document.
+
+    With ``gate``, the job runs until that file exists instead of for ``secs``.
+    """
+    length = str(gate) if gate is not None else str(secs)
     res = h.tc(
         "start", "--name", name, "--grace", "1", "--json", *flags, "--",
-        sys.executable, "-c", JOB, str(h.tmp / "journal"), name, str(secs), str(code),
+        sys.executable, "-c", JOB, str(h.tmp / "journal"), name, length, str(code),
     )  # fmt: skip
     assert res.rc == 0, res
     doc = res.json()
@@ -74,7 +86,8 @@ def test_two_jobs_queued_for_one_gpu_run_one_after_the_other(harness: Harness) -
     h = harness
     fake_gpus(h, 1)
     hook = h.tmp / "on_start"
-    start(h, "a", "--gpus", "0", secs=1.5)
+    gate = h.tmp / "a.gate"
+    start(h, "a", "--gpus", "0", gate=gate)
     b = start(h, "b", "--queue", "--gpus", "0", "--set", f"on_start=touch {hook}", secs=1.0)
     c = start(h, "c", "--queue", "--gpus", "0", secs=1.0)
     assert (b["state"], b["position"]) == ("queued", 1)
@@ -88,6 +101,7 @@ def test_two_jobs_queued_for_one_gpu_run_one_after_the_other(harness: Harness) -
     assert "queued" in listed
     assert "#1: GPU 0 held by a" in listed
     assert not hook.exists()
+    gate.touch()  # a ends: b, then c, get GPU 0
     assert h.tc("wait", "c", "--timeout", "60").rc == 0  # waits through the queue
     got = spans(h)
     order = sorted(got, key=lambda n: got[n][0])
@@ -104,14 +118,16 @@ def test_after_ok_runs_after_a_clean_exit_and_fails_when_the_dependency_fails(
     harness: Harness,
 ) -> None:
     h = harness
-    start(h, "a", secs=1.0)
-    start(h, "bad", secs=1.0, code=3)
+    gate = h.tmp / "deps.gate"  # a and bad run until the dependents are queued
+    start(h, "a", gate=gate)
+    start(h, "bad", gate=gate, code=3)
     after_a = start(h, "next", "--after", "a:ok", secs=0.1)
     assert after_a["state"] == "queued"
     assert after_a["waits_for"] == ["after a:ok"]
     doomed = start(h, "doomed", "--after", "bad", secs=0.1)  # :ok by default
     either = start(h, "either", "--after", "bad:any", secs=0.1)
     assert doomed["state"] == either["state"] == "queued"
+    gate.touch()
     assert h.tc("wait", "next", "--timeout", "60").rc == 0
     got = spans(h)
     assert got["a"][1] <= got["next"][0]
@@ -147,7 +163,8 @@ def test_stop_of_a_queued_job_dequeues_it_and_nothing_starts(harness: Harness) -
 
 def test_singleton_queues_a_second_start_of_the_same_name(harness: Harness) -> None:
     h = harness
-    first = start(h, "s", "--singleton", secs=1.5)
+    gate = h.tmp / "s.gate"
+    first = start(h, "s", "--singleton", gate=gate)
     assert first["state"] == "running"  # nothing stood in its way
     wait_for(lambda: bool(journal(h)), 20, "the first run to begin")
     second = start(h, "s", "--singleton", secs=0.1)
@@ -158,6 +175,7 @@ def test_singleton_queues_a_second_start_of_the_same_name(harness: Harness) -> N
     assert "next run 2 queued" in shown
     again = h.tc("start", "--name", "s", "--singleton", "--", "true")
     one_line_error(again, 1, "already queued")
+    gate.touch()
     wait_for(lambda: h.state("s")["run"] == 2, 30, "the second run")
     assert h.tc("wait", "s", "--timeout", "30").rc == 0
     rows = journal(h)
