@@ -13,8 +13,15 @@ from typing import Any
 
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
-from trainctl.supervisor.gpu import MIB, Gpu, GpuBackend, NoDriverError, open_backend
-from trainctl.supervisor.gpu.verify import holders_of
+from trainctl.supervisor.gpu import (
+    MIB,
+    DriverInfo,
+    Gpu,
+    GpuBackend,
+    NoDriverError,
+    open_backend,
+)
+from trainctl.supervisor.gpu.verify import fd_scan, holders_of
 from trainctl.supervisor.reports import GpuHolder
 from trainctl.supervisor.state import GpuLease
 
@@ -28,10 +35,10 @@ class JobRef:
     live: bool
 
 
-def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[int, str]]:
-    """Return ({marker: job}, {gpu index: live job leasing it}) from every job's state."""
+def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[str, str]]:
+    """Return ({marker: job}, {GPU uuid: live job leasing it}) from every job's state."""
     markers: dict[str, JobRef] = {}
-    leased: dict[int, str] = {}
+    leased: dict[str, str] = {}
     for name in state.list_jobs(home):
         try:
             st = state.read_state(state.job_dir(home, name))
@@ -43,7 +50,7 @@ def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[int, str]]:
         markers[st.marker] = JobRef(name, st.run, live)
         if live:
             for lease in st.gpus:
-                leased.setdefault(lease.index, name)
+                leased.setdefault(lease.uuid, name)
     return markers, leased
 
 
@@ -70,22 +77,33 @@ def _foreign_bytes(gpu: Gpu, holders: list[GpuHolder], markers: dict[str, JobRef
 
 
 def _parse(request: str | list[int], gpus: list[Gpu]) -> int | list[Gpu]:
-    """Return a count (``N``) or the named GPUs (``all``, ``0,3``, ``3,``, UUIDs)."""
-    if isinstance(request, list):  # exact indices (restart re-binds the same GPUs)
+    """Return a count (``N``) or the named GPUs (``all``, ``0,3``, ``3,``, ``0/1``, UUIDs).
+
+    A MIG instance is named by its MIG-… uuid or as ``GPU/MIG`` (``0/1``); a GPU in MIG
+    mode is bound per instance, never whole.
+    """
+    if isinstance(request, list):  # exact indices
         request = ",".join(map(str, request)) + ","
     req = request.strip()
+    leasable = [g for g in gpus if g.leasable]
     if req == "all":
-        return list(gpus)
+        return leasable
     if req.isdigit() and int(req) >= 1:
         return int(req)  # a count; "0" (a count of nothing) falls through: GPU 0
-    by_index = {str(g.index): g for g in gpus}
-    by_uuid = {g.uuid: g for g in gpus}
+    by_name = {g.label: g for g in gpus} | {g.uuid: g for g in gpus if g.error is None}
     picked: list[Gpu] = []
     for token in filter(None, (t.strip() for t in req.split(","))):
-        g = by_index.get(token) or by_uuid.get(token)
+        g = by_name.get(token)
         if g is None:
+            have = ", ".join(g.label for g in leasable) or "none"
+            raise ConfigError(f"--gpus: no GPU {token!r} here (have {have})")
+        if g.error is not None:
+            raise GpuError(f"--gpus: {g.error}")
+        if g.mig_mode:
+            names = ", ".join(m.label for m in gpus if m.index == g.index and m.mig is not None)
             raise ConfigError(
-                f"--gpus: no GPU {token!r} here (have {', '.join(by_index) or 'none'})"
+                f"--gpus: GPU {g.label} is in MIG mode: name one of its instances "
+                f"({names or 'none is configured'}) or its MIG-… uuid"
             )
         if g not in picked:
             picked.append(g)
@@ -111,45 +129,57 @@ def resolve_gpus(
         gpus = backend.gpus()
         markers, leased = known_markers(home)
         parsed = _parse(request, gpus)
-        candidates = gpus if isinstance(parsed, int) else parsed
-        busy: dict[int, str] = {}
+        leasable = [g for g in gpus if g.leasable]
+        candidates = leasable if isinstance(parsed, int) else parsed
+        busy: dict[str, str] = {}
+        fds = fd_scan(backend)
         for g in candidates:
-            holders = holders_of(g.index, backend)
+            try:
+                holders = holders_of(g, backend, fds)
+            except GpuError as e:  # this GPU's process list fails: it is not free
+                busy[g.uuid] = str(e)
+                continue
             foreign = _foreign_bytes(g, holders, markers)
-            if g.index in leased and not share:
-                busy[g.index] = f"GPU {g.index} is leased by job {leased[g.index]} (--share)"
+            if g.uuid in leased and not share:
+                busy[g.uuid] = f"GPU {g.label} is leased by job {leased[g.uuid]} (--share)"
             elif foreign > foreign_threshold_bytes and not force:
                 names = ", ".join(
                     f"pid {h.pid} ({owner_of(h, markers)})"
                     for h in holders
                     if owner_of(h, markers) not in {j.name for j in markers.values() if j.live}
                 )
-                busy[g.index] = (
-                    f"GPU {g.index} has {foreign / MIB / 1024:.1f} GiB in use "
+                busy[g.uuid] = (
+                    f"GPU {g.label} has {foreign / MIB / 1024:.1f} GiB in use "
                     f"outside any job ({names or 'NVML lists no process'}; --force)"
                 )
         if isinstance(parsed, int):
-            free = [g for g in gpus if g.index not in busy]
-            if len(free) < parsed:
-                raise GpuError(
-                    f"--gpus {parsed}: only {len(free)} of {len(gpus)} GPUs are free"
-                    + (f" ({'; '.join(busy.values())})" if busy else "")
-                )
-            chosen = free[:parsed]
+            chosen = _count_of(parsed, gpus, leasable, busy)
         else:
-            refused = [busy[g.index] for g in parsed if g.index in busy]
+            refused = [busy[g.uuid] for g in parsed if g.uuid in busy]
             if refused:
                 raise GpuError("; ".join(refused))
             chosen = parsed
-        return [GpuLease(g.index, g.uuid, g.name, g.memory_used_bytes) for g in chosen]
+        return [GpuLease(g.index, g.uuid, g.name, g.memory_used_bytes, g.mig) for g in chosen]
     finally:
         backend.close()
+
+
+def _count_of(n: int, gpus: list[Gpu], leasable: list[Gpu], busy: dict[str, str]) -> list[Gpu]:
+    """The first ``n`` free GPUs, or a one-line refusal that says what holds the others."""
+    free = [g for g in leasable if g.uuid not in busy]
+    if len(free) >= n:
+        return free[:n]
+    why = list(busy.values()) + [g.error for g in gpus if g.error is not None]
+    raise GpuError(
+        f"--gpus {n}: only {len(free)} of {len(leasable) + len(why) - len(busy)} GPUs are free"
+        + (f" ({'; '.join(why)})" if why else "")
+    )
 
 
 _INVENTORY: list[Gpu] = []
 
 
-def lease_fit(request: str, leased: dict[int, str], *, share: bool) -> str | None:
+def lease_fit(request: str, leased: dict[str, str], *, share: bool) -> str | None:
     """Could ``request`` fit, judged by the home's leases alone? None, or what holds it.
 
     The queue asks this four times a second without touching the driver: which GPUs a
@@ -167,21 +197,22 @@ def lease_fit(request: str, leased: dict[int, str], *, share: bool) -> str | Non
             backend.close()
     parsed = _parse(request, _INVENTORY)
     held = {} if share else leased
+    label = {g.uuid: g.label for g in _INVENTORY}
     if isinstance(parsed, int):
-        free = [g for g in _INVENTORY if g.index not in held]
+        free = [g for g in _INVENTORY if g.leasable and g.uuid not in held]
         if len(free) >= parsed:
             return None
-        return f"needs {parsed} GPU(s), {len(free)} free" + _held_by(held)
-    busy = {g.index: held[g.index] for g in parsed if g.index in held}
-    return None if not busy else _held_by(busy).removeprefix("; ")
+        return f"needs {parsed} GPU(s), {len(free)} free" + _held_by(held, label)
+    busy = {g.uuid: held[g.uuid] for g in parsed if g.uuid in held}
+    return None if not busy else _held_by(busy, label).removeprefix("; ")
 
 
-def _held_by(held: dict[int, str]) -> str:
-    by_job: dict[str, list[int]] = {}
-    for index, job in sorted(held.items()):
-        by_job.setdefault(job, []).append(index)
+def _held_by(held: dict[str, str], label: dict[str, str]) -> str:
+    by_job: dict[str, list[str]] = {}
+    for uuid, job in sorted(held.items(), key=lambda kv: label.get(kv[0], kv[0])):
+        by_job.setdefault(job, []).append(label.get(uuid, uuid))
     parts = [
-        f"GPU{'s' if len(ix) > 1 else ''} {' and '.join(map(str, ix))} held by {job}"
+        f"GPU{'s' if len(ix) > 1 else ''} {' and '.join(ix)} held by {job}"
         for job, ix in by_job.items()
     ]
     return f"; {', '.join(parts)}" if parts else ""
@@ -199,10 +230,16 @@ def check_request(request: str) -> None:
         backend.close()
 
 
+def lease_token(lease: GpuLease) -> str:
+    """How a lease is named in CUDA_VISIBLE_DEVICES and the spec: an index, or MIG-…."""
+    return str(lease.index) if lease.mig is None else lease.uuid
+
+
 def gpu_env(leases: list[GpuLease]) -> dict[str, str]:
-    """Return the environment that binds a job to its GPUs (indices as nvidia-smi shows)."""
+    """Return the environment that binds a job to its GPUs (indices as nvidia-smi shows;
+    a MIG instance by its MIG-… uuid, the only name CUDA takes for one)."""
     return {
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in leases),
+        "CUDA_VISIBLE_DEVICES": ",".join(map(lease_token, leases)),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
 
@@ -212,7 +249,7 @@ def gpu_env(leases: list[GpuLease]) -> dict[str, str]:
 
 @dataclass(slots=True)
 class GpuView:
-    """One GPU as `trainctl gpus` shows it."""
+    """One GPU (or MIG instance) as `trainctl gpus` shows it."""
 
     index: int
     name: str
@@ -222,6 +259,12 @@ class GpuView:
     utilization_pct: int | None
     leased_by: str | None
     processes: list[GpuHolder] = field(default_factory=list)
+    label: str = ""
+    mig: int | None = None
+    mig_mode: bool | None = None
+    persistence: bool | None = None
+    ecc_uncorrected: int | None = None
+    error: str | None = None  # this GPU could not be read (lost, a failing call)
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form (each process without its marker)."""
@@ -230,14 +273,52 @@ class GpuView:
         return doc
 
 
-def gpu_views(home: Path) -> list[GpuView]:
-    """Return every GPU with its lease and every process on it (NVML list + fd scan)."""
+@dataclass(slots=True)
+class GpuInventory:
+    """`trainctl gpus`: the driver, then every GPU."""
+
+    driver: DriverInfo
+    views: list[GpuView]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know: persistence mode off, a driver without calls."""
+        off = [v.label for v in self.views if v.persistence is False]
+        out = []
+        if off:
+            out.append(
+                f"persistence mode is off on GPU(s) {', '.join(off)}: every NVML start "
+                "(each trainctl call that looks at GPUs) costs seconds; `nvidia-smi -pm 1` "
+                "or nvidia-persistenced fixes it"
+            )
+        if self.driver.note:
+            out.append(self.driver.note)
+        return out
+
+    def to_doc(self) -> list[dict[str, Any]]:
+        """The JSON form of `gpus --json`: a GPU a row, each with the driver's versions."""
+        versions = {
+            "driver_version": self.driver.driver_version,
+            "nvml_version": self.driver.nvml_version,
+        }
+        return [v.to_doc() | versions for v in self.views]
+
+
+def gpu_inventory(home: Path) -> GpuInventory:
+    """Return the driver and every GPU with its lease and processes (NVML list + fd scan)."""
     backend: GpuBackend = open_backend()
     try:
         markers, leased = known_markers(home)
+        fds = fd_scan(backend)
         out = []
         for g in backend.gpus():
-            procs = holders_of(g.index, backend)
+            procs: list[GpuHolder] = []
+            error = g.error
+            if error is None and not g.mig_mode:
+                try:
+                    procs = holders_of(g, backend, fds)
+                except GpuError as e:
+                    error = str(e)
             for p in procs:
                 p.owner = owner_of(p, markers)
             out.append(
@@ -248,13 +329,24 @@ def gpu_views(home: Path) -> list[GpuView]:
                     g.memory_used_bytes,
                     g.memory_total_bytes,
                     g.utilization_pct,
-                    leased.get(g.index),
+                    leased.get(g.uuid),
                     procs,
+                    g.label,
+                    g.mig,
+                    g.mig_mode,
+                    g.persistence,
+                    g.ecc_uncorrected,
+                    error,
                 )
             )
-        return out
+        return GpuInventory(backend.driver(), out)
     finally:
         backend.close()
+
+
+def gpu_views(home: Path) -> list[GpuView]:
+    """Return every GPU with its lease and every process on it."""
+    return gpu_inventory(home).views
 
 
 def gpu_memory_by_pid() -> dict[int, int | None]:
@@ -265,8 +357,15 @@ def gpu_memory_by_pid() -> dict[int, int | None]:
         return {}
     out: dict[int, int | None] = {}
     try:
+        fds = fd_scan(backend)
         for g in backend.gpus():
-            for h in holders_of(g.index, backend):
+            if g.error is not None or g.mig_mode:
+                continue
+            try:
+                holders = holders_of(g, backend, fds)
+            except GpuError:
+                continue  # that GPU only
+            for h in holders:
                 if h.cmd is None:
                     continue
                 out.setdefault(h.pid, None)

@@ -42,13 +42,18 @@ from .results import (
 )
 
 if TYPE_CHECKING:
-    from .gpus import GpuView
+    from .gpus import GpuInventory
     from .remote import HostRow
 
 
 def line(text: str) -> None:
     """Print one line of a verb's own (a note, a refusal's context)."""
     print(text)
+
+
+def error_line(text: str) -> None:
+    """Print one ``trainctl: …`` line to stderr (an error the verb reports itself)."""
+    sys.stderr.write(f"trainctl: {text}\n")
 
 
 _CAPTURE: list[list[Any]] = []  # open captured_json() blocks, innermost last
@@ -360,9 +365,15 @@ def _warnings(res: StopResult) -> None:
 def _verdict(r: StopReport) -> str:
     if r.survivors:
         return f"{len(r.survivors)} process(es) SURVIVED"
-    held = [str(g.index) for g in r.held_gpus]
+    held = [g.label for g in r.held_gpus]
     if held:
         return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"
+    unverified = [g.label for g in r.unverified_gpus]
+    if unverified:
+        return (
+            f"nothing of the job is alive; GPU(s) {', '.join(unverified)} not verified "
+            "(the driver could not say)"
+        )
     return "nothing of the job is alive" + (", GPUs released" if r.gpus else "")
 
 
@@ -592,38 +603,61 @@ def gib(nbytes: int | None) -> str:
 def gpu_line(g: GpuRelease) -> str:
     """One line of a stop report about a GPU's release."""
     if g.ok:
+        released = (
+            f"released {gib(g.released_bytes)}" if g.released_bytes else "free"
+        )  # no figure where none was freed or the memory in use was never seen
         return (
-            f"GPU {g.index}  released {gib(g.released_bytes or 0)} in "
-            f"{g.seconds or 0:.1f} s (now {gib(g.used_bytes)}, baseline "
-            f"{gib(g.baseline_bytes)})"
+            f"GPU {g.label}  {released} after {g.seconds or 0:.1f} s (now "
+            f"{gib(g.used_bytes)}, baseline {gib(g.baseline_bytes)})"
+            + (f"; {g.note}" if g.note else "")
         )
     if g.error is not None:
-        return f"GPU {g.index}  NOT VERIFIED: {g.error}"
-    who = "; ".join(
-        f"pid {h.pid} {h.owner or ''} {h.cmd or '(not visible here)'}".strip() for h in g.holders
-    )
+        return f"GPU {g.label}  not verified: {g.error}"
+    who = "; ".join(_holder_text(h) for h in g.holders)
     return (
-        f"GPU {g.index}  NOT RELEASED: {gib(g.used_bytes)} used vs baseline "
+        f"GPU {g.label}  NOT RELEASED: {gib(g.used_bytes)} used vs baseline "
         f"{gib(g.baseline_bytes)}; " + (who or g.note or "")
     )
 
 
-def gpus(views: list[GpuView]) -> None:
-    """Render `trainctl gpus`."""
-    for v in views:
+def _holder_text(h: Any) -> str:
+    if h.cmd is None:  # NVML's pid, not confirmed here: never read, never signalled
+        return f"pid {h.pid} ({h.owner or 'not visible here'})"
+    return f"pid {h.pid} ({h.owner or 'foreign'}) {h.cmd}"
+
+
+# Idle memory that needs no explanation: the driver reserves some on every GPU.
+_IDLE_NOTE_BYTES = 1 << 30
+
+
+def gpus(inv: GpuInventory) -> None:
+    """Render `trainctl gpus`: the driver, a line a GPU, its processes, the warnings."""
+    d = inv.driver
+    print(f"driver {d.driver_version or '?'}  NVML {d.nvml_version or '?'}")
+    for v in inv.views:
+        if v.error is not None:
+            print(f"GPU {v.label}  {term.paint('ERROR', 'red')}: {v.error}")
+            continue
         util = "?" if v.utilization_pct is None else f"{v.utilization_pct}%"
         lease = f"leased by {v.leased_by}" if v.leased_by else "free"
+        if v.mig_mode:
+            lease = "MIG mode (bound per instance)"
+        modes = "" if v.persistence is not False else "  persistence off"
+        indent = "  " if v.mig is not None else ""
         print(
-            f"GPU {v.index}  {v.name}  {gib(v.memory_used_bytes)} / "
-            f"{gib(v.memory_total_bytes)}  util {util}  {lease}  {v.uuid}"
+            f"{indent}GPU {v.label}  {v.name}  {gib(v.memory_used_bytes)} / "
+            f"{gib(v.memory_total_bytes)}  util {util}  {lease}{modes}  {v.uuid}"
         )
         for p in v.processes:
+            kind = f" [{p.seen.split(' ')[1]}]" if p.seen.startswith("nvml+fd ") else ""
             print(
-                f"    pid {p.pid:>7}  {gib(p.used_bytes):>9}  {p.owner or '':<22} "
-                f"{(p.cmd or '')[:80]}"
+                f"{indent}    pid {p.pid:>7}  {gib(p.used_bytes):>9}  {p.owner or '':<22} "
+                f"{(p.cmd or '')[:80]}{kind}"
             )
-        if not v.processes and v.memory_used_bytes:
-            print("    (no process listed: NVML may not see other PID namespaces)")
+        if not v.processes and not v.mig_mode and v.memory_used_bytes > _IDLE_NOTE_BYTES:
+            print(f"{indent}    (no process listed: NVML may not see other PID namespaces)")
+    for w in inv.warnings:
+        sys.stderr.write(f"trainctl: warning: {w}\n")
 
 
 def hosts(rows: list[HostRow]) -> None:
@@ -739,7 +773,9 @@ def _status_details(s: Status) -> None:
             )
             print(f"    node {a.node} (rank {a.rank}, {a.host}): {how}")
     if s.gpus:
-        print(f"  gpus {','.join(map(str, s.gpus))}")
+        print(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
+    for fault in s.gpu_faults[-3:]:
+        print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
     if s.restarts or s.restart_in_s is not None:
         _restart_lines(s)
     if s.memory is not None:

@@ -409,6 +409,8 @@ class Status:
     previous_boot: bool = False  # recorded before the machine last booted
     unit: str | None = None  # the run's systemd scope
     gpus: list[int] = field(default_factory=list)
+    gpu_labels: list[str] = field(default_factory=list)  # "3", or "0/1" for a MIG instance
+    gpu_faults: list[str] = field(default_factory=list)  # Xid events, ECC errors, lost GPUs
     restarts: int = 0
     last_failure: Failure | None = None
     restart_in_s: float | None = None

@@ -38,6 +38,7 @@ class Cause:
     restarts: int | None = None  # restarts-exhausted / crash-loop: how many were made
     last: str | None = None  # ... and the final run's own cause, as a line
     leftovers: int | None = None  # processes that outlived main, stopped by the cleanup
+    gpu: str | None = None  # a GPU fault during the run (an Xid, ECC errors): why it died
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON form (state.json, events, --json)."""
@@ -113,15 +114,21 @@ class GpuRelease:
     index: int
     ok: bool = False
     uuid: str | None = None
+    mig: int | None = None  # a MIG instance of GPU ``index``
     used_bytes: int | None = None
     baseline_bytes: int | None = None
     released_bytes: int | None = None
     excess_bytes: int | None = None  # above the baseline, when held
     seconds: float | None = None  # until it was seen released
-    error: str | None = None  # why it could not be checked at all
+    error: str | None = None  # why it could not be checked at all: not verified
     note: str | None = None
     job_holders: list[GpuHolder] = field(default_factory=list)
     holders: list[GpuHolder] = field(default_factory=list)  # everyone on it, when held
+
+    @property
+    def label(self) -> str:
+        """Return ``3``, or ``3/1`` for MIG device 1 of GPU 3."""
+        return f"{self.index}" if self.mig is None else f"{self.index}/{self.mig}"
 
 
 @record()
@@ -170,5 +177,10 @@ class StopReport:
 
     @property
     def held_gpus(self) -> list[GpuRelease]:
-        """The GPUs this stop could not prove released."""
-        return [g for g in self.gpus if not g.ok]
+        """The GPUs this stop found still held (not those it could not check)."""
+        return [g for g in self.gpus if not g.ok and g.error is None]
+
+    @property
+    def unverified_gpus(self) -> list[GpuRelease]:
+        """The GPUs whose release could not be checked (the driver could not say)."""
+        return [g for g in self.gpus if not g.ok and g.error is not None]

@@ -31,8 +31,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from . import causes, control, hooks, memory, procfs, steps, systemd
 from . import lifecycle as lc
 from .drift import drift, fingerprint
-from .errors import StateError, TrainctlError
+from .errors import GpuError, StateError, TrainctlError
 from .gpu.verify import fresh_baselines
+from .gpu.watch import GpuWatch
 from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
 from .proctree import Member, Target, alive, scan, scan_light, target_of
@@ -165,6 +166,7 @@ class Supervisor:
         self._stopping = False  # a stop sequence is running (see _reaper)
         self._reap_on_signal: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:
@@ -472,6 +474,45 @@ class Supervisor:
             if st is not None and st.start_ticks == snap.start_ticks and st.state != "Z":
                 members[snap.pid] = Member(st, set(snap.nets))
 
+    # ------------------------------------------------------------ GPUs
+
+    async def _watch_gpus(self) -> None:
+        """Look at the run's GPUs for its whole life: memory, Xid events, ECC errors.
+
+        NVML is opened once, in a thread, after the run started: never on the stop path.
+        The Xid wait blocks in the driver (a thread, abandoned at exit), so at rest the
+        watch costs one wake-up per ``XID_WAIT_S``.
+        """
+        if not self.state.gpus:
+            return
+        try:
+            self._gpu = await anyio.to_thread.run_sync(GpuWatch.open, self.state.gpus)
+        except GpuError as e:
+            self.log.warning("gpu_watch_unavailable", error=str(e))
+            return
+        watch = self._gpu
+        info = watch.backend.driver()
+        self.log.info(
+            "gpu_watch",
+            gpus=[g.label for g in self.state.gpus],
+            xid_events=watch.xids is not None,
+            driver=info.driver_version,
+        )
+        while True:
+            try:
+                faults = await anyio.to_thread.run_sync(
+                    watch.wait_xid, XID_WAIT_S, abandon_on_cancel=True
+                )
+                if time.time() - watch.sampled_at >= GPU_SAMPLE_S:
+                    faults += await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
+            except GpuError as e:
+                self.log.warning("gpu_watch_failed", error=str(e))
+                await anyio.sleep(GPU_SAMPLE_S)
+                continue
+            for fault in faults:
+                self.log.warning("gpu_fault", fault=fault)
+                self._set(self.state.phase, gpu_faults=(*self.state.gpu_faults, fault)[-20:])
+
     # ------------------------------------------------------------ stop
 
     async def _run_stop(self, a: lc.RunStop) -> None:
@@ -489,6 +530,8 @@ class Supervisor:
             grace=self.grace,
             roster=self.roster(),
             before_kill=before_kill_writer(self.jdir, self.state.run, self.state.marker),
+            gpu_memory=dict(self._gpu.memory) if self._gpu else None,
+            gpu_backend=self._gpu.backend if self._gpu else None,
         )
         with anyio.CancelScope(shield=True):
             self._stopping = True
@@ -536,7 +579,12 @@ class Supervisor:
                 st.started_at,
                 self.spec.causes,
             )
-        return causes.ended_on_its_own(code, died_of, reason, self._oom_of(died_of)).to_doc()
+        cause = causes.ended_on_its_own(code, died_of, reason, self._oom_of(died_of))
+        if (code != 0 or died_of is not None) and st.gpu_faults:
+            # a GPU that failed during the run is why it died, before the job's own words
+            fault = st.gpu_faults[-1]
+            cause = dataclasses.replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
+        return cause.to_doc()
 
     def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
         """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
@@ -795,6 +843,7 @@ class Supervisor:
             tg.start_soon(self._signals)
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
+            tg.start_soon(self._watch_gpus)
             source = (self.state.adopted or {}).get("log_source")
             if isinstance(source, str):
                 tg.start_soon(self._copy_log, Path(source))
@@ -831,6 +880,8 @@ class Supervisor:
                             self._answer(token, a)
 
 
+XID_WAIT_S = 2.0  # one Xid wait; also how late the watch ends at exit
+GPU_SAMPLE_S = 5.0  # how often the leased GPUs' memory and ECC counts are read
 LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log
 
 

@@ -112,6 +112,12 @@ class GpuLease:
     uuid: str
     name: str
     baseline_used_bytes: int
+    mig: int | None = None  # a MIG instance of GPU ``index`` (bound by its MIG-… uuid)
+
+    @property
+    def label(self) -> str:
+        """Return ``3``, or ``3/1`` for MIG device 1 of GPU 3."""
+        return f"{self.index}" if self.mig is None else f"{self.index}/{self.mig}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,8 @@ class JobState:
     code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
     # what changed on disk since then, kept current by the supervisor (status reads it)
     code_drift: tuple[str, ...] = ()
+    # GPU faults seen during the run (Xid events, ECC errors, a lost GPU), newest last
+    gpu_faults: tuple[str, ...] = ()
     drift_checked_at: float | None = None
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
@@ -409,7 +417,7 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
-        for key in ("code_drift", "restart_history"):
+        for key in ("code_drift", "restart_history", "gpu_faults"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
         st = JobState(**d)

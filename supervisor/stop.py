@@ -13,7 +13,8 @@ import dataclasses
 from pathlib import Path
 
 from . import cgroup as cg
-from .gpu.verify import GpuPolicy, gpu_policy_of, snapshot, verify_release
+from .gpu import GpuBackend
+from .gpu.verify import GpuPolicy, gpu_policy_of, verify_release
 from .proctree import Target
 from .reports import StopReport
 from .roster import Roster
@@ -35,11 +36,15 @@ def run_stop(
     grace: Grace | None = None,
     roster: Roster | None = None,
     before_kill: BeforeKill | None = None,
+    gpu_memory: dict[str, int] | None = None,
+    gpu_backend: GpuBackend | None = None,
 ) -> StopReport:
     """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
 
     The spec's stop policy applies, with this stop's ``grace_s`` and ``order`` if given.
-    A supervisor hands over its ``roster`` (see :mod:`.roster`).
+    A supervisor hands over its ``roster`` (see :mod:`.roster`) and the GPU memory it last
+    saw the run use (``gpu_memory``, {uuid: bytes}: "released N GiB") and its open NVML
+    (``gpu_backend``: the release check then initialises nothing).
     """
     policy = dataclasses.replace(
         spec.stop,
@@ -55,6 +60,8 @@ def run_stop(
         grace=grace,
         roster=roster,
         before_kill=before_kill,
+        gpu_memory=gpu_memory,
+        gpu_backend=gpu_backend,
     )
     report.reason = reason
     if target.cgroup is not None:
@@ -72,15 +79,24 @@ def stop_and_verify(
     grace: Grace | None = None,
     roster: Roster | None = None,
     before_kill: BeforeKill | None = None,
+    gpu_memory: dict[str, int] | None = None,
+    gpu_backend: GpuBackend | None = None,
 ) -> StopReport:
-    """Stop the tree, then prove its GPUs were released; return the combined report."""
+    """Stop the tree, then prove its GPUs were released; return the combined report.
+
+    Signal first: nothing touches the GPU driver before the stop's first signal (one
+    ``nvmlInit`` without persistence mode takes seconds). The driver is asked only once
+    every process of the job is proven gone, and whatever it answers becomes a per-GPU
+    verdict, never a failed stop.
+    """
     emit = emit or (lambda *_a, **_k: None)
-    pre = snapshot(leases)  # also lets a GPU backend see the holders alive, for "released"
     report = stop_tree(
         target, policy, emit=emit, grace=grace, roster=roster, before_kill=before_kill
     )
     if leases:
-        report.gpus = verify_release(leases, target.marker, pre, gpu_policy or GpuPolicy())
+        report.gpus = verify_release(
+            leases, target.marker, gpu_memory or {}, gpu_policy or GpuPolicy(), gpu_backend
+        )
         released = all(g.ok for g in report.gpus)
         report.ok = report.ok and released
         emit("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])

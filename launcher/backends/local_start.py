@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainctl.launcher.gpus import gpu_env, resolve_gpus
+from trainctl.launcher.gpus import gpu_env, lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import SpawnError, TrainctlError
@@ -49,7 +49,7 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
             )
             spec = dataclasses.replace(
                 spec,
-                gpu=dataclasses.replace(spec.gpu, indices=",".join(str(g.index) for g in leases)),
+                gpu=dataclasses.replace(spec.gpu, indices=",".join(map(lease_token, leases))),
                 env={**spec.env, **gpu_env(leases)},
             )
             ho = dataclasses.replace(ho, gpus=tuple(leases))

@@ -188,7 +188,7 @@ class HomeView:
     entries: dict[str, tuple[tuple[int, int], Entry | None]] = dataclasses.field(
         default_factory=dict
     )
-    _leases: dict[int, str] | None = None  # for one round (see fresh)
+    _leases: dict[str, str] | None = None  # for one round (see fresh)
 
     def fresh(self) -> None:
         """A new round: the leases are read again (each state only if it changed)."""
@@ -255,16 +255,16 @@ class HomeView:
         self.specs[name] = (mtime, key)
         return key
 
-    def leases(self) -> dict[int, str]:
-        """{GPU index: the live job that leases it}."""
+    def leases(self) -> dict[str, str]:
+        """{GPU uuid: the live job that leases it}."""
         if self._leases is not None:
             return self._leases
-        out: dict[int, str] = {}
+        out: dict[str, str] = {}
         for name in state.list_jobs(self.home):
             st = self.state_of(name)
             if st is not None and st.gpus and st.phase not in state.TERMINAL:
                 for g in st.gpus:
-                    out.setdefault(g.index, name)
+                    out.setdefault(g.uuid, name)
         self._leases = out
         return out
 

@@ -322,12 +322,13 @@ def restart_job(
                 f"{len(left)} process(es) of run {st.run} survived the stop (pids "
                 f"{', '.join(map(str, sorted(left)[:8]))})"
                 if left or not held
-                else f"GPU(s) {', '.join(str(g.index) for g in held)} were not released"
+                else f"GPU(s) {', '.join(g.label for g in held)} were not released"
             )
             raise JobConflictError(f"not restarting {name}: {why}")
         # the same GPUs as before: they were just verified free
         gpus = (
-            GpuRequest([int(i) for i in spec.gpu.indices.split(",")]) if spec.gpu.indices else None
+            # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid
+            GpuRequest(spec.gpu.indices + ",") if spec.gpu.indices else None
         )
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         started = start_locked(home, jdir, dataclasses.replace(spec, env=env), cfg, gpus)

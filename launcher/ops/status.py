@@ -132,6 +132,8 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         previous_boot=st.from_other_boot(),
         unit=st.unit,
         gpus=[g.index for g in st.gpus],
+        gpu_labels=[g.label for g in st.gpus],
+        gpu_faults=list(st.gpu_faults),
         restarts=st.restarts,
         last_failure=None
         if st.last_failure is None

@@ -27,33 +27,82 @@ class NoDriverError(GpuError):
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One GPU as the driver reports it now."""
+    """One GPU (or one MIG instance of it) as the driver reports it now.
 
-    index: int
-    uuid: str
+    A GPU that cannot be read (fallen off the bus, a failing call) is still listed, with
+    ``error`` saying why, so that one bad GPU never hides the other seven.
+    """
+
+    index: int  # nvidia-smi's index of the physical GPU
+    uuid: str  # GPU-… or, for a MIG instance, MIG-…
     name: str
     memory_used_bytes: int
     memory_total_bytes: int
     utilization_pct: int | None
+    mig: int | None = None  # a MIG instance: its MIG device index on GPU ``index``
+    mig_mode: bool | None = None  # a whole GPU: MIG on (then only its instances are leased)
+    persistence: bool | None = None  # persistence mode (off: every NVML start costs seconds)
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver load
+    error: str | None = None  # why this GPU could not be read; the numbers above mean nothing
+
+    @property
+    def label(self) -> str:
+        """Return how the GPU is named to people: ``3``, or ``3/1`` for MIG device 1 of GPU 3."""
+        return f"{self.index}" if self.mig is None else f"{self.index}/{self.mig}"
+
+    @property
+    def leasable(self) -> bool:
+        """Tell whether a job can be bound to it (a MIG-enabled GPU is bound per instance)."""
+        return self.error is None and not self.mig_mode
 
 
 @dataclass(frozen=True, slots=True)
 class GpuProc:
-    """A compute process the driver lists on a GPU (its pid may not exist here)."""
+    """A process the driver lists on a GPU (its pid may not exist here)."""
 
     pid: int
     used_bytes: int | None  # None: the driver does not say (some containers, MIG)
+    kind: str = "compute"  # compute | graphics | mps
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """The versions of the driver and of the NVML library that answered."""
+
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    note: str | None = None  # what this driver cannot do (e.g. no process list)
+
+
+class XidSource(Protocol):
+    """Critical Xid events (a GPU's fatal errors), as the driver reports them."""
+
+    def wait(self, timeout_s: float) -> tuple[int, int] | None:
+        """Return (GPU index, Xid) of the next event within ``timeout_s``, or None."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching."""
+        ...
 
 
 class GpuBackend(Protocol):
     """What trainctl needs from a GPU driver."""
 
     def gpus(self) -> list[Gpu]:
-        """Return every GPU, in nvidia-smi index order."""
+        """Return every GPU, in nvidia-smi index order, each MIG instance after its GPU."""
         ...
 
-    def processes(self, index: int) -> list[GpuProc]:
-        """Return the compute processes the driver lists on GPU ``index``."""
+    def processes(self, gpu: Gpu) -> list[GpuProc]:
+        """Return the processes the driver lists on ``gpu`` (compute, graphics and MPS)."""
+        ...
+
+    def driver(self) -> DriverInfo:
+        """Return the driver's and the library's versions."""
+        ...
+
+    def xid_events(self, indices: list[int]) -> XidSource | None:
+        """Return a watch of the critical Xid events on GPUs ``indices`` (None: no events)."""
         ...
 
     def device_paths(self) -> dict[str, int]:

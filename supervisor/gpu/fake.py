@@ -36,7 +36,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 
-from . import MIB, Gpu, GpuProc, NoDriverError
+from . import MIB, DriverInfo, Gpu, GpuProc, NoDriverError, XidSource
 from .holders import find_holders, read_env_var
 
 
@@ -62,7 +62,11 @@ class FakeBackend:
         return {str(self.dev_dir / f"nvidia{i}"): i for i in range(len(self.specs))}
 
     def gpus(self) -> list[Gpu]:
-        """Return the GPUs with memory = base + live holders + not-yet-released ghosts."""
+        """Return the GPUs with memory = base + live holders + not-yet-released ghosts.
+
+        Each call looks again (a backend stays open for a whole release check, as NVML's).
+        """
+        self._usage = self._observe()
         return [
             Gpu(
                 index=i,
@@ -75,8 +79,9 @@ class FakeBackend:
             for i, s in enumerate(self.specs)
         ]
 
-    def processes(self, index: int) -> list[GpuProc]:
+    def processes(self, gpu: Gpu) -> list[GpuProc]:
         """Return the holders as NVML would list them (or not)."""
+        index = gpu.index
         spec = self.specs[index]
         if spec.get("hide_processes"):
             return []
@@ -84,6 +89,14 @@ class FakeBackend:
         out = [GpuProc(pid, mib * MIB if per else None) for pid, mib in self._usage[index][1]]
         out += [GpuProc(pid, 1024 * MIB if per else None) for pid in spec.get("phantom_pids", ())]
         return out
+
+    def xid_events(self, indices: list[int]) -> XidSource | None:
+        """The fake has no events (the C double of libnvidia-ml has)."""
+        return None
+
+    def driver(self) -> DriverInfo:
+        """Return the fake's versions."""
+        return DriverInfo("fake", "fake")
 
     def close(self) -> None:
         """Nothing to release."""

@@ -3,13 +3,16 @@
 Release is judged by per-GPU *memory* against the baseline recorded at start, never by
 NVML's process list alone (inside containers it may be empty or list host pids), plus
 the absence of any process of the job among the GPU's holders (NVML list + fd scan).
+
+A check opens NVML once, and walks ``/proc/*/fd`` once per poll for all GPUs: without
+persistence mode one ``nvmlInit`` takes seconds. It runs only after the stop's processes
+are gone; no failure of the driver turns into anything but a per-GPU "not verified".
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.procfs import read_cmdline
@@ -19,6 +22,8 @@ from trainctl.supervisor.state import GpuLease
 
 from . import GIB, MIB, Gpu, GpuBackend, open_backend
 from .holders import classify_pid, find_holders, read_env_var
+
+FdScan = dict[int, set[int]]  # {gpu index: pids with its device node open}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +49,13 @@ def fresh_baselines(leases: tuple[GpuLease, ...]) -> list[GpuLease]:
     if not isinstance(now, dict):
         return list(leases)
     return [
-        GpuLease(g.index, g.uuid, g.name, now.get(g.index, g.baseline_used_bytes)) for g in leases
+        GpuLease(g.index, g.uuid, g.name, now.get(g.uuid, g.baseline_used_bytes), g.mig)
+        for g in leases
     ]
 
 
-def snapshot(leases: tuple[GpuLease, ...]) -> dict[int, int] | str:
-    """Return {index: memory used} for the leased GPUs now, or an error text."""
+def snapshot(leases: tuple[GpuLease, ...]) -> dict[str, int] | str:
+    """Return {uuid: memory used} for the leased GPUs now, or an error text."""
     if not leases:
         return {}
     try:
@@ -57,26 +63,37 @@ def snapshot(leases: tuple[GpuLease, ...]) -> dict[int, int] | str:
     except GpuError as e:
         return str(e)
     try:
-        return {g.index: g.memory_used_bytes for g in backend.gpus()}
+        return {g.uuid: g.memory_used_bytes for g in backend.gpus() if g.error is None}
     except GpuError as e:
         return str(e)
     finally:
         backend.close()
 
 
-def holders_of(index: int, backend: GpuBackend) -> list[GpuHolder]:
-    """Return everyone on GPU ``index``: NVML's list joined with the fd scan."""
-    fd = find_holders(backend.device_paths()).get(index, set())
+def fd_scan(backend: GpuBackend) -> FdScan:
+    """Walk ``/proc/*/fd`` once for every GPU's device node."""
+    return find_holders(backend.device_paths())
+
+
+def holders_of(gpu: Gpu, backend: GpuBackend, fds: FdScan | None = None) -> list[GpuHolder]:
+    """Return everyone on ``gpu``: NVML's list joined with the fd scan (``fds``, or a new one)."""
+    fd = (fd_scan(backend) if fds is None else fds).get(gpu.index, set())
+    procs = backend.processes(gpu)
+    if gpu.mig is not None:
+        # The parent GPU's node is open in every instance's processes: on a MIG instance
+        # the fd scan confirms NVML's pids, it does not add holders of its own.
+        fd = fd & {p.pid for p in procs}
     seen: dict[int, str] = {pid: "fd" for pid in fd}
     used: dict[int, int | None] = dict.fromkeys(fd)
-    for p in backend.processes(index):
+    for p in procs:
         how = classify_pid(p.pid, fd)
-        seen[p.pid] = "nvml+fd" if how == "visible" else f"nvml ({how})"
+        kind = "" if p.kind == "compute" else f" {p.kind}"
+        seen[p.pid] = f"nvml+fd{kind}" if how == "visible" else f"nvml{kind} ({how})"
         used[p.pid] = p.used_bytes
     out = []
     for pid in sorted(seen):
         h = GpuHolder(pid, used[pid], seen[pid])
-        if seen[pid] in ("fd", "nvml+fd"):  # only a confirmed local process is read
+        if seen[pid] == "fd" or seen[pid].startswith("nvml+fd"):  # a confirmed local process
             h.marker = read_env_var(pid, "TRAINCTL_JOB")
             h.cmd = read_cmdline(pid)[:160]
         out.append(h)
@@ -84,40 +101,69 @@ def holders_of(index: int, backend: GpuBackend) -> list[GpuHolder]:
 
 
 def verify_release(
-    leases: tuple[GpuLease, ...], marker: str, pre: dict[int, int] | str, policy: GpuPolicy
+    leases: tuple[GpuLease, ...],
+    marker: str,
+    pre: dict[str, int] | str,
+    policy: GpuPolicy,
+    backend: GpuBackend | None = None,
 ) -> list[GpuRelease]:
-    """Wait until every leased GPU is back near its baseline with no job process on it."""
+    """Wait until every leased GPU is back near its baseline with no job process on it.
+
+    ``pre`` is the memory each GPU had while the job ran, if known ({uuid: bytes}): it
+    makes "released N GiB" possible. NVML is opened once for the whole check, or not at
+    all when the caller's ``backend`` is open already.
+    """
     if not leases:
         return []
     t0 = time.monotonic()
+    if backend is not None:
+        return _poll(backend, leases, marker, pre, policy, t0)
+    try:
+        opened = open_backend()
+    except GpuError as e:
+        return [_unverified(lease, str(e)) for lease in leases]
+    try:
+        return _poll(opened, leases, marker, pre, policy, t0)
+    finally:
+        opened.close()
+
+
+def _poll(
+    backend: GpuBackend,
+    leases: tuple[GpuLease, ...],
+    marker: str,
+    pre: dict[str, int] | str,
+    policy: GpuPolicy,
+    t0: float,
+) -> list[GpuRelease]:
     deadline = t0 + policy.timeout_s
-    done: dict[int, GpuRelease] = {}
+    done: dict[str, GpuRelease] = {}
     while True:
         try:
-            backend = open_backend()
-        except GpuError as e:
-            return [GpuRelease(lease.index, error=str(e)) for lease in leases]
-        try:
-            gpus = {g.index: g for g in backend.gpus()}
+            gpus = {g.uuid: g for g in backend.gpus()}
+            by_slot = {(g.index, g.mig): g for g in gpus.values()}
+            fds = fd_scan(backend)
             for lease in leases:
-                if lease.index in done:
+                if lease.uuid in done:
                     continue
-                res = _check(lease, gpus.get(lease.index), backend, marker, policy)
+                res = _check(lease, gpus, by_slot, backend, fds, marker, policy)
                 if res.ok:
                     res.seconds = round(time.monotonic() - t0, 2)
-                    if isinstance(pre, dict) and lease.index in pre:
-                        res.released_bytes = max(0, pre[lease.index] - (res.used_bytes or 0))
-                    done[lease.index] = res
-                elif time.monotonic() >= deadline:
-                    done[lease.index] = res
-        except GpuError as e:
+                    if isinstance(pre, dict) and lease.uuid in pre:
+                        res.released_bytes = max(0, pre[lease.uuid] - (res.used_bytes or 0))
+                    done[lease.uuid] = res
+                elif res.error is not None or time.monotonic() >= deadline:
+                    done[lease.uuid] = res
+        except GpuError as e:  # NVML as a whole stopped answering mid-check
             for lease in leases:
-                done.setdefault(lease.index, GpuRelease(lease.index, error=str(e)))
-        finally:
-            backend.close()
+                done.setdefault(lease.uuid, _unverified(lease, str(e)))
         if len(done) == len(leases):
-            return [done[lease.index] for lease in leases]
+            return [done[lease.uuid] for lease in leases]
         time.sleep(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def _unverified(lease: GpuLease, why: str) -> GpuRelease:
+    return GpuRelease(lease.index, uuid=lease.uuid, mig=lease.mig, error=why)
 
 
 def _owner(holder: GpuHolder, marker: str) -> str:
@@ -129,13 +175,26 @@ def _owner(holder: GpuHolder, marker: str) -> str:
 
 
 def _check(
-    lease: GpuLease, gpu: Gpu | None, backend: Any, marker: str, policy: GpuPolicy
+    lease: GpuLease,
+    gpus: dict[str, Gpu],
+    by_slot: dict[tuple[int, int | None], Gpu],
+    backend: GpuBackend,
+    fds: FdScan,
+    marker: str,
+    policy: GpuPolicy,
 ) -> GpuRelease:
-    if gpu is None or gpu.uuid != lease.uuid:
-        return GpuRelease(
-            lease.index, error=f"GPU {lease.index} ({lease.uuid}) is no longer visible"
-        )
-    holders = holders_of(lease.index, backend)
+    gpu = gpus.get(lease.uuid)
+    if gpu is None:
+        slot = by_slot.get((lease.index, lease.mig))
+        if slot is not None and slot.error is not None:  # lost: its uuid cannot be read
+            return _unverified(lease, slot.error)
+        return _unverified(lease, f"GPU {lease.label} ({lease.uuid}) is no longer visible")
+    if gpu.error is not None:
+        return _unverified(lease, gpu.error)
+    try:
+        holders = holders_of(gpu, backend, fds)
+    except GpuError as e:
+        return _unverified(lease, str(e))
     for h in holders:
         h.owner = _owner(h, marker)
     ours = [h for h in holders if h.marker == marker]
@@ -144,6 +203,7 @@ def _check(
         lease.index,
         ok=not ours and excess <= policy.tolerance_bytes,
         uuid=lease.uuid,
+        mig=lease.mig,
         used_bytes=gpu.memory_used_bytes,
         baseline_bytes=lease.baseline_used_bytes,
         job_holders=ours,
@@ -151,9 +211,14 @@ def _check(
     if not res.ok:
         res.holders = holders
         res.excess_bytes = max(0, excess)
-        if not holders:
+        if ours:
+            res.note = "held by the job's own pid(s) " + ", ".join(str(h.pid) for h in ours)
+        elif not holders:
             res.note = (
                 f"NVML lists no process (container PID namespace?) while "
                 f"{excess / GIB:.1f} GiB above the baseline are still in use"
             )
+    note = backend.driver().note
+    if note and res.note is None:
+        res.note = note
     return res

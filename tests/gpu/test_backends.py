@@ -27,10 +27,35 @@ def test_nvml_errors_are_translated() -> None:
         nvml._call(fail, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     with pytest.raises(NoDriverError):
         nvml._call(fail, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-    with pytest.raises(GpuError, match="NVML: ") as info:
-        nvml._call(fail, pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(GpuError, match="GPU 3 lost") as info:
+        nvml._call(fail, pynvml.NVML_ERROR_GPU_IS_LOST, gpu=3)
     assert not isinstance(info.value, NoDriverError)
+    with pytest.raises(GpuError, match="no permission") as info:  # not "no driver"
+        nvml._call(fail, pynvml.NVML_ERROR_NO_PERMISSION)
+    assert not isinstance(info.value, NoDriverError)
+    with pytest.raises(GpuError, match=r"version mismatch.*reboot or reload.*container"):
+        nvml._call(fail, pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
     assert nvml._call(lambda x: x + 1, 1) == 2
+
+
+def test_every_nvml_exception_becomes_a_gpu_error() -> None:
+    """Every NVMLError subclass, and the mismatch class that is not one, stay inside."""
+    from trainctl.supervisor.gpu import nvml  # noqa: PLC0415
+
+    codes = [getattr(pynvml, n) for n in dir(pynvml) if n.startswith("NVML_ERROR_")]
+    for code in codes:
+
+        def fail(c: int = code) -> None:
+            raise pynvml.NVMLError(c)
+
+        with pytest.raises(GpuError):
+            nvml._call(fail)
+
+    def mismatch() -> None:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    with pytest.raises(GpuError, match="lacks a call"):
+        nvml._call(mismatch)
 
 
 def test_no_driver_without_fake(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,9 +88,9 @@ def test_fake_counts_a_holder_by_its_open_fd(tmp_path: Path) -> None:
         g0, g1 = b.gpus()
         assert g0.memory_used_bytes == 10 * MIB
         assert g1.memory_used_bytes == (10 + 1024) * MIB
-        assert [p.pid for p in b.processes(1)] == [os.getpid()]
+        assert [p.pid for p in b.processes(g1)] == [os.getpid()]
         assert find_holders(b.device_paths()) == {1: {os.getpid()}}
-        [h] = holders_of(1, b)
+        [h] = holders_of(b.gpus()[1], b)
         assert h.seen == "nvml+fd"
         assert h.cmd
     finally:
@@ -78,11 +103,11 @@ def test_fake_container_and_phantom_modes(tmp_path: Path) -> None:
         tmp_path, hide_processes=False, phantom_pids=[4194001], per_process_memory=False
     )
     b = FakeBackend(str(path))
-    [p] = b.processes(0)
+    [p] = b.processes(b.gpus()[0])
     assert (p.pid, p.used_bytes) == (4194001, None)
     assert classify_pid(4194001, set()) == "absent"
     assert classify_pid(os.getpid(), set()) == "unconfirmed"  # exists, holds no GPU
-    [h] = holders_of(0, b)
+    [h] = holders_of(b.gpus()[0], b)
     assert h.cmd is None  # never read a process NVML could not confirm
 
 

@@ -1,6 +1,7 @@
 """A job whose processes hold (fake) GPUs: main, a forked child, a setsid-escaped daemon and
 a dataloader grandchild each keep $FAKE_DEV_DIR/nvidia<i> open for every GPU i in
-CUDA_VISIBLE_DEVICES, the way CUDA processes keep /dev/nvidia<i> open.
+CUDA_VISIBLE_DEVICES, the way CUDA processes keep /dev/nvidia<i> open (MIG-<uuid> for a
+MIG instance).
 
 Usage: gpu_holders.py [--ignore-term]. Each holder's fake memory is $FAKE_GPU_MIB.
 """
@@ -14,7 +15,8 @@ from _common import child_flag, forever, ready, wait_files  # noqa: E402
 
 if "--ignore-term" in sys.argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-devs = [f"{os.environ['FAKE_DEV_DIR']}/nvidia{i}"
+# A MIG instance is named by its MIG-<uuid>: its stand-in node is $FAKE_DEV_DIR/MIG-<uuid>.
+devs = [f"{os.environ['FAKE_DEV_DIR']}/{i if i.startswith('MIG-') else 'nvidia' + i}"
         for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i]
 
 

@@ -1,0 +1,338 @@
+"""Every GPU promise through the real nvidia-ml-py and trainctl's own NVML backend.
+
+No Python fake here: the real pynvml loads a C double of libnvidia-ml.so.1
+(tests/gpu/nvml_double.c) through LD_LIBRARY_PATH, so supervisor/gpu/nvml.py runs for
+real, and the pitfalls of real boxes (an old driver, a lost GPU, a version mismatch,
+MIG, host pids, slow init, Xid events) are reproduced by the "driver" itself. The jobs
+are real processes that keep the double's device nodes open, as CUDA processes keep
+/dev/nvidiaN open.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness, Result, wait_for
+from tests.gpu.nvml_double import GIB, MIB, Driver
+
+pytest.importorskip("pynvml")
+HOLDERS = Path(__file__).parents[1] / "trees" / "gpu_holders.py"
+
+
+def driver(h: Harness, n: int = 8, **kw: object) -> Driver:
+    d = Driver(h.tmp, n, **kw)  # type: ignore[arg-type]
+    h.env.pop("TRAINCTL_FAKE_GPU", None)
+    h.env.update(d.env(), FAKE_GPU_MIB="2048")
+    return d
+
+
+def start_holders(h: Harness, name: str, gpus: str, *extra: str) -> Result:
+    """The 4-holder job (main, child, escaped daemon, loader grandchild) on ``gpus``."""
+    ready = h.ready_file(name)
+    res = h.tc(
+        "start", "--name", name, "--gpus", gpus, "--grace", "2", "--json",
+        "--env", f"TREE_READY={ready}", *extra, "--", sys.executable, str(HOLDERS),
+    )  # fmt: skip
+    if res.rc == 0:
+        wait_for(ready.exists, 30, "the GPU job to hold its GPUs")
+    return res
+
+
+def one_line(res: Result, rc: int, needle: str) -> None:
+    assert res.rc == rc, res
+    assert needle in res.err, res
+    assert len(res.err.strip().splitlines()) == 1, res.err
+    assert "Traceback" not in res.out + res.err
+
+
+def gpus_json(h: Harness) -> list[dict]:  # type: ignore[type-arg]
+    doc = h.tc("gpus", "--json", check=True).json()
+    assert isinstance(doc, list)
+    return doc
+
+
+def test_bind_lease_and_release_on_eight_gpus(harness: Harness) -> None:
+    h = harness
+    d = driver(h)
+    res = start_holders(h, "big", "8")
+    assert res.rc == 0, res
+    assert res.json()["gpus"] == "0,1,2,3,4,5,6,7"  # type: ignore[index]
+    leases = h.state("big")["gpus"]
+    assert [g["uuid"] for g in leases] == [d.uuid(i) for i in range(8)]
+    assert all(g["baseline_used_bytes"] == 512 * MIB for g in leases)
+    rows = gpus_json(h)
+    assert [r["leased_by"] for r in rows] == ["big"] * 8
+    assert all(r["driver_version"] == "550.54.15" for r in rows)
+    for r in rows:
+        assert {p["owner"] for p in r["processes"]} == {"big"}
+        assert len(r["processes"]) == 4  # main, child, the escaped daemon, the loader
+        assert r["memory_used_bytes"] == 512 * MIB + 4 * 2048 * MIB
+    clash = h.tc("start", "--name", "more", "--gpus", "1", "--", "true")
+    one_line(clash, 1, "only 0 of 8 GPUs are free")
+    stop = h.tc("stop", "big", "--json")
+    assert stop.rc == 0, stop
+    report = stop.json()["report"]  # type: ignore[index]
+    assert report["survivors"] == []
+    assert [g["ok"] for g in report["gpus"]] == [True] * 8
+    assert all(g["released_bytes"] == 4 * 2048 * MIB for g in report["gpus"])
+    assert all(r["leased_by"] is None and not r["processes"] for r in gpus_json(h))
+
+
+def test_memory_that_lingers_three_seconds_is_waited_for(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 2)
+    d.device(1, release_delay_s=3)
+    assert start_holders(h, "slow", "1,").rc == 0
+    stop = h.tc("stop", "slow")
+    assert stop.rc == 0, stop
+    line = next(x for x in stop.out.splitlines() if "GPU 1 " in x)
+    seconds = float(re.search(r"after ([0-9.]+) s", line).group(1))  # type: ignore[union-attr]
+    assert 2.5 <= seconds < 15, line  # it waited for the driver, and says how long
+    assert "released 8.0 GiB" in line
+
+
+def test_stuck_memory_is_never_claimed_released(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 2)
+    d.device(0, stuck=True)
+    assert start_holders(h, "leak", "0,").rc == 0
+    stop = h.tc("stop", "leak", "--gpu-timeout", "1", "--json")
+    assert stop.rc == 1, stop
+    report = stop.json()["report"]  # type: ignore[index]
+    assert report["survivors"] == []  # every process is gone: only the memory stays
+    [g] = report["gpus"]
+    assert g["ok"] is False
+    assert g["error"] is None  # checked, and found held: not "not verified"
+    assert g["excess_bytes"] == 4 * 2048 * MIB
+    assert "NVML lists no process" in g["note"]
+    human = h.tc("stop", "leak")
+    assert "GPU 0  NOT RELEASED" in human.out
+    # a holder NVML names but this PID namespace cannot see is named as such
+    d.device(0, processes=[{"pid": 4194000, "used": 3 * GIB, "host": True}])
+    again = h.tc("stop", "leak", "--gpu-timeout", "1")
+    assert "pid 4194000 (not visible here)" in again.out, again.out
+    assert "(not visible here) (not visible here)" not in again.out
+
+
+def test_host_pids_in_a_container_are_shown_never_trusted(harness: Harness) -> None:
+    """NVML lists host pids (absent here) and the sentinel pid; the job's release is
+    proven by memory, and nothing is signalled or attributed on NVML's word."""
+    h = harness
+    d = driver(h, 2)
+    d.device(
+        0,
+        processes=[
+            {"pid": 4194001, "used": 1 * GIB, "host": True},
+            {"pid": 4294967295, "used": -1, "host": True},  # library/driver disagree
+        ],
+    )
+    g0 = gpus_json(h)[0]
+    assert [(p["pid"], p["owner"]) for p in g0["processes"]] == [(4194001, "not visible here")]
+    assert "4294967295" not in h.tc("gpus", check=True).out
+    # a job on GPU 1 next to it: bound, stopped, proven released
+    assert start_holders(h, "ct", "1,").rc == 0
+    assert h.tc("stop", "ct").rc == 0
+
+
+def test_one_lost_gpu_of_eight_leaves_the_others_working(harness: Harness) -> None:
+    h = harness
+    d = driver(h)
+    assert start_holders(h, "pair", "2,3").rc == 0
+    d.device(3, lost=True)  # Xid 79: GPU 3 fell off the bus while the job runs
+    view = h.tc("gpus")
+    assert view.rc == 0, view
+    assert "GPU 3  ERROR: GPU 3 lost (Xid 79?)" in view.out
+    assert view.out.count("NVIDIA H200") == 7
+    rows = gpus_json(h)
+    assert rows[3]["error"].startswith("GPU 3 lost")
+    assert rows[2]["leased_by"] == "pair"
+    two = h.tc("start", "--name", "two", "--gpus", "2", "--json", "--", "sleep", "600")
+    assert two.rc == 0, two
+    assert two.json()["gpus"] == "0,1"  # type: ignore[index]
+    on_lost = h.tc("start", "--name", "bad", "--gpus", "3,", "--", "sleep", "600")
+    one_line(on_lost, 1, "GPU 3 lost")
+    top = h.tc("top", "--once")
+    assert top.rc == 0, top
+    dry = h.tc("stop", "pair", "--dry-run")
+    assert dry.rc == 0, dry
+    stop = h.tc("stop", "pair", "--json")
+    report = stop.json()["report"]  # type: ignore[index]
+    assert report["survivors"] == []  # the processes first, whatever the GPU says
+    by_index = {g["index"]: g for g in report["gpus"]}
+    assert by_index[2]["ok"] is True  # the healthy GPU is proven released
+    assert by_index[3]["ok"] is False
+    assert "GPU 3 lost" in by_index[3]["error"]
+    human = h.tc("stop", "pair")
+    assert "GPU 3  not verified: GPU 3 lost" in human.out
+    assert "NOT released" not in human.out
+    assert h.tc("stop", "two").rc == 0
+
+
+def test_a_version_mismatch_gets_its_cause_and_fix(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 2)
+    assert start_holders(h, "run", "0,").rc == 0
+    d.set(init_error="LIB_RM_VERSION_MISMATCH")  # the host driver was updated meanwhile
+    view = h.tc("gpus")
+    one_line(view, 1, "version mismatch")
+    assert "reboot or reload" in view.err
+    assert "container" in view.err
+    doc = h.tc("gpus", "--json")
+    assert doc.rc == 1
+    assert "version mismatch" in doc.json()["error"]  # type: ignore[index]
+    start = h.tc("start", "--name", "g", "--gpus", "1", "--", "sleep", "1")
+    one_line(start, 1, "version mismatch")
+    plain = h.tc("start", "--name", "plain", "--", "sleep", "600")
+    assert plain.rc == 0, plain  # jobs without --gpus never ask the driver
+    assert h.tc("stop", "plain").rc == 0
+    stop = h.tc("stop", "run")
+    assert "nothing of the job is alive" in stop.out, stop
+    assert "not verified" in stop.out
+    assert "NOT released" not in stop.out
+    assert not h.job_pids("run")
+
+
+def test_no_permission_is_not_no_driver(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 1)
+    d.set(init_error="NO_PERMISSION")
+    view = h.tc("gpus")
+    one_line(view, 1, "no permission to read the GPUs")
+    assert "no NVIDIA driver" not in view.err
+
+
+@pytest.mark.parametrize("missing_v2", [False, True])
+def test_a_driver_without_the_v3_calls(harness: Harness, missing_v2: bool) -> None:
+    """An older driver than the library: _v2 instead, or release by memory alone."""
+    h = harness
+    d = driver(h, 2, old_driver=True)
+    if missing_v2:
+        d.set(fail={"nvmlDeviceGetComputeRunningProcesses_v2": "FUNCTION_NOT_FOUND"})
+    assert start_holders(h, "old", "0,").rc == 0
+    for verb in (["gpus"], ["ps", "old"], ["top", "--once"], ["stop", "old", "--dry-run"]):
+        res = h.tc(*verb)
+        assert res.rc == 0, (verb, res)
+        assert "Traceback" not in res.err
+    g0 = gpus_json(h)[0]
+    assert g0["leased_by"] == "old"
+    assert {p["seen"] for p in g0["processes"]} == ({"fd"} if missing_v2 else {"nvml+fd"})
+    stop = h.tc("stop", "old", "--json")
+    assert stop.rc == 0, stop
+    [g] = stop.json()["report"]["gpus"]  # type: ignore[index]
+    assert g["ok"] is True
+    if missing_v2:
+        assert "process list not available with this driver" in g["note"]
+        assert "process list not available" in h.tc("gpus").err
+
+
+def test_a_process_list_not_supported_on_one_gpu(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 3)
+    d.device(1, fail={"nvmlDeviceGetComputeRunningProcesses_v3": "NOT_SUPPORTED"})
+    view = h.tc("gpus")
+    assert view.rc == 0, view
+    res = h.tc("start", "--name", "two", "--gpus", "2", "--json", "--", "sleep", "600")
+    assert res.rc == 0, res
+    assert h.tc("stop", "two").rc == 0
+
+
+def test_graphics_and_mps_processes_are_holders(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 1)
+    # a display server of our own, say: a process NVML lists as graphics on GPU 0
+    me = subprocess.Popen(["sleep", "600"], env={**h.env, "TCTEST_BYSTANDER": "1"})
+    h.bystanders.append(me)
+    d.device(0, processes=[{"pid": me.pid, "used": 4 * GIB, "kind": "graphics"}])
+    refused = h.tc("start", "--name", "x", "--gpus", "0,", "--", "true")
+    one_line(refused, 1, "outside any job")
+    [p] = gpus_json(h)[0]["processes"]
+    assert p["pid"] == me.pid
+    assert "graphics" in p["seen"]
+
+
+def test_mig_two_instances_and_a_job_on_one(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 2)
+    uuids = [f"MIG-5e1f0c3a-0000-4000-8000-00000000000{k}" for k in range(2)]
+    mig = [
+        {"uuid": u, "total": 70 * GIB, "used": 64 * MIB, "gi": k + 1, "node": str(d.dev / u)}
+        for k, u in enumerate(uuids)
+    ]
+    for m in mig:
+        Path(m["node"]).touch()
+    d.device(0, mig=mig)
+    rows = gpus_json(h)
+    assert [(r["label"], r["mig_mode"]) for r in rows[:3]] == [
+        ("0", True), ("0/0", None), ("0/1", None)
+    ]  # fmt: skip
+    whole = h.tc("start", "--name", "w", "--gpus", "0,", "--", "true")
+    one_line(whole, 2, "GPU 0 is in MIG mode")
+    unknown = h.tc("start", "--name", "u", "--gpus", "MIG-00000000-dead", "--", "true")
+    one_line(unknown, 2, "no GPU 'MIG-00000000-dead'")
+    assert not (h.home / "jobs" / "u").exists()
+    res = start_holders(h, "m1", mig[1]["uuid"])
+    assert res.rc == 0, res
+    [lease] = h.state("m1")["gpus"]
+    assert (lease["index"], lease["mig"], lease["uuid"]) == (0, 1, mig[1]["uuid"])
+    env = (Path("/proc") / str(h.state("m1")["main"]["pid"]) / "environ").read_bytes()
+    assert f"CUDA_VISIBLE_DEVICES={mig[1]['uuid']}".encode() in env.split(b"\0")
+    rows = gpus_json(h)
+    assert rows[2]["leased_by"] == "m1"
+    assert rows[2]["memory_used_bytes"] == 64 * MIB + 4 * 2048 * MIB
+    assert rows[1]["leased_by"] is None
+    other = h.tc("start", "--name", "m0", "--gpus", "0/0", "--json", "--", "sleep", "600")
+    assert other.rc == 0, other  # the other instance is free
+    taken = h.tc("start", "--name", "m2", "--gpus", "0/1", "--", "sleep", "600")
+    one_line(taken, 1, "GPU 0/1 is leased by job m1")
+    stop = h.tc("stop", "m1", "--json")
+    assert stop.rc == 0, stop
+    [g] = stop.json()["report"]["gpus"]  # type: ignore[index]
+    assert (g["ok"], g["mig"], g["released_bytes"]) == (True, 1, 4 * 2048 * MIB)
+    assert h.tc("stop", "m0").rc == 0
+
+
+def test_an_xid_during_a_run_is_seen_and_becomes_the_cause(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 4)
+    gate = h.tmp / "die"
+    res = h.tc(
+        "start", "--name", "x", "--gpus", "2,", "--", "sh", "-c",
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 1",
+    )  # fmt: skip
+    assert res.rc == 0, res
+    events = h.home / "jobs" / "x" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    d.device(2, xids=[79])
+    wait_for(lambda: "Xid 79" in h.tc("status", "x").out, 20, "status to show the Xid")
+    assert "GPU 2 Xid 79 (fallen off the bus)" in h.tc("status", "x").out
+    assert '"event": "gpu_fault"' in events.read_text()
+    d.device(0, xids=[13])  # another GPU's Xid is not this run's
+    gate.touch()
+    h.tc("wait", "x", "--timeout", "30")
+    cause = h.tc("status", "x", "--json").json()["cause"]  # type: ignore[index]
+    fault = r"GPU 2 Xid 79 \(fallen off the bus\) at \d\d:\d\d:\d\d, then "
+    assert re.match(fault, cause["summary"]), cause
+    assert "exit" in cause["summary"]
+    assert cause["gpu"].startswith("GPU 2 Xid 79")
+    assert "GPU 0" not in h.tc("status", "x").out
+
+
+def test_a_one_second_init_is_paid_once_and_never_before_the_signal(harness: Harness) -> None:
+    h = harness
+    d = driver(h, 8)
+    assert start_holders(h, "slow", "8").rc == 0
+    events = h.home / "jobs" / "slow" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    d.set(init_delay_s=1.0)
+    before = d.inits()
+    stop = h.tc("stop", "slow", "--json")
+    assert stop.rc == 0, stop
+    report = stop.json()["report"]  # type: ignore[index]
+    assert all(g["ok"] for g in report["gpus"])
+    # the supervisor's release check reuses its open NVML: no init at all on the stop
+    assert d.inits() == before
