@@ -35,7 +35,9 @@
  *    }]}
  *
  * A dead holder's death time is remembered in $NVML_DOUBLE.seen (one line per holder),
- * across processes, so memory lingers the same for the CLI and the supervisor.
+ * across processes, so memory lingers the same for the CLI and the supervisor. The
+ * double knows a holder only from a call that saw it alive: a test of lingering memory
+ * looks at the GPUs (`trainctl gpus`) while the job runs.
  */
 #include <ctype.h>
 #include <dirent.h>

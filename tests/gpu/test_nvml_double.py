@@ -88,6 +88,8 @@ def test_memory_that_lingers_three_seconds_is_waited_for(harness: Harness) -> No
     d = driver(h, 2)
     d.device(1, release_delay_s=3)
     assert start_holders(h, "slow", "1,").rc == 0
+    # the double learns a holder from a call that sees it alive (a real driver needs none)
+    assert gpus_json(h)[1]["leased_by"] == "slow"
     stop = h.tc("stop", "slow")
     assert stop.rc == 0, stop
     line = next(x for x in stop.out.splitlines() if "GPU 1 " in x)
@@ -101,6 +103,7 @@ def test_stuck_memory_is_never_claimed_released(harness: Harness) -> None:
     d = driver(h, 2)
     d.device(0, stuck=True)
     assert start_holders(h, "leak", "0,").rc == 0
+    assert len(gpus_json(h)[0]["processes"]) == 4  # seen alive (the double remembers them)
     stop = h.tc("stop", "leak", "--gpu-timeout", "1", "--json")
     assert stop.rc == 1, stop
     report = stop.json()["report"]  # type: ignore[index]
@@ -110,7 +113,7 @@ def test_stuck_memory_is_never_claimed_released(harness: Harness) -> None:
     assert g["error"] is None  # checked, and found held: not "not verified"
     assert g["excess_bytes"] == 4 * 2048 * MIB
     assert "NVML lists no process" in g["note"]
-    human = h.tc("stop", "leak")
+    human = h.tc("stop", "leak", "--gpu-timeout", "1")  # the stopped job's GPU, checked again
     assert "GPU 0  NOT RELEASED" in human.out
     # a holder NVML names but this PID namespace cannot see is named as such
     d.device(0, processes=[{"pid": 4194000, "used": 3 * GIB, "host": True}])
