@@ -29,8 +29,54 @@ def run_doctor(home: Path) -> list[Check]:
     checks = [_init()]
     if systemd.booted():
         checks += [_logind(), _linger(), *_units(home)]
-    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), *_adopted(home)]
+    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), *_adopted(home), *_gpus()]
     return checks
+
+
+def _gpus() -> list[Check]:
+    """The driver, its versions, and each GPU's persistence and MIG modes."""
+    from trainctl.supervisor.errors import GpuError  # noqa: PLC0415
+    from trainctl.supervisor.gpu import NoDriverError, open_backend  # noqa: PLC0415
+
+    try:
+        backend = open_backend()
+    except NoDriverError as e:
+        return [Check("gpus", str(e), True, "only jobs started with --gpus need one")]
+    except GpuError as e:
+        return [Check("gpus", str(e), False, "jobs without --gpus are unaffected")]
+    try:
+        gpus, info = backend.gpus(), backend.driver()
+    except GpuError as e:
+        return [Check("gpus", str(e), False, "jobs without --gpus are unaffected")]
+    finally:
+        backend.close()
+    whole = [g for g in gpus if g.mig is None]
+    out = [
+        Check(
+            "gpus",
+            f"driver {info.driver_version or '?'}, NVML {info.nvml_version or '?'}, "
+            f"{len(whole)} GPU(s)",
+            info.note is None,
+            info.note or "",
+        )
+    ]
+    for g in whole:
+        if g.error is not None:
+            out.append(Check(f"GPU {g.label}", g.error, False, "the other GPUs keep working"))
+            continue
+        instances = sum(1 for m in gpus if m.index == g.index and m.mig is not None)
+        mig = f", MIG on ({instances} instance(s), bound per instance)" if g.mig_mode else ""
+        persistence = {True: "persistence on", False: "persistence OFF", None: "persistence ?"}
+        hint = (
+            "every NVML start (each trainctl call that looks at GPUs) costs seconds without "
+            "it: `nvidia-smi -pm 1`, or run nvidia-persistenced"
+            if g.persistence is False
+            else ""
+        )
+        out.append(
+            Check(f"GPU {g.label}", f"{g.name}, {persistence[g.persistence]}{mig}", not hint, hint)
+        )
+    return out
 
 
 def _live_states(home: Path) -> Iterator[tuple[str, state.JobState]]:

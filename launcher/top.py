@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.gpu import NoDriverError
 
 from . import render, term
@@ -92,14 +93,19 @@ def _gpu_lines(home: Path, width: int) -> list[Line]:
         views = gpu_views(home)
     except NoDriverError as e:
         return [(_fit(f"GPUs: {e}", width), "dim")]
+    except GpuError as e:  # the driver cannot answer: the jobs still show
+        return [(_fit(f"GPUs: {e}", width), "red")]
     out: list[Line] = [("GPUS", "bold")]
     for v in views:
+        if v.error is not None:
+            out.append((_fit(f"{v.label:>3} ERROR: {v.error}", width), "red"))
+            continue
         util = "-" if v.utilization_pct is None else f"{v.utilization_pct}%"
         lease = f"job {v.leased_by}" if v.leased_by else "free"
         mem = f"{render.gib(v.memory_used_bytes)} / {render.gib(v.memory_total_bytes)}"
         who = ", ".join(f"{p.pid} {p.owner}" for p in v.processes[:4])
         more = f" +{len(v.processes) - 4}" if len(v.processes) > 4 else ""
-        line = f"{v.index:>3} {v.name[:24]:<24} {mem:>20}  util {util:>4}  {lease:<14} {who}{more}"
+        line = f"{v.label:>3} {v.name[:24]:<24} {mem:>20}  util {util:>4}  {lease:<14} {who}{more}"
         out.append((_fit(line, width), "yellow" if v.leased_by else None))
     return out
 
@@ -121,7 +127,7 @@ def frame_doc(home: Path) -> dict[str, Any]:
     doc: dict[str, Any] = {"host": socket.gethostname(), "at": time.time(), "jobs": jobs}
     try:
         doc["gpus"] = [v.to_doc() for v in gpu_views(home)]
-    except NoDriverError as e:
+    except GpuError as e:  # no driver, or one that cannot answer
         doc["gpus"], doc["gpus_error"] = [], str(e)
     return doc
 

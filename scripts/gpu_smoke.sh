@@ -3,13 +3,34 @@
 # a job of three GPU processes (one forked child, one setsid-escaped) started through
 # trainctl with --gpus 0; checks that `trainctl gpus` attributes them, stops the job and
 # checks the stop report proves the memory released. Prints PASS/FAIL per check; < 3 min.
-# Usage: scripts/gpu_smoke.sh [GIB_PER_PROCESS]   (uses the trainctl and python on PATH)
+# Usage: scripts/gpu_smoke.sh [--double] [GIB_PER_PROCESS]   (the trainctl and python on PATH)
+#
+# --double: the same checks on a machine without a GPU, against the C double of
+# libnvidia-ml.so.1 (tests/gpu/nvml_double.c, built here with cc) that the real
+# nvidia-ml-py loads; the job's processes then "allocate" by keeping the double's device
+# node open instead of through torch. CI runs this mode (tests/gpu/test_nvml_double.py).
 set -uo pipefail
+double=0
+if [ "${1:-}" = --double ]; then double=1; shift; fi
 GIB="${1:-2}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 export TRAINCTL_HOME="$work/home" SMOKE_DIR="$work" SMOKE_GIB="$GIB"
 unset TRAINCTL_FAKE_GPU
+if [ "$double" = 1 ]; then
+  mkdir -p "$work/lib" "$work/dev" && touch "$work/dev/nvidia0"
+  cc -shared -fPIC -O1 -o "$work/lib/libnvidia-ml.so.1" "$ROOT/tests/gpu/nvml_double.c" || exit 1
+  cat >"$work/nvml.json" <<EOF
+{"driver_version": "550.54.15", "nvml_version": "12.550.54.15",
+ "devices": [{"uuid": "GPU-5a0ce000-0000-4000-8000-000000000000", "name": "NVIDIA H200",
+              "minor": 0, "total": 151397597184, "used": 536870912,
+              "node": "$work/dev/nvidia0", "release_delay_s": 1}]}
+EOF
+  export LD_LIBRARY_PATH="$work/lib" NVML_DOUBLE="$work/nvml.json"
+  export TRAINCTL_NVIDIA_DEV_DIR="$work/dev" SMOKE_DEVICE="$work/dev/nvidia0"
+  FAKE_GPU_MIB="$(python3 -c "print(int(float('$GIB') * 1024))")"
+  export FAKE_GPU_MIB
+fi
 fails=0
 check() {  # check NAME CONDITION-COMMAND...
   local name="$1"; shift
@@ -17,8 +38,12 @@ check() {  # check NAME CONDITION-COMMAND...
 }
 py() { python3 -c "$@"; }
 
-echo "== machine"; nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || true
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+if [ "$double" = 1 ]; then
+  echo "== machine: no GPU; the libnvidia-ml double at $work/lib"
+else
+  echo "== machine"; nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || true
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+fi
 
 check "trainctl gpus sees an NVIDIA driver" \
   bash -c 'trainctl gpus --json > "$SMOKE_DIR/gpus0.json" && ! grep -q "no NVIDIA driver" "$SMOKE_DIR/gpus0.json"'

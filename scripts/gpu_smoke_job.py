@@ -15,11 +15,15 @@ out = os.environ["SMOKE_DIR"]
 
 
 def allocate_and_wait(role: str) -> None:
-    import torch  # noqa: PLC0415  (after the forks: CUDA does not survive fork)
+    device = os.environ.get("SMOKE_DEVICE")
+    if device:  # gpu_smoke.sh --double: the double counts an open device node as a context
+        block = os.open(device, os.O_RDWR)
+    else:
+        import torch  # noqa: PLC0415  (after the forks: CUDA does not survive fork)
 
-    block = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
-    block.fill_(1)
-    torch.cuda.synchronize()
+        block = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+        block.fill_(1)
+        torch.cuda.synchronize()
     with open(os.path.join(out, f"{role}.ready"), "w") as f:
         f.write(str(os.getpid()))
     while True:

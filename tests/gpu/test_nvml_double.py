@@ -10,7 +10,9 @@ are real processes that keep the double's device nodes open, as CUDA processes k
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +194,9 @@ def test_a_version_mismatch_gets_its_cause_and_fix(harness: Harness) -> None:
     one_line(start, 1, "version mismatch")
     plain = h.tc("start", "--name", "plain", "--", "sleep", "600")
     assert plain.rc == 0, plain  # jobs without --gpus never ask the driver
+    for verb in (["ps", "plain"], ["top", "--once"], ["status", "plain"]):
+        res = h.tc(*verb)
+        assert res.rc == 0, (verb, res)
     assert h.tc("stop", "plain").rc == 0
     stop = h.tc("stop", "run")
     assert "nothing of the job is alive" in stop.out, stop
@@ -339,3 +344,77 @@ def test_a_one_second_init_is_paid_once_and_never_before_the_signal(harness: Har
     assert all(g["ok"] for g in report["gpus"])
     # the supervisor's release check reuses its open NVML: no init at all on the stop
     assert d.inits() == before
+
+
+def test_gpus_and_doctor_show_versions_modes_and_warn_without_persistence(
+    harness: Harness,
+) -> None:
+    h = harness
+    d = driver(h, 3)
+    d.device(1, persistence=0)
+    d.device(2, mig=[{"uuid": "MIG-aaaaaaaa-0000-4000-8000-000000000000", "total": 35 * GIB}])
+    view = h.tc("gpus")
+    assert view.rc == 0, view
+    assert view.out.startswith("driver 550.54.15  NVML 12.550.54.15")
+    assert "GPU 1  NVIDIA H200" in view.out
+    assert "persistence off" in view.out.splitlines()[2]
+    assert "MIG mode" in view.out
+    assert "GPU 2/0" in view.out
+    assert "persistence mode is off on GPU(s) 1" in view.err
+    # idle GPUs with the driver's reserved memory get no "PID namespace" note
+    assert "no process listed" not in view.out
+    rows = gpus_json(h)
+    assert [r["persistence"] for r in rows[:3]] == [True, False, True]
+    doctor = h.tc("doctor")
+    assert "driver 550.54.15, NVML 12.550.54.15, 3 GPU(s)" in doctor.out, doctor
+    assert "persistence OFF" in doctor.out
+    assert "nvidia-smi -pm 1" in doctor.out
+    assert "MIG on (1 instance(s)" in doctor.out
+    d.device(0, lost=True)
+    assert "GPU 0 lost (Xid 79?)" in h.tc("doctor").out
+
+
+def test_the_watch_reads_uncorrected_ecc_errors(harness: Harness) -> None:
+    """The supervisor's GPU watch, through the real pynvml: a new ECC error is a fault."""
+    h = harness
+    d = driver(h, 2)
+    code = (
+        "import json, sys\n"
+        "from trainctl.supervisor.gpu.watch import GpuWatch\n"
+        "from trainctl.supervisor.state import GpuLease\n"
+        "w = GpuWatch.open((GpuLease(1, sys.argv[1], 'NVIDIA H200', 0),))\n"
+        "first = w.sample()\n"
+        "doc = json.load(open(sys.argv[2]))\n"
+        "doc['devices'][1]['ecc_uncorrected'] = 2\n"
+        "json.dump(doc, open(sys.argv[2], 'w'))\n"
+        "print(json.dumps([first, w.sample(), w.sample(), w.xids is not None]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, d.uuid(1), str(d.path)],
+        env={**h.env, "TCTEST_BYSTANDER": "1"}, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    first, second, third, has_events = json.loads(out.stdout)
+    assert first == []
+    [fault] = second
+    assert fault.startswith("GPU 1: 2 uncorrected ECC error(s) at ")
+    assert third == []  # said once
+    assert has_events
+
+
+def test_gpu_smoke_script_passes_against_the_double(harness: Harness) -> None:
+    """scripts/gpu_smoke.sh, unchanged on a real GPU, in its --double mode here."""
+    h = harness
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the libnvidia-ml double")
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in h.env.items() if k not in ("TRAINCTL_HOME", "TRAINCTL_FAKE_GPU")}
+    env["PATH"] = f"{venv_bin}:{env.get('PATH', '/usr/bin:/bin')}"
+    script = Path(__file__).parents[2] / "scripts" / "gpu_smoke.sh"
+    res = subprocess.run(
+        ["bash", str(script), "--double", "1"], env=env, capture_output=True, text=True,
+        timeout=100, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "== 0 check(s) failed" in res.stdout
+    assert res.stdout.count("PASS ") == 6
