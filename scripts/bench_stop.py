@@ -27,6 +27,11 @@
 9. `trainctl stack` of an 8-process Python job (py-spy, every process read in parallel),
    median of 5. Target: <= 2 s.
 
+13. GPUs through the real nvidia-ml-py and the C double of libnvidia-ml (8 GPUs): the
+   stop's first signal with a 1 s nvmlInit against none (target ~1x), the release check's
+   time beyond the job's exit (target <= 1.3 s) and NVML inits per stop, `trainctl gpus`
+   against the 1 s init (target <= 1.2x), the supervisor's Xid watch at rest (<= 0.1%).
+
 0. start-up: `trainctl status NAME` and `stop`'s first signal after the command's exec,
    against a bare `python -c pass` from the same venv (targets <= 3.5x and <= 4x); and
    the end-to-end `trainctl stop` of the tree, from the command's exec until its last
@@ -34,7 +39,7 @@
    shell (target <= 1.5x killpg).
 
 Run: scripts/bench.sh [--duration 30] [--rounds 5] [--quick]
-                      [--only startup|latency|order|crowd|repo|list|stack|adopt|queue|mcp]
+                      [--only startup|latency|order|crowd|repo|list|stack|adopt|queue|mcp|gpu]
 (every part by default; --quick leaves out 6 and 7)
 """
 
@@ -284,8 +289,9 @@ def main() -> None:
             "adopt",
             "queue",
             "mcp",
+            "gpu",
         ],
-        help="run only part 0, 1, 5, 6, 7, 8, 9, 10, 11 or 12",
+        help="run only part 0, 1, 5, 6, 7, 8, 9, 10, 11, 12 or 13",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -308,6 +314,7 @@ def main() -> None:
         "adopt": lambda: bench_adopt(tmp, env, args),
         "queue": lambda: bench_queue(tmp, env, args),
         "mcp": lambda: bench_mcp(tmp, env),
+        "gpu": lambda: bench_gpu(tmp, env, args),
     }
     if args.only:
         only[args.only]()
@@ -358,6 +365,7 @@ def main() -> None:
     bench_adopt(tmp, env, args)
     bench_queue(tmp, env, args)
     bench_mcp(tmp, env)
+    bench_gpu(tmp, env, args)
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
@@ -802,6 +810,129 @@ def bench_orders(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> No
         f"{t / a:.2f}x (target <= 1.1x); CLI wall tree {tw:.0f} ms vs all {aw:.0f} ms -> "
         f"{tw / aw:.2f}x"
     )
+
+
+# A job of 8 processes, one per GPU, each keeping its GPU's device node open (as a CUDA
+# context keeps /dev/nvidiaN open); on SIGTERM each writes when it got it and when it
+# leaves (CLOCK_MONOTONIC, shared by every process of the machine), then exits.
+GPU_JOB = (
+    "import os, signal, sys, time\n"
+    "out, dev = sys.argv[1], sys.argv[2]\n"
+    "def bye(*_):\n"
+    "    t = time.monotonic()\n"
+    "    with open(f'{out}.{os.getpid()}', 'w') as f: f.write(f'{t} {time.monotonic()}')\n"
+    "    os._exit(0)\n"
+    "gpus = os.environ['CUDA_VISIBLE_DEVICES'].split(',')\n"
+    "for g in gpus[1:]:\n"
+    "    if os.fork() == 0:\n"
+    "        gpus = [g]\n"
+    "        break\n"
+    "else: gpus = gpus[:1]\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "fd = os.open(f'{dev}/nvidia{gpus[0]}', os.O_RDWR)\n"
+    "open(f'{out}.ready.{gpus[0]}', 'w').close()\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def _gpu_job(tmp: Path, env: dict[str, str], name: str, dev: Path) -> Path:
+    out = tmp / f"{name}.exit"
+    r = tc("start", "--name", name, "--gpus", "8", "--grace", "30", "--",
+           sys.executable, "-c", GPU_JOB, str(out), str(dev), env=env)  # fmt: skip
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    for i in range(8):
+        wait_file(Path(f"{out}.ready.{i}"))
+    jdir = Path(env["TRAINCTL_HOME"]) / "jobs" / name
+    run = json.loads((jdir / "state.json").read_text())["run"]
+    deadline = time.monotonic() + 30
+    # this run's supervisor has its NVML open (one gpu_watch event per run)
+    while (jdir / "events.jsonl").read_text().count('"event": "gpu_watch"') < run:
+        if time.monotonic() > deadline:
+            raise SystemExit("the supervisor never opened its GPU watch")
+        time.sleep(0.05)
+    return out
+
+
+def _gpu_stop(out: Path, env: dict[str, str], name: str) -> tuple[float, float]:
+    """(`trainctl stop` exec -> first SIGTERM, last exit -> stop returned), in seconds."""
+    for f in out.parent.glob(f"{out.name}.[0-9]*"):
+        f.unlink()
+    t0 = time.monotonic()
+    r = tc("stop", name, "--json", env=env)
+    t1 = time.monotonic()
+    if r.returncode or not json.loads(r.stdout)["ok"]:
+        raise SystemExit(f"bad stop: {r.stdout[:400]}")
+    times = [
+        tuple(map(float, f.read_text().split())) for f in out.parent.glob(f"{out.name}.[0-9]*")
+    ]
+    return min(t for t, _ in times) - t0, t1 - max(e for _, e in times)
+
+
+def bench_gpu(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """13. NVML through the libnvidia-ml double (the real nvidia-ml-py): a 1 s nvmlInit
+    (no persistence mode) must not delay the stop's first signal, the release check pays
+    one init at most, `gpus` about the init itself, and the Xid watch costs nothing."""
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu.nvml_double import Driver  # noqa: PLC0415  (the double: this part only)
+
+    d = Driver(tmp, 8)
+    genv = {**env, **d.env(), "FAKE_GPU_MIB": "4096"}
+    genv.pop("TRAINCTL_FAKE_GPU", None)
+    rows: dict[tuple[float, str], list[tuple[float, float, int]]] = {}
+    for _ in range(max(3, args.rounds)):  # interleaved: each delay and path alike
+        for delay in (0.0, 1.0):
+            for path in ("supervisor", "direct"):
+                d.set(init_delay_s=0.0)
+                out = _gpu_job(tmp, genv, "g", d.dev)
+                d.set(init_delay_s=delay)
+                if path == "direct":  # a supervisor-less stop (we started the supervisor)
+                    sup = json.loads((tmp / "home" / "jobs" / "g" / "state.json").read_text())
+                    os.kill(sup["supervisor"]["pid"], signal.SIGKILL)
+                inits = d.inits()
+                first, beyond = _gpu_stop(out, genv, "g")
+                rows.setdefault((delay, path), []).append((first, beyond, d.inits() - inits))
+    print("13. GPUs through the real nvidia-ml-py and the libnvidia-ml double, 8 GPUs:")
+    for (delay, path), got in sorted(rows.items()):
+        f = statistics.median(g[0] for g in got) * 1000
+        b = statistics.median(g[1] for g in got)
+        n = statistics.median(g[2] for g in got)
+        print(
+            f"   nvmlInit {delay:.0f} s, {path} stop: exec -> first signal {f:.1f} ms; "
+            f"release check beyond the job's exit {b:.2f} s (target <= 1.3 s); "
+            f"{n:.0f} NVML init(s) per stop"
+        )
+    for path in ("supervisor", "direct"):
+        f0 = statistics.median(g[0] for g in rows[(0.0, path)])
+        f1 = statistics.median(g[0] for g in rows[(1.0, path)])
+        print(f"   {path} stop's first signal, 1 s init / none: {f1 / f0:.2f}x (target ~1x)")
+    d.set(init_delay_s=1.0)
+    walls = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        tc("gpus", env=genv)
+        walls.append(time.monotonic() - t0)
+    w = statistics.median(walls)
+    print(f"   `trainctl gpus`, 8 GPUs, 1 s init: {w:.2f} s -> {w / 1.0:.2f}x the init (<= 1.2x)")
+    d.set(init_delay_s=0.0)
+    _gpu_job(tmp, genv, "rest", d.dev)
+    # the same 8 processes on the same device nodes, but not bound: no GPU watch
+    plain = tmp / "plain.exit"
+    tc("start", "--name", "plain", "--env", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "--",
+       sys.executable, "-c", GPU_JOB, str(plain), str(d.dev), env=genv)  # fmt: skip
+    for i in range(8):
+        wait_file(Path(f"{plain}.ready.{i}"))
+    window = args.duration
+    with_gpus, _ = supervisor_cost(tmp / "home", window, "rest")
+    without, _ = supervisor_cost(tmp / "home", window, "plain")
+    print(
+        f"   supervisor at rest over {window:.0f} s: a job on 8 GPUs (Xid events, memory "
+        f"and ECC every 30 s) {with_gpus:.3f}% of a core, the same job unbound "
+        f"{without:.3f}% -> the GPU watch costs {max(0.0, with_gpus - without):.3f}% "
+        "(target <= 0.1%)"
+    )
+    tc("stop", "rest", env=genv)
+    tc("stop", "plain", env=genv)
 
 
 if __name__ == "__main__":

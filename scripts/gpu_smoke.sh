@@ -27,7 +27,7 @@ if [ "$double" = 1 ]; then
               "node": "$work/dev/nvidia0", "release_delay_s": 1}]}
 EOF
   export LD_LIBRARY_PATH="$work/lib" NVML_DOUBLE="$work/nvml.json"
-  export TRAINCTL_NVIDIA_DEV_DIR="$work/dev" SMOKE_DEVICE="$work/dev/nvidia0"
+  export TRAINCTL_NVIDIA_DEV_DIR="$work/dev" SMOKE_DEVICE="$work/dev/nvidia0" NVML_DOUBLE_DEV="$work/dev"
   FAKE_GPU_MIB="$(python3 -c "print(int(float('$GIB') * 1024))")"
   export FAKE_GPU_MIB
 fi

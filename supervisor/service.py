@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -25,6 +26,8 @@ from typing import Any, TextIO, cast
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -480,8 +483,9 @@ class Supervisor:
         """Look at the run's GPUs for its whole life: memory, Xid events, ECC errors.
 
         NVML is opened once, in a thread, after the run started: never on the stop path.
-        The Xid wait blocks in the driver (a thread, abandoned at exit), so at rest the
-        watch costs one wake-up per ``XID_WAIT_S``.
+        The Xid wait blocks in the driver, in a daemon thread of its own (an anyio worker
+        would hold up the supervisor's exit until its wait returns); memory and ECC are
+        read every ``GPU_SAMPLE_S``. At rest that is one wake-up a minute.
         """
         if not self.state.gpus:
             return
@@ -498,20 +502,41 @@ class Supervisor:
             xid_events=watch.xids is not None,
             driver=info.driver_version,
         )
+        if watch.xids is not None:
+            token = anyio.lowlevel.current_token()
+            threading.Thread(
+                target=self._wait_xids, args=(watch, token), name="xid-watch", daemon=True
+            ).start()
         while True:
+            await anyio.sleep(GPU_SAMPLE_S)
             try:
-                faults = await anyio.to_thread.run_sync(
-                    watch.wait_xid, XID_WAIT_S, abandon_on_cancel=True
-                )
-                if time.time() - watch.sampled_at >= GPU_SAMPLE_S:
-                    faults += await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
+                faults = await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
             except GpuError as e:
                 self.log.warning("gpu_watch_failed", error=str(e))
-                await anyio.sleep(GPU_SAMPLE_S)
                 continue
             for fault in faults:
-                self.log.warning("gpu_fault", fault=fault)
-                self._set(self.state.phase, gpu_faults=(*self.state.gpu_faults, fault)[-20:])
+                self._gpu_fault(fault)
+
+    def _wait_xids(self, watch: GpuWatch, token: anyio.lowlevel.EventLoopToken) -> None:
+        """The Xid wait (a daemon thread): each fault is handed to the event loop."""
+        while True:
+            try:
+                faults = watch.wait_xid(XID_WAIT_S)
+            except GpuError as e:
+                faults = [f"the Xid watch stopped: {e}"]
+                watch.xids = None
+            for fault in faults:
+                try:
+                    anyio.from_thread.run_sync(self._gpu_fault, fault, token=token)
+                except RuntimeError:  # the loop has ended: the supervisor is exiting
+                    return
+            if watch.xids is None:
+                return
+
+    def _gpu_fault(self, fault: str) -> None:
+        """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
+        self.log.warning("gpu_fault", fault=fault)
+        self._set(self.state.phase, gpu_faults=(*self.state.gpu_faults, fault)[-20:])
 
     # ------------------------------------------------------------ stop
 
@@ -880,8 +905,8 @@ class Supervisor:
                             self._answer(token, a)
 
 
-XID_WAIT_S = 2.0  # one Xid wait; also how late the watch ends at exit
-GPU_SAMPLE_S = 5.0  # how often the leased GPUs' memory and ECC counts are read
+XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
+GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
 LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log
 
 

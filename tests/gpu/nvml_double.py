@@ -17,8 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 SOURCE = Path(__file__).with_name("nvml_double.c")
 GIB = 1 << 30
 MIB = 1 << 20
@@ -32,6 +30,8 @@ def build(old_driver: bool = False) -> Path:
     """
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
+        import pytest  # noqa: PLC0415  (the benchmarks use this module without pytest)
+
         pytest.skip("no C compiler to build the libnvidia-ml double (apt-get install gcc)")
     digest = hashlib.sha256(SOURCE.read_bytes() + bytes([old_driver])).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / f"trainctl-nvml-double-{digest}"
@@ -94,6 +94,7 @@ class Driver:
             "NVML_DOUBLE": str(self.path),
             "TRAINCTL_NVIDIA_DEV_DIR": str(self.dev),
             "FAKE_DEV_DIR": str(self.dev),  # where tests/trees/gpu_holders.py opens "GPUs"
+            "NVML_DOUBLE_DEV": str(self.dev),  # the double's fd walk keeps only these
         }
 
     def write(self) -> None:
