@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.supervisor import cgroup, state, systemd
-from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.errors import GpuError, TrainctlError
+from trainctl.supervisor.gpu import NoDriverError, open_backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +36,6 @@ def run_doctor(home: Path) -> list[Check]:
 
 def _gpus() -> list[Check]:
     """The driver, its versions, and each GPU's persistence and MIG modes."""
-    from trainctl.supervisor.errors import GpuError  # noqa: PLC0415
-    from trainctl.supervisor.gpu import NoDriverError, open_backend  # noqa: PLC0415
-
     try:
         backend = open_backend()
     except NoDriverError as e:

@@ -278,3 +278,22 @@ def _cgroup_writable() -> bool:
         return False
     cgroup.remove(path)
     return True
+
+
+V1_FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.fixture
+def v1_freezer() -> Iterator[Path]:
+    """A cgroup-v1 freezer group: its frozen tasks cannot act on SIGKILL until thawed."""
+    if not (V1_FREEZER / "cgroup.procs").exists() or not os.access(V1_FREEZER, os.W_OK):
+        pytest.skip("no writable cgroup v1 freezer on this machine")
+    path = V1_FREEZER / f"tctest-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            (path / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not (path / "cgroup.procs").read_text().strip(), 10, "thawed exit")
+        path.rmdir()

@@ -418,3 +418,30 @@ def test_gpu_smoke_script_passes_against_the_double(harness: Harness) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert "== 0 check(s) failed" in res.stdout
     assert res.stdout.count("PASS ") == 6
+
+
+def test_a_stuck_process_of_the_job_is_named_as_the_jobs_holder(
+    harness: Harness, v1_freezer: Path
+) -> None:
+    """A member that cannot die (frozen: state D) still holds its GPU: the report names it
+    as this job's, with its command, and never claims the GPU released."""
+    h = harness
+    d = driver(h, 1)
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[stop]\nkill_wait_s = 0.5\n")
+    res = h.tc(
+        "start", "--name", "fz", "--gpus", "0,", "--grace", "0.2", "--", "sh", "-c",
+        f"exec 3<{d.dev}/nvidia0; exec sleep 600",
+    )  # fmt: skip
+    assert res.rc == 0, res
+    main = h.state("fz")["main"]["pid"]
+    wait_for(lambda: len(gpus_json(h)[0]["processes"]) == 1, 20, "the job to hold GPU 0")
+    (v1_freezer / "cgroup.procs").write_text(str(main))
+    (v1_freezer / "freezer.state").write_text("FROZEN")
+    wait_for(lambda: (v1_freezer / "freezer.state").read_text().strip() == "FROZEN")
+    stop = h.tc("stop", "fz", "--gpu-timeout", "1", "--json")
+    assert stop.rc == 1, stop
+    [g] = stop.json()["report"]["gpus"]  # type: ignore[index]
+    assert g["ok"] is False
+    assert [(x["pid"], x["owner"]) for x in g["job_holders"]] == [(main, "this job")]
+    human = h.tc("stop", "fz", "--gpu-timeout", "1")
+    assert f"pid {main} (this job) sleep 600" in human.out, human.out
