@@ -29,6 +29,7 @@ class ExitCode(IntEnum):
     NOT_RUNNING = 3  # status: the job is not running
     STATE_UNKNOWN = 4  # state untrusted or supervisor lost
     REMOTE = 5
+    NOT_PROVEN = 6  # stop: what was found is gone, but nothing proves it was all
     INTERNAL = 70
     TIMEOUT = 124  # wait --timeout expired
     INTERRUPTED = 130

@@ -365,6 +365,8 @@ def _warnings(res: StopResult) -> None:
 def _verdict(r: StopReport) -> str:
     if r.survivors:
         return f"{len(r.survivors)} process(es) SURVIVED"
+    if r.unproven:
+        return f"all it found is gone, NOT PROVEN complete: {r.unproven}"
     held = [g.label for g in r.held_gpus]
     if held:
         return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"

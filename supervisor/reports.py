@@ -165,6 +165,10 @@ class StopReport:
     persist_error: str | None = None  # the stop happened, but could not be recorded
     stacks: str | None = None  # where the stacks of what outlived the grace were written
     cause: Cause | None = None  # why the run ended (supervisor/causes.py)
+    # what this stop could not check, when it cannot prove that nothing of the job is left
+    # (no cgroup and no supervisor: an escaper that shed every net since the last
+    # snapshot cannot be found). ``ok`` then means "all that was found is gone".
+    unproven: str | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""

@@ -407,8 +407,14 @@ class Supervisor:
         costs as much as the host has processes, runs every FULL_SCAN_S as a safety net.
         """
         last_full = time.monotonic()
+        # The first ticks come early (0.25, 0.5, 1 s, … up to the interval): a helper
+        # that escapes at start-up (setsid, double fork, scrubbed environment) is on
+        # record within a moment, so a supervisor that dies soon after does not take
+        # the only knowledge of it along.
+        pause = min(EARLY_SNAPSHOT_S, self.spec.watch.snapshot_interval_s)
         while True:
-            await anyio.sleep(self.spec.watch.snapshot_interval_s)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, self.spec.watch.snapshot_interval_s)
             self.reap()
             self._rebind(why="the socket file was gone")
             if self._check_stall():
@@ -905,6 +911,7 @@ class Supervisor:
                             self._answer(token, a)
 
 
+EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doubling)
 XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
 LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log

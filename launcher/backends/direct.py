@@ -37,6 +37,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
             # Nothing left to signal, but the last stop could not prove the GPUs free.
             return _reverify_gpus(jdir, st, spec, req)
         return _nothing_to_stop(jdir, st, spec)
+    unproven = unprovable(st)
     failures: list[str] = []
 
     def emit(event: str, **fields: Any) -> None:
@@ -57,6 +58,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         emit=emit,
         before_kill=before_kill_writer(jdir, st.run, st.marker),
     )
+    report.unproven = unproven
     # the run's v1 memory group (memory_max on a hybrid host), once empty
     memory.remove(Path(st.memory_cgroup) if st.memory_cgroup else None, target_of(st).cgroup)
     changes: dict[str, Any] = {}
@@ -108,12 +110,37 @@ def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> St
     return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
 
 
+def unprovable(st: JobState) -> str | None:
+    """What a stop of ``st`` without its supervisor cannot check (None: it can prove).
+
+    With a cgroup, every process of the run is in it, however it escaped. Without one,
+    the marker, the process group and session and the tree find all but a process that
+    left them all and shed its TRAINCTL_JOB; only the supervisor (the orphans' subreaper)
+    and its member snapshot saw those, and a dead supervisor saw nothing since its last.
+    """
+    if st.cgroup is not None or st.from_other_boot():  # a reboot ended every process of it
+        return None
+    seen = (
+        f"its last member snapshot ({time.strftime('%H:%M:%S', time.localtime(st.snapshot_at))})"
+        if st.snapshot_at
+        else "any member snapshot"
+    )
+    return (
+        "no cgroup and no supervisor: a process that left the job's tree, session and "
+        "process group and dropped its TRAINCTL_JOB marker after "
+        f"{seen} cannot be found (check `trainctl ps {st.name}`, or start jobs with a cgroup)"
+    )
+
+
 def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
     msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); nothing to stop"
+    unproven = unprovable(st) if st.phase not in state.TERMINAL else None
     if st.phase not in state.TERMINAL:
+        found = "it could find " if unproven else ""
         lost = Cause(
             kind="lost",
-            summary="lost: its supervisor and every process of the run were gone when seen",
+            summary=f"lost: its supervisor and every process of the run {found}were gone "
+            "when seen",
         )
         st = st.moved(Phase.STOPPING).moved(
             Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc()
@@ -123,7 +150,11 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
         # The survivors an earlier stop reported are gone now: say so from here on.
         st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
         write_best_effort(jdir, st)
-    return StopResult(st.name, st.run, "noop", _noop_report(st, spec), st.exit_code, msg)
+    if unproven:
+        msg = f"job {st.name}: nothing of its run was found (phase lost); {unproven}"
+    report = _noop_report(st, spec)
+    report.unproven = unproven
+    return StopResult(st.name, st.run, "noop", report, st.exit_code, msg)
 
 
 def write_best_effort(jdir: Path, st: JobState) -> str | None:

@@ -33,8 +33,11 @@ def stop_order_of(raw: str | None, *, main_only: bool = False) -> StopOrder | No
 
 
 def stop_exit_code(res: StopResult) -> int:
-    """0 when the report proves nothing of the job alive, 1 otherwise."""
-    return ExitCode.OK if res.ok else ExitCode.FAILED
+    """0 when the report proves nothing of the job alive; 6 when all that was found is
+    gone but nothing proves it was all (no cgroup, no supervisor); 1 otherwise."""
+    if not res.ok:
+        return ExitCode.FAILED
+    return ExitCode.NOT_PROVEN if getattr(res.report, "unproven", None) else ExitCode.OK
 
 
 def stop_job(

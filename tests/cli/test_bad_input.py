@@ -161,8 +161,10 @@ def test_stale_state_with_recycled_pid_never_signals_it(harness: Harness) -> Non
     )
     path.write_text(json.dumps(doc))
     res = h.tc("stop", "stale", "--grace", "0.5")
-    assert res.rc == 0
-    assert "nothing to stop" in res.out
+    # nothing of the run is found; no cgroup and no supervisor: not proof, exit 6
+    assert res.rc == 6, res
+    assert "nothing of its run was found" in res.out
+    assert "no cgroup and no supervisor" in res.out
     assert alive(victim.pid, st[1])
     h.assert_bystanders_alive()
 

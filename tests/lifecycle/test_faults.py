@@ -175,6 +175,55 @@ def test_supervisorless_stop_finds_a_scrubbed_escaper_by_the_snapshot(harness: H
     assert doc["report"]["killed"] >= 1
 
 
+def test_an_escaper_recorded_before_a_supervisor_crash_is_stopped_and_not_called_proof(
+    harness: Harness,
+) -> None:
+    """Signals mode, the default snapshot interval: main's helper escapes at start-up
+    (setsid, double fork, scrubbed environment), the supervisor is SIGKILLed, main exits.
+    The state file still names the escaper; stop kills it and exits 6 (not 0): without a
+    cgroup and a supervisor nothing proves that nothing else escaped."""
+    h = harness
+    Path(h.env["TRAINCTL_CONFIG"]).write_text("[start]\ncgroup = false\n")
+    gate = h.tmp / "main.exit"
+    flag = h.tmp / "escaped"
+    escaper = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(flag)!r}, 'w').close()\ntime.sleep(600)\n"
+    )
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        keep = {k: v for k, v in os.environ.items() if k.startswith('TCTEST_')}\n"
+        f"        os.execve(sys.executable, [sys.executable, '-c', {escaper!r}], keep)\n"
+        "    os._exit(0)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    )
+    h.tc("start", "--name", "e", "--grace", "1", "--", sys.executable, "-c", code, check=True)
+    wait_for(flag.exists, 20, "the escaper")
+    # the supervisor records it within moments of its start (its first ticks come early),
+    # not only at its first 3 s snapshot interval
+    wait_for(lambda: len(h.state("e")["members"]) >= 2, 2.5, "the escaper on record")
+    _kill_supervisor(h, "e")
+    gate.touch()  # main exits, with no supervisor to see it
+    assert _ours_alive(h), "the escaper runs"
+    status = h.tc("status", "e", "--json").json()
+    assert isinstance(status, dict)
+    assert status["members"] >= 1  # the recorded escaper counts
+    stop = h.tc("stop", "e", "--json")
+    assert stop.rc == 6, stop
+    doc = stop.json()
+    assert isinstance(doc, dict)
+    assert doc["ok"] is True
+    assert "no cgroup and no supervisor" in doc["report"]["unproven"]
+    assert doc["report"]["killed"] >= 1  # it ignored SIGTERM
+    wait_for(lambda: not _ours_alive(h), 20, "the escaper to be gone")
+    human = h.tc("stop", "e")
+    assert human.rc == 0  # recorded stopped now: nothing left to prove
+    assert "nothing to stop" in human.out
+
+
 def test_a_state_from_another_boot_is_never_acted_on_by_pid(harness: Harness) -> None:
     h = harness
     by = h.bystander("forker.py")
