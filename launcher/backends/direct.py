@@ -139,8 +139,7 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
         found = "it could find " if unproven else ""
         lost = Cause(
             kind="lost",
-            summary=f"lost: its supervisor and every process of the run {found}were gone "
-            "when seen",
+            summary=f"lost: its supervisor and every process of the run {found}were gone when seen",
         )
         st = st.moved(Phase.STOPPING).moved(
             Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc()
