@@ -57,7 +57,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
 )
 # What `restart_on` takes besides the pattern classes and `exit:N`.
 RESTART_WORDS = ("failure", "oom", "signal")
-CLASS_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+# always .fullmatch: "$" also matches before a final newline ("oom\n" would pass .match)
+CLASS_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 TAIL_BYTES = 64 << 10  # how much of the log end is read for a reason
 REASON_CHARS = 300
 

@@ -47,7 +47,9 @@ TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
 HELPER_VAR = "TRAINCTL_HELPER"
 # torchrun writes the first failing worker's exception to this file (see causes.py)
 ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# always .fullmatch: with .match, "$" also matched before a final newline, so "nl\n" was
+# a name (the kernel then refused it as a cgroup name and the job ran uncontained)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Phase(StrEnum):
@@ -194,7 +196,7 @@ def default_home() -> Path:
 
 def check_name(name: str) -> str:
     """Validate a job name (it becomes a directory name)."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ConfigError(
             f"invalid job name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting alphanumeric"
         )
@@ -326,7 +328,7 @@ def _check_owner_stat(path: Path, st: os.stat_result) -> None:
 def list_jobs(home: Path) -> list[str]:
     """Return the names of all jobs, sorted."""
     try:
-        return sorted(p.name for p in jobs_dir(home).iterdir() if NAME_RE.match(p.name))
+        return sorted(p.name for p in jobs_dir(home).iterdir() if NAME_RE.fullmatch(p.name))
     except FileNotFoundError:
         return []
 

@@ -31,6 +31,7 @@ def no_jobs(h: Harness) -> None:
         (["start", "--name", "x", "--", "no-such-command-xyz"], 1, "command not found"),
         (["start", "--name", "x", "--", "./missing.sh"], 1, "command not found"),
         (["start", "--name", "../evil", "--", "true"], 2, "invalid job name"),
+        (["start", "--name", "nl\n", "--", "true"], 2, "invalid job name"),  # "$" slip
         (["start", "--name", "x", "--env", "NOEQUALS", "--", "true"], 2, "KEY=VALUE"),
         (["start", "--name", "x", "--env", "TRAINCTL_JOB=1", "--", "true"], 2, "cannot set"),
         (["stop", "ghost"], 2, "no job named"),
