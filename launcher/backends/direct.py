@@ -73,6 +73,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         ended_at=st.ended_at or time.time(),
         last_stop=report.to_doc(),
         members=(),
+        restart_at=None,  # a backoff the dead supervisor was waiting out: no restart comes
         **changes,
     )
     report.persist_error = write_best_effort(jdir, st) or (failures[0] if failures else None)
@@ -142,7 +143,7 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
             summary=f"lost: its supervisor and every process of the run {found}were gone when seen",
         )
         st = st.moved(Phase.STOPPING).moved(
-            Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc()
+            Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc(), restart_at=None
         )
         write_best_effort(jdir, st)
     elif st.last_stop is not None and st.last_stop.get("ok") is not True:

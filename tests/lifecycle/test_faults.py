@@ -431,6 +431,10 @@ def test_a_supervisor_killed_during_the_backoff_never_relaunches(harness: Harnes
     stop = h.tc("stop", "bk")
     assert stop.rc == 0, stop
     assert h.state("bk")["phase"] == "stopped"
+    after = h.tc("status", "bk", "--json").json()
+    assert isinstance(after, dict)
+    assert after["restart_in_s"] is None  # no restart is coming: not "0.0"
+    assert h.state("bk")["restart_at"] is None
     # the name is usable again, and the next run starts from run 2
     h.tc("start", "--name", "bk", "--", "sleep", "600", check=True)
     assert h.state("bk")["run"] == 2
