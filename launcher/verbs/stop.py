@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trainctl.launcher import render
 from trainctl.launcher.checkpoint import newest_checkpoint
@@ -22,6 +23,8 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.state import job_dir
 
 from . import Invocation
+
+T = TypeVar("T")
 
 DEFAULT_CHECKPOINT_TIMEOUT = "10m"
 
@@ -152,6 +155,38 @@ def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
     return ExitCode.OK
 
 
+def _each(docs: list[object], as_json: bool, step: Callable[[bool], T]) -> T:
+    """Run one job's step; with ``as_json`` its documents join ``docs`` (one list)."""
+    if not as_json:
+        return step(False)
+    with render.captured_json() as got:
+        out = step(True)
+    docs.extend(got)
+    return out
+
+
+def _dequeue_first(
+    inv: Invocation, names: list[str], codes: list[int], docs: list[object], *, as_json: bool
+) -> list[str]:
+    """Take every queued run out of the queue; return the names with a live run to stop.
+
+    First, because stopping a live job frees its GPUs and ends its dependents' wait: a
+    queued job must not be dispatched in between (with the old order, 1 round in 9 was).
+    """
+    left = []
+    for name in names:
+
+        def dequeue_one(j: bool, n: str = name) -> int | None:
+            return _dequeue(inv, n, as_json=j)
+
+        code = _each(docs, as_json, dequeue_one)
+        if code is None:
+            left.append(name)
+        else:
+            codes.append(code)
+    return left
+
+
 def run_many(
     inv: Invocation,
     names: tuple[str, ...],
@@ -185,15 +220,16 @@ def run_many(
             confirm(f"stop {len(chosen)} job(s): {', '.join(chosen)}?", yes=yes, flag="--yes")
     if len(chosen) == 1 and not every:
         return run(inv, chosen[0], as_json=as_json, **opts)
-    codes = []
+    codes: list[int] = []
     docs: list[object] = []
+    if not opts.get("dry_run"):
+        chosen = _dequeue_first(inv, chosen, codes, docs, as_json=as_json)
     for name in chosen:
-        if as_json:
-            with render.captured_json() as got:
-                codes.append(run(inv, name, as_json=True, **opts))
-            docs.extend(got)
-        else:
-            codes.append(run(inv, name, **opts))
+
+        def stop_one(j: bool, n: str = name) -> int:
+            return run(inv, n, as_json=j, **opts)
+
+        codes.append(_each(docs, as_json, stop_one))
     if as_json:
         render.emit_json(docs)
     return max(codes)

@@ -294,3 +294,20 @@ def test_an_entry_left_by_a_dispatcher_killed_after_its_start_is_not_run_twice(
     time.sleep(0.5)
     assert [w for n, w, _ in journal(h) if n == "b"] == ["start", "end"]  # ran once
     assert h.state("b")["run"] == 1
+
+
+def test_stop_all_dequeues_before_it_stops_what_frees_the_gpu(harness: Harness) -> None:
+    """`stop --all` takes the queued runs out first: stopping the GPU's holder must not let
+    the dispatcher start a queued job in between (it did, 1 round in 9)."""
+    h = harness
+    hold_gpu_0(h, 1)
+    start(h, "later", "--queue", "--gpus", "0", secs=0.1)
+    res = h.tc("stop", "--all", "--yes", "--json")
+    assert res.rc == 0, res
+    docs = res.json()
+    assert isinstance(docs, list)
+    assert (docs[0]["name"], docs[0].get("state")) == ("later", "dequeued")
+    assert docs[1]["name"] == "hold"
+    assert docs[1]["ok"] is True
+    time.sleep(2.5)  # a dispatcher, had one survived, would have started it by now
+    assert "later" not in spans(h)
