@@ -315,6 +315,8 @@ class _Dispatcher:
                 return str(err)
             except JobConflictError as err:
                 return str(err)  # started by hand meanwhile, or busy: look again later
+            except StateError:
+                raise  # an untrusted state.json: never written over; the entry stays queued
             except TrainctlError as err:
                 record_never_ran(self.home, e, spec, f"dispatch failed: {err}", "start-failed")
                 entry_path(self.home, e.name).unlink()

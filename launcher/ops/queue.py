@@ -43,6 +43,7 @@ from trainctl.launcher.results import GpuRequest, QueueView
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import (
     ConfigError,
+    JobNotFoundError,
     StateError,
     TrainctlError,
 )
@@ -472,8 +473,10 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
     with state.job_lock(jdir, 10.0):
         try:
             prev: JobState | None = state.read_state(jdir)
-        except (FileNotFoundError, TrainctlError):
-            prev = None
+        except (FileNotFoundError, JobNotFoundError):
+            prev = None  # never ran: a fresh record
+        # an untrusted state (StateError) is raised, never written over: the dispatcher
+        # keeps the entry queued and says why
         if prev is not None and prev.phase not in state.TERMINAL:
             return  # a run is going (started by hand): its record is not ours to replace
         if prev is not None and prev.started_at >= e.queued_at:

@@ -311,3 +311,37 @@ def test_stop_all_dequeues_before_it_stops_what_frees_the_gpu(harness: Harness) 
     assert docs[1]["ok"] is True
     time.sleep(2.5)  # a dispatcher, had one survived, would have started it by now
     assert "later" not in spans(h)
+
+
+@pytest.mark.parametrize("waits_for", ["gpu", "failed-dependency"])
+def test_a_dispatch_that_meets_an_untrusted_state_leaves_it_and_the_entry(
+    harness: Harness, waits_for: str
+) -> None:
+    """The dispatcher never writes a record over a state.json it cannot trust (a start
+    that fails on it, a dependency that can never be met): the entry stays queued, with
+    the reason, and the file is as it was."""
+    h = harness
+    hold_gpu_0(h, 1)
+    h.tc("start", "--name", "x", "--", "true", check=True)
+    h.tc("wait", "x", "--timeout", "30")
+    gate = h.tmp / "dep.gate"
+    if waits_for == "gpu":
+        start(h, "x", "--queue", "--gpus", "0", secs=0.1)
+    else:
+        start(h, "dep", gate=gate, code=3)
+        start(h, "x", "--after", "dep:ok", secs=0.1)
+    path = h.home / "jobs" / "x" / "state.json"
+    path.write_text('{"schema": 1, "name": "x", "run": "one"}')  # corrupt, by hand
+    before = path.read_bytes()
+    assert h.tc("stop", "hold").rc == 0  # GPU 0 is free
+    gate.touch()  # dep fails: x's dependency can never be met
+    said = h.home / "queue" / "waits.said"  # the dispatcher's word on each entry
+    wait_for(lambda: said.exists() and "cannot be dispatched" in said.read_text(), 20, "it")
+    if waits_for == "gpu":
+        assert "cannot be dispatched" in h.tc("queue").out
+    assert path.read_bytes() == before  # never written over
+    assert (h.home / "queue" / "x.json").exists()  # still queued
+    assert "x" not in spans(h)
+    one_line_error(h.tc("stop", "x"), 4, "refusing to act on it")  # untrusted: untouched
+    assert h.tc("rm", "--force", "x").rc == 0  # what the user does with an untrusted job
+    assert not (h.home / "queue" / "x.json").exists()
