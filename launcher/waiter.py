@@ -19,22 +19,45 @@ from pathlib import Path
 LOOK_S = 1.0
 
 
-def _mine(entry: Path, token: str) -> int | None:
-    """The entry's inode when it is the one this waiter was started for, else None."""
+Identity = tuple[int, int]  # (inode, ctime ns) of an entry file
+
+
+def _identity(st: os.stat_result) -> Identity:
+    # The inode alone is not enough: a name dequeued and queued again at once gets a new
+    # file that often reuses the old one's inode number.
+    return st.st_ino, st.st_ctime_ns
+
+
+def _mine(entry: Path, token: str) -> Identity | None:
+    """The entry's identity when it is the one this waiter was started for, else None."""
     try:
         with open(entry, "rb") as f:
             doc = json.loads(f.read())
-            return os.fstat(f.fileno()).st_ino if doc.get("token") == token else None
+            return _identity(os.fstat(f.fileno())) if doc.get("token") == token else None
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _same(entry: Path, inode: int) -> bool:
+def _same(entry: Path, identity: Identity) -> bool:
     """Still queued, by the same entry: one stat (an entry is only ever replaced)."""
     try:
-        return os.stat(entry).st_ino == inode
+        return _identity(os.stat(entry)) == identity
     except OSError:
         return False
+
+
+def _take_own(fd: int) -> bool:
+    """Take the per-name lock. A waiter of the name's previous entry (dequeued, then the
+    name queued again within a second) still holds it until its next look: wait for that
+    look, then give up (the holder waits for this very entry: a second waiter)."""
+    for _ in range(int(3 * LOOK_S / 0.05)):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            threading.Event().wait(0.05)
+            continue
+        return True
+    return False
 
 
 def main(argv: list[str]) -> int:
@@ -43,9 +66,7 @@ def main(argv: list[str]) -> int:
     qdir = home / "queue"
     entry = qdir / f"{name}.json"
     own = os.open(qdir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(own, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _take_own(own):
         return 0  # this entry has a waiter already
     inode = _mine(entry, token)
     if inode is None:

@@ -43,6 +43,7 @@ from trainctl.launcher.results import GpuRequest, QueueView
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import (
     ConfigError,
+    JobConflictError,
     JobNotFoundError,
     StateError,
     TrainctlError,
@@ -56,6 +57,7 @@ from .jobs import current_phase, existing_job
 
 TICK_S = 0.25  # how often the dispatcher looks at the queue
 GPU_POLL_S = 1.0  # at most one look at the GPUs per this, in the whole home
+NO_WAITER_S = 3.0  # `wait`: a queued job without a waiter this long will never start
 WHEN = ("ok", "failed", "any")
 
 
@@ -397,9 +399,22 @@ def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
         existing_job(home, name)
         return True
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    orphaned_since: float | None = None
     while entry_path(home, name).exists():
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise TimeoutError(f"job {name} still queued after {timeout_s:g} s")
+        # No waiter (after a reboot, or killed) for a few seconds, longer than a new
+        # waiter takes to lock its entry: nothing will ever dispatch it. Say so.
+        if waiter_alive(home, name):
+            orphaned_since = None
+        elif orphaned_since is None:
+            orphaned_since = now
+        elif now - orphaned_since >= NO_WAITER_S and entry_path(home, name).exists():
+            raise JobConflictError(
+                f"job {name} is queued but has no waiter: nothing will dispatch it "
+                "(`trainctl queue resume` gives it one; `trainctl stop` dequeues it)"
+            )
         time.sleep(0.1)
     # (Not a run number read before the loop: the dispatch may have happened between
     # that read and the entry's.)

@@ -345,3 +345,43 @@ def test_a_dispatch_that_meets_an_untrusted_state_leaves_it_and_the_entry(
     one_line_error(h.tc("stop", "x"), 4, "refusing to act on it")  # untrusted: untouched
     assert h.tc("rm", "--force", "x").rc == 0  # what the user does with an untrusted job
     assert not (h.home / "queue" / "x.json").exists()
+
+
+def test_a_name_queued_again_right_after_its_stop_keeps_a_waiter(harness: Harness) -> None:
+    """The old entry's waiter holds the name's lock until its next look (once a second):
+    the new entry's waiter waits for it instead of exiting with nothing left to dispatch."""
+    h = harness
+    hold_gpu_0(h, 1)
+    start(h, "first", "--queue", "--gpus", "0", secs=0.1)  # its waiter is the dispatcher
+    wait_for((h.home / "queue" / "first.lock").exists, 10, "the dispatcher")
+    start(h, "later", "--queue", "--gpus", "0", secs=0.1)  # a waiter that looks once a second
+    wait_for((h.home / "queue" / "later.lock").exists, 10, "the first waiter")
+    old = _waiter(h, "later")
+    assert h.tc("stop", "later").rc == 0  # dequeued
+    start(h, "later", "--queue", "--gpus", "0", secs=0.1)  # at once
+    wait_for(lambda: not alive(*old), 10, "the old waiter to leave")
+    wait_for(lambda: _waiter(h, "later") != old, 10, "the new waiter")
+    status = h.tc("status", "later", "--json").json()
+    assert isinstance(status, dict)
+    assert status["queue"]["waiter_alive"] is True
+    assert h.tc("stop", "hold").rc == 0
+    assert h.tc("wait", "later", "--timeout", "30").rc == 0
+    assert ended(h, "later")
+    assert ended(h, "first")
+
+
+def test_wait_of_a_queued_job_without_a_waiter_says_so(harness: Harness) -> None:
+    h = harness
+    hold_gpu_0(h, 1)
+    start(h, "b", "--queue", "--gpus", "0", secs=0.1)
+    wait_for((h.home / "queue" / "b.lock").exists, 10, "b's waiter")
+    pid, start_ticks = _waiter(h, "b")
+    kill_verified(pid, start_ticks)
+    wait_for(lambda: not alive(pid, start_ticks), 10, "the waiter killed")
+    t0 = time.monotonic()
+    res = h.tc("wait", "b", "--timeout", "60")
+    one_line_error(res, 1, "has no waiter: nothing will dispatch it")
+    assert time.monotonic() - t0 < 30  # said, not a silent wait to the timeout
+    assert "queue resume" in res.err
+    assert h.tc("stop", "b").rc == 0  # dequeued
+    assert h.tc("stop", "hold").rc == 0
