@@ -685,7 +685,19 @@ def health(name: str, run: int, h: Any) -> None:
     if not h.died:
         print(f"{name} run {run} is up after its {h.window_s:g} s health window")
         return
+    if h.superseded_by is not None:
+        print(
+            f"{name} run {run} was replaced by run {h.superseded_by} (another restart) within "
+            f"its {h.window_s:g} s health window: not a failure"
+        )
+        return
     why = clean(h.cause.summary) if h.cause else "it ended"
+    if h.cause is not None and h.cause.kind == "stopped" and h.cause.by == "restart":
+        print(
+            f"{name} run {run} was stopped by another restart within its {h.window_s:g} s "
+            "health window: not a failure"
+        )
+        return
     if h.ok:
         print(f"{name} run {run} ended within its {h.window_s:g} s health window: {why}")
         return

@@ -346,11 +346,15 @@ class Health:
     died: bool = False
     cause: Cause | None = None
     last_lines: list[str] = field(default_factory=list)
+    superseded_by: int | None = None  # another restart (or start) replaced it: that run
 
     @property
     def ok(self) -> bool:
-        """Alive at the end of the window, or ended cleanly within it."""
-        return not self.died or (self.cause is not None and self.cause.kind == "clean")
+        """Alive at the end of the window, ended cleanly within it, or ended by trainctl
+        (another restart replaced it, a user stopped it): none of which is a failure."""
+        if not self.died or self.superseded_by is not None:
+            return True
+        return self.cause is not None and self.cause.kind in ("clean", "stopped")
 
 
 def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
@@ -365,8 +369,11 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
         st = state.read_state(jdir)
         ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
         if ended:
-            cause = None if st.cause is None else build_document(Cause, st.cause, "cause")
             lines = hooks.last_lines(state.log_path(jdir, run), 10)
+            relaunched = any(e.get("run") == run for e in st.restart_history)
+            if st.run > run and not relaunched:  # not the restart policy: a later restart
+                return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
+            cause = None if st.cause is None else build_document(Cause, st.cause, "cause")
             return Health(window_s, died=True, cause=cause, last_lines=lines)
         if time.monotonic() >= deadline:
             return Health(window_s)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
-from tests.conftest import Harness
+from tests.conftest import TRAINCTL, Harness
 
 
 def test_a_restart_into_broken_code_exits_1_with_the_cause(harness: Harness) -> None:
@@ -89,3 +90,33 @@ def test_restart_reload_of_a_broken_file_stops_nothing(harness: Harness) -> None
     assert "grace: 'soon' is not a duration" in res.err
     assert h.job_pids("br") == pids
     h.tc("stop", "br", check=True)
+
+
+def test_two_restarts_at_once_both_succeed_and_name_the_run_that_replaced(
+    harness: Harness,
+) -> None:
+    """The first restart's new run is replaced by the second's within its health window:
+    that is not a failure of the first restart (it said "died ... stopped by restart")."""
+    h = harness
+    h.tc("start", "--name", "r", "--", "sleep", "600", check=True)
+    procs = [
+        subprocess.Popen(
+            [*TRAINCTL, "restart", "r", "--health", "3"],
+            env=h.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert h.state("r")["run"] == 3
+    said = "".join(out + err for out, err in outs)
+    # seen stopped by the second restart, or already replaced by its run 3
+    assert "run 2 was stopped by another restart" in said or (
+        "run 2 was replaced by run 3 (another restart)" in said
+    ), said
+    assert "died within" not in said
+    h.tc("stop", "r", check=True)
