@@ -790,6 +790,8 @@ def _status_details(s: Status) -> None:
         print(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
     for fault in s.gpu_faults[-3:]:
         print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
+    for line in s.handed_off[-3:]:
+        print(f"  {term.paint('OUTSIDE', 'yellow')} {line}")
     if s.restarts or s.restart_in_s is not None:
         _restart_lines(s)
     if s.memory is not None:

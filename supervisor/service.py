@@ -31,7 +31,7 @@ import anyio.lowlevel
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import causes, control, hooks, memory, procfs, steps, systemd
+from . import causes, control, handoff, hooks, memory, procfs, steps, systemd
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, StateError, TrainctlError
@@ -170,6 +170,7 @@ class Supervisor:
         self._reap_on_signal: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
+        self._exe_checked: set[ProcRef] = set()  # members whose executable was read
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:
@@ -443,6 +444,7 @@ class Supervisor:
                 members = await anyio.to_thread.run_sync(light)
                 self._keep_known(members)
             live = {pid: m for pid, m in members.items() if m.alive}
+            await self._look_for_handoffs(live)
             # Rewrite (and fsync) only when the member set changed: a quiet job costs
             # nothing, not even a read of each member's command line.
             if {m.ref for m in live.values()} != {
@@ -452,6 +454,24 @@ class Supervisor:
                     MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
                 )
                 self._set(self.state.phase, members=snap, snapshot_at=time.time())
+
+    async def _look_for_handoffs(self, live: dict[int, Member]) -> None:
+        """Record a member that is a tmux client of a server outside the job.
+
+        Each member's executable is read once, when it is first seen (one readlink); the
+        sockets are looked at only when a member runs tmux.
+        """
+        refs = {m.ref for m in live.values()}
+        new = refs - self._exe_checked
+        self._exe_checked = refs
+        if not any(handoff.is_tmux(r.pid) for r in new):
+            return
+        found = await anyio.to_thread.run_sync(handoff.find_handoffs, set(live))
+        lines = [h.line() for h in found if h.line() not in self.state.handed_off]
+        if lines:
+            for line in lines:
+                self.log.warning("handed_off", what=line)
+            self._set(self.state.phase, handed_off=(*self.state.handed_off, *lines)[-10:])
 
     async def _check_drift(self) -> None:
         """Recompute the code drift when git or the entry script changed, else once a minute.

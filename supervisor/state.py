@@ -158,6 +158,8 @@ class JobState:
     code_drift: tuple[str, ...] = ()
     # GPU faults seen during the run (Xid events, ECC errors, a lost GPU), newest last
     gpu_faults: tuple[str, ...] = ()
+    # work the job handed to a tmux server outside it (supervisor/handoff.py), as lines
+    handed_off: tuple[str, ...] = ()
     drift_checked_at: float | None = None
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
@@ -419,7 +421,7 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
-        for key in ("code_drift", "restart_history", "gpu_faults"):
+        for key in ("code_drift", "restart_history", "gpu_faults", "handed_off"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
         st = JobState(**d)

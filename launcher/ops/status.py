@@ -134,6 +134,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         gpus=[g.index for g in st.gpus],
         gpu_labels=[g.label for g in st.gpus],
         gpu_faults=list(st.gpu_faults),
+        handed_off=list(st.handed_off),
         restarts=st.restarts,
         last_failure=None
         if st.last_failure is None

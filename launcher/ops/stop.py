@@ -19,6 +19,7 @@ from trainctl.launcher.inputs import human_duration
 from trainctl.launcher.results import Checkpoint, CheckpointInfo, StopResult
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, JobNotFoundError, StateError
+from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec, StopOrder, parse_order
 
 from .jobs import existing_job
@@ -69,7 +70,20 @@ def stop_job(
     res = backends.of(st).stop(jdir, st, spec, req)
     if warning:
         res.warnings.insert(0, warning)
+    _handed_off(jdir, res)
     return res
+
+
+def _handed_off(jdir: Path, res: StopResult) -> None:
+    """Work the run handed to a tmux server outside it is not stopped with it: the stop
+    must never say it proved the job gone (exit 6, and the report says what was left)."""
+    try:
+        lines = state.read_state(jdir).handed_off
+    except (StateError, OSError):
+        return
+    report = res.report
+    if lines and isinstance(report, StopReport) and report.unproven is None:
+        report.unproven = lines[-1]
 
 
 def _checkpoint_spec(jdir: Path, name: str, needed: bool) -> Spec | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,3 +92,48 @@ def test_joblib_loky_stops_without_the_grace_or_leaks(harness: Harness, order: s
     assert report["total_s"] < 30  # not the 60 s grace
     if os.path.isdir("/dev/shm"):
         assert set(os.listdir("/dev/shm")) <= shm, "semaphores leaked in /dev/shm"
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
+def test_work_handed_to_a_foreign_tmux_server_is_never_called_stopped(
+    mode_harness: Harness,
+) -> None:
+    """A tmux server that ran before the job (ours, on a private socket) gets the job's
+    training through `tmux -S SOCK new-session -d`; the job then waits in `tmux wait-for`.
+    The training is outside every net: status says so, and stop never claims proof."""
+    h = mode_harness
+    sock = h.tmp / "foreign.sock"
+    env = {**h.env, "TCTEST_BYSTANDER": "1"}  # the server and its panes are bystanders
+    subprocess.run(
+        ["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "base",
+         "sleep 600"], env=env, check=True, timeout=30,
+    )  # fmt: skip
+    try:
+        ready = h.tmp / "training.ready"
+        pane = f"touch {ready}; exec sleep 600"
+        script = (
+            f"tmux -S {sock} new-session -d -s train '{pane}' && exec tmux -S {sock} wait-for never"
+        )
+        h.tc("start", "--name", "ft", "--grace", "2", "--", "bash", "-c", script, check=True)
+        wait_for(ready.exists, 30, "the training in the foreign server")
+        wait_for(lambda: "OUTSIDE" in h.tc("status", "ft").out, 20, "status to say so")
+        status = h.tc("status", "ft").out
+        assert f"socket {sock}" in status
+        assert "trainctl adopt NAME --tmux SESSION" in status
+        doc = h.tc("status", "ft", "--json").json()
+        assert isinstance(doc, dict)
+        assert "tmux server outside the job" in doc["handed_off"][0]
+        stop = h.tc("stop", "ft", "--json")
+        assert stop.rc == 6, stop  # not 0: the handed-off training still runs
+        report = stop.json()["report"]  # type: ignore[index]
+        assert report["ok"] is True  # what the job itself ran is gone
+        assert "tmux server outside the job" in report["unproven"]
+        human = h.tc("stop", "ft")
+        assert "nothing of the job is alive" not in human.out
+        panes = subprocess.run(
+            ["tmux", "-S", str(sock), "list-sessions", "-F", "#{session_name}"],
+            env=env, capture_output=True, text=True, check=True, timeout=30,
+        )  # fmt: skip
+        assert "train" in panes.stdout.split()  # the training was not touched
+    finally:
+        subprocess.run(["tmux", "-S", str(sock), "kill-server"], env=env, timeout=30, check=False)
