@@ -771,6 +771,14 @@ def progress_line(p: Progress, ended: str | None = None) -> str:
     return "  ".join(parts)
 
 
+def _gpu_lines(s: Status) -> None:
+    """The run's GPUs, and the faults the supervisor saw on them."""
+    if s.gpus:
+        print(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
+    for fault in s.gpu_faults[-3:]:
+        print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
+
+
 def _status_details(s: Status) -> None:
     """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
     if s.slurm:
@@ -786,10 +794,7 @@ def _status_details(s: Status) -> None:
                 else f"{a.members} process(es)"
             )
             print(f"    node {a.node} (rank {a.rank}, {a.host}): {how}")
-    if s.gpus:
-        print(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
-    for fault in s.gpu_faults[-3:]:
-        print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
+    _gpu_lines(s)
     for line in s.handed_off[-3:]:
         print(f"  {term.paint('OUTSIDE', 'yellow')} {line}")
     if s.restarts or s.restart_in_s is not None:

@@ -77,7 +77,8 @@ def socket_of(pid: int) -> str | None:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
-    return f"{env.get('TMUX_TMPDIR') or '/tmp'}/tmux-{uid}/{name}"
+    # tmux's own default directory (not a file of ours): $TMUX_TMPDIR, else /tmp
+    return f"{env.get('TMUX_TMPDIR') or '/tmp'}/tmux-{uid}/{name}"  # noqa: S108
 
 
 def _absolute(pid: int, path: str) -> str:
@@ -100,9 +101,9 @@ def find_handoffs(members: set[int]) -> list[Handoff]:
         if sock is None:
             continue
         server = _listener(sock)
-        if server is None or server not in members:
-            if server != pid:  # a server the job started itself is one of its members
-                out.append(Handoff(pid, server, sock))
+        # a server the job started itself is one of its members: not a hand-off
+        if (server is None or server not in members) and server != pid:
+            out.append(Handoff(pid, server, sock))
     return out
 
 
