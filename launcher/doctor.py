@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.supervisor import cgroup, state, systemd
+from trainctl.supervisor import cgroup, mounts, state, systemd
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import NoDriverError, open_backend
 
@@ -176,7 +176,38 @@ def _units(home: Path) -> list[Check]:
             Check(f"job {name}", f"{st.unit}, Delegate={'yes' if delegated else 'no'}", delegated)
         )
         out.append(_shutdown_check(home, name, props))
+        out.append(_ordering_check(home, name, st))
     return out
+
+
+def _ordering_check(home: Path, name: str, st: state.JobState) -> Check:
+    """At a host shutdown: is this run's scope stopped before the mounts it writes to?"""
+    props = systemd.properties(("After", "RequiresMountsFor"), st.unit)
+    after = set(props.get("After", "").split())
+    ordered = set(systemd.ORDER_AFTER.split()) <= after
+    kept = props.get("RequiresMountsFor", "").split()
+    try:
+        spec = state.read_spec(state.job_dir(home, name))
+        left = mounts.uncovered(
+            mounts.written_dirs(home, state.job_dir(home, name), spec), st.mounts_kept
+        )
+    except TrainctlError:
+        left = []
+    value = (
+        f"stopped before {', '.join(sorted(systemd.ORDER_AFTER.split()))}"
+        if ordered
+        else "not ordered before the file systems and the network"
+    )
+    value += f"; keeps mounted {', '.join(kept) or '-'}"
+    if left:
+        value += f"; NOT kept: {', '.join(left)}"
+    hint = (
+        ""
+        if ordered and not left
+        else "a shutdown may unmount what the job saves to: `trainctl restart` it (a run "
+        "started now is ordered), or, on a user manager, keep checkpoints on /"
+    )
+    return Check(f"job {name} ordering", value, ordered and not left, hint)
 
 
 def _shutdown_check(home: Path, name: str, props: dict[str, str]) -> Check:

@@ -797,6 +797,12 @@ def _status_details(s: Status) -> None:
     _gpu_lines(s)
     for line in s.handed_off[-3:]:
         print(f"  {term.paint('OUTSIDE', 'yellow')} {line}")
+    if s.mounts_not_kept:
+        print(
+            f"  {term.paint('MOUNTS', 'yellow')}  {', '.join(s.mounts_not_kept)}: written by "
+            "the job, not kept mounted by its scope; a host shutdown may unmount them while "
+            "the job saves (`trainctl restart` orders a new run before them)"
+        )
     if s.restarts or s.restart_in_s is not None:
         _restart_lines(s)
     if s.memory is not None:

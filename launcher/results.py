@@ -412,6 +412,7 @@ class Status:
     gpu_labels: list[str] = field(default_factory=list)  # "3", or "0/1" for a MIG instance
     gpu_faults: list[str] = field(default_factory=list)  # Xid events, ECC errors, lost GPUs
     handed_off: list[str] = field(default_factory=list)  # work given to a foreign tmux
+    mounts_not_kept: list[str] = field(default_factory=list)  # see supervisor/mounts.py
     restarts: int = 0
     last_failure: Failure | None = None
     restart_in_s: float | None = None

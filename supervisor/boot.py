@@ -294,6 +294,7 @@ def _record_starting(
         restart_history=ho.restart_history,
         boot_id=current_boot_id(),
         unit=own_unit(),
+        mounts_kept=ho.mounts_kept,
     )
     logs = check_not_symlink(log_path(jdir, ho.run).parent)
     logs.mkdir(mode=0o700, exist_ok=True)
@@ -376,6 +377,7 @@ def main(argv: list[str]) -> int:
         listener = control.bind(jdir)
         req["gpus"] = tuple(GpuLease(**g) for g in req.get("gpus", ()))
         req["restart_history"] = tuple(req.get("restart_history", ()))
+        req["mounts_kept"] = tuple(req.get("mounts_kept", ()))
         state, spawned, cgroup = launch(jdir, spec, Handover(**req))
     except TrainctlError as e:
         _reply(sock, Ready(error=str(e)).to_doc())

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import control, systemd
 from .errors import SpawnError
+from .mounts import written_dirs
 from .schema import build_document
 from .spec import Spec, spec_to_doc
 from .state import GpuLease
@@ -34,6 +35,8 @@ class Handover:
     restart_history: tuple[dict[str, Any], ...] = ()
     # `trainctl adopt`: the processes of a run trainctl did not start (see boot.adopt)
     adopt: dict[str, Any] | None = None
+    # what the run's scope keeps mounted until it has stopped (RequiresMountsFor=)
+    mounts_kept: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form sent over the handshake socket."""
@@ -69,8 +72,11 @@ def launch_supervisor(
     ours, theirs = socket.socketpair()
     sd = systemd.detect() if spec.isolation.systemd else None
     unit = systemd.unit_name(spec.name, handover.run, handover.marker)
+    keep = written_dirs(home, jdir, spec)
+    if sd is not None and not sd.user:  # recorded: `status` names what is not kept
+        handover = dataclasses.replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
     argv = [
-        *(systemd.scope_argv(sd, unit, _stop_budget(spec)) if sd is not None else []),
+        *(systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []),
         sys.executable,
         "-m",
         "trainctl.supervisor",

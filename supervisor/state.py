@@ -160,6 +160,8 @@ class JobState:
     gpu_faults: tuple[str, ...] = ()
     # work the job handed to a tmux server outside it (supervisor/handoff.py), as lines
     handed_off: tuple[str, ...] = ()
+    # what the run's systemd scope keeps mounted until it has stopped (supervisor/mounts.py)
+    mounts_kept: tuple[str, ...] = ()
     drift_checked_at: float | None = None
     backend: str = "local"
     slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
@@ -421,7 +423,7 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
-        for key in ("code_drift", "restart_history", "gpu_faults", "handed_off"):
+        for key in ("code_drift", "restart_history", "gpu_faults", "handed_off", "mounts_kept"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
         st = JobState(**d)

@@ -95,8 +95,33 @@ STOP_SIGNAL = "SIGURG"
 STOP_SLACK_S = 30
 
 
+# At shutdown systemd stops units in the reverse order of After=. A transient scope gets
+# only Conflicts=/Before=shutdown.target, so it is stopped side by side with the file
+# systems and the network: a checkpoint written to /data while /data is unmounted is
+# lost. Ordered after these, the scope's stop (the job's own, with its grace) finishes
+# before any of them goes away.
+ORDER_AFTER = "local-fs.target remote-fs.target network.target"
+
+
+def mounts_for(paths: list[str]) -> list[str]:
+    """The paths a run's scope must keep mounted (RequiresMountsFor), one per directory.
+
+    A path with white space cannot be written in the property's space-separated list:
+    it is left out (`status` then names it as not covered).
+    """
+    out: list[str] = []
+    for p in paths:
+        if p and os.path.isabs(p) and not any(c.isspace() for c in p) and p not in out:
+            out.append(p)
+    return out
+
+
 def scope_argv(
-    sd: Systemd, unit: str, stop_budget_s: float | None = None, kill_signal: str = STOP_SIGNAL
+    sd: Systemd,
+    unit: str,
+    stop_budget_s: float | None = None,
+    kill_signal: str = STOP_SIGNAL,
+    keep_mounted: list[str] | None = None,
 ) -> list[str]:
     """The systemd-run prefix that puts the command in a new delegated scope.
 
@@ -104,8 +129,18 @@ def scope_argv(
     (how long systemd waits after KillSignal before SIGKILL) leaves it that much.
     ``kill_signal``: what systemd sends when it stops the scope (a queued job's waiter
     has nothing to save: SIGTERM ends it at once, and its entry stays queued on disk).
+    ``keep_mounted``: the directories the job writes to (cwd, home, log, checkpoints):
+    on the system manager the scope is ordered after the file systems and the network
+    and requires those mounts, so a shutdown stops it before unmounting them. (A user
+    manager has no mount units to order against.)
     """
     budget = [] if stop_budget_s is None else ["-p", f"TimeoutStopSec={int(stop_budget_s)}s"]
+    order: list[str] = []
+    if not sd.user and keep_mounted is not None:
+        order = ["-p", f"After={ORDER_AFTER}"]
+        paths = mounts_for(keep_mounted)
+        if paths:
+            order += ["-p", f"RequiresMountsFor={' '.join(paths)}"]
     return [
         "systemd-run",
         *(["--user"] if sd.user else []),
@@ -121,6 +156,7 @@ def scope_argv(
         "-p",
         f"KillSignal={kill_signal}",
         *budget,
+        *order,
         "--",
     ]
 

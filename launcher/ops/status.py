@@ -26,7 +26,7 @@ from trainctl.launcher.results import (
     Status,
     last_stop_of,
 )
-from trainctl.supervisor import memory, state
+from trainctl.supervisor import memory, mounts, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.records import record
@@ -135,6 +135,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         gpu_labels=[g.label for g in st.gpus],
         gpu_faults=list(st.gpu_faults),
         handed_off=list(st.handed_off),
+        mounts_not_kept=_mounts_not_kept(home, jdir, st, spec, live=sup_alive),
         restarts=st.restarts,
         last_failure=None
         if st.last_failure is None
@@ -258,6 +259,17 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
     if prog is not None and not live:  # an ended run has no rate and no ETA: only its end
         prog = dataclasses.replace(prog, steps_per_s=None, eta_s=None)
     return _Training(seen, prog, code, spec_keys)
+
+
+def _mounts_not_kept(
+    home: Path, jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool
+) -> list[str]:
+    """The mounts the live run writes to that its systemd scope does not keep mounted:
+    a host shutdown may take them away while the job saves (a run from an older
+    trainctl, a user manager's scope, a path with white space)."""
+    if not live or st.unit is None or spec is None:
+        return []
+    return mounts.uncovered(mounts.written_dirs(home, jdir, spec), st.mounts_kept)
 
 
 def spec_file_touched(spec: Spec) -> bool:
