@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -56,15 +57,29 @@ def error_line(text: str) -> None:
     sys.stderr.write(f"trainctl: {text}\n")
 
 
-_CAPTURE: list[list[Any]] = []  # open captured_json() blocks, innermost last
+class _Captures(threading.local):
+    """The open captured_json() blocks of one thread, innermost last. Per thread: the
+    MCP server runs each tool call in a worker thread of its own, and two calls at once
+    must never receive each other's documents."""
+
+    def __init__(self) -> None:
+        self.stack: list[list[Any]] = []
+
+
+_CAPTURE = _Captures()
 
 
 def emit_json(doc: Any) -> None:
     """Print one JSON document (or keep it, inside ``captured_json``)."""
-    if _CAPTURE:
-        _CAPTURE[-1].append(json.loads(json.dumps(doc, default=str)))
+    if _CAPTURE.stack:
+        _CAPTURE.stack[-1].append(json.loads(json.dumps(doc, default=str)))
         return
     print(json.dumps(doc, indent=2, default=str))
+
+
+def capturing() -> bool:
+    """Tell whether this thread's JSON documents are being collected (no text may go out)."""
+    return bool(_CAPTURE.stack)
 
 
 @contextlib.contextmanager
@@ -72,11 +87,11 @@ def captured_json() -> Iterator[list[Any]]:
     """Collect the documents emitted inside the block (a verb run for several jobs prints
     them as one JSON list)."""
     got: list[Any] = []
-    _CAPTURE.append(got)
+    _CAPTURE.stack.append(got)
     try:
         yield got
     finally:
-        _CAPTURE.pop()
+        _CAPTURE.stack.pop()
 
 
 def duration(secs: float) -> str:

@@ -99,6 +99,15 @@ class Tools:
             line = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             raise ToolError(line.removeprefix("trainctl: error: ")) from None
 
+    @staticmethod
+    def checked(name: str) -> str:
+        """A job name, checked before anything touches the file system or a host: the
+        one line `invalid job name …` for `../x`, a NUL byte, 65 characters, …"""
+        try:
+            return state.check_name(name)
+        except ConfigError as e:
+            raise ToolError(str(e)) from None
+
     def refuse_unless(self, what: str) -> None:
         if what not in self.allowed:
             raise ToolError(
@@ -149,6 +158,7 @@ def _read_tools(server: MCPServer[Any], tools: Tools) -> None:
 
     def job_tool(verb: str) -> Callable[[str], str]:
         def tool(name: str) -> str:
+            tools.checked(name)
             return tools.verb(verb, [name], lambda i: v(verb).run(i, name, as_json=True))
 
         return tool
@@ -163,6 +173,7 @@ def _read_tools(server: MCPServer[Any], tools: Tools) -> None:
         f"at most {MAX_LOG_BYTES // 1024} KiB: the oldest lines go first when over)."
     )
     def job_logs(name: str, lines: int = 100) -> str:
+        tools.checked(name)
         if not 1 <= lines <= MAX_LOG_LINES:
             raise ToolError(f"lines must be 1..{MAX_LOG_LINES}, got {lines}")
         doc = tools.doc(
@@ -177,6 +188,7 @@ def _read_tools(server: MCPServer[Any], tools: Tools) -> None:
         "gets the signal, the launchers, the newest checkpoint and its age, the GPUs."
     )
     def plan_stop(name: str) -> str:
+        tools.checked(name)
         return tools.verb(
             "stop",
             [name, "--dry-run"],
@@ -195,6 +207,7 @@ def _changing_tools(server: MCPServer[Any], tools: Tools) -> None:
         "server started with --allow stop."
     )
     async def stop_job(name: str, ctx: Context) -> str:
+        tools.checked(name)
         tools.refuse_unless("stop")
         if tools.host is not None:
             doc = await anyio.to_thread.run_sync(tools.remote, "stop", [name])
@@ -206,6 +219,7 @@ def _changing_tools(server: MCPServer[Any], tools: Tools) -> None:
         "Only on a server started with --allow restart."
     )
     async def restart_job(name: str) -> str:
+        tools.checked(name)
         tools.refuse_unless("restart")
         return await anyio.to_thread.run_sync(
             tools.verb, "restart", [name], lambda i: v("restart").run(i, name, as_json=True)
@@ -223,6 +237,7 @@ def _changing_tools(server: MCPServer[Any], tools: Tools) -> None:
         cwd: str | None = None,
         gpus: str | None = None,
     ) -> str:
+        tools.checked(name)
         tools.refuse_unless("start")
         if not argv and not spec_file:
             raise ToolError("give argv (the command as a list) or spec_file")

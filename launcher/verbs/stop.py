@@ -146,7 +146,8 @@ def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
         return None
     run_no = queue.next_run(inv.home, name)
     if queue.has_live_run(inv.home, name):
-        render.line(f"dequeued the next run of {name} (run {run_no}); stopping the live one")
+        if not as_json:  # under --json (and in `trainctl mcp`) only the document goes out
+            render.line(f"dequeued the next run of {name} (run {run_no}); stopping the live one")
         return None
     if as_json:
         render.emit_json({"name": name, "run": run_no, "state": "dequeued", "ok": True})

@@ -130,3 +130,57 @@ def test_allow_stop_stops_the_job_with_progress_and_nothing_survives(harness: Ha
 
 def test_bad_allow_is_one_line_and_exit_2(harness: Harness) -> None:
     one_line_error(harness.tc("mcp", "--allow", "stop,kill"), 2, "kill is not one of")
+
+
+def test_concurrent_calls_each_get_their_own_jobs_result(harness: Harness) -> None:
+    """20 tool calls at once (status and logs of 4 jobs): the server runs each in a worker
+    thread, and every result must be its own job's, never another call's document."""
+    h = harness
+    names = [f"j{i}" for i in range(4)]
+    for name in names:
+        code = f"print('i am {name}', flush=True)\nimport time\ntime.sleep(600)\n"
+        h.tc("start", "--name", name, "--", sys.executable, "-c", code, check=True)
+    for name in names:
+        wait_for(lambda n=name: f"i am {n}" in h.tc("logs", n).out, 20, f"{name}'s output")
+    calls = [(names[i % 4], "job_status" if i % 2 else "job_logs") for i in range(20)]
+
+    async def talk() -> list[tuple[str, str, Any]]:
+        got: list[tuple[str, str, Any]] = []
+        async with _session(h) as c:
+
+            async def one(name: str, tool: str) -> None:
+                got.append((name, tool, _doc(await c.call_tool(tool, {"name": name}))))
+
+            async with anyio.create_task_group() as tg:
+                for name, tool in calls:
+                    tg.start_soon(one, name, tool)
+        return got
+
+    results = anyio.run(talk)
+    assert len(results) == 20
+    for name, tool, doc in results:
+        if tool == "job_status":
+            assert doc["name"] == name, (name, doc)
+        else:
+            assert doc["lines"] == [f"i am {name}"], (name, doc)
+    for name in names:
+        assert h.tc("stop", name).rc == 0
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "..", "/etc/passwd", "other; kill -9 -1", "", "a" * 65, "nul\0byte"]
+)
+def test_every_tool_refuses_a_bad_name_with_one_line(harness: Harness, name: str) -> None:
+    h = harness
+    tools = ("job_status", "job_ps", "job_logs", "job_stack", "plan_stop", "stop_job",
+             "restart_job")  # fmt: skip
+
+    async def talk() -> list[str]:
+        async with _session(h, "--allow", "stop,restart,start") as c:
+            said = [_error(await c.call_tool(t, {"name": name})) for t in tools]
+            said.append(_error(await c.call_tool("start_job", {"name": name, "argv": ["true"]})))
+            return said
+
+    for line in anyio.run(talk):
+        assert "invalid job name" in line, line
+    assert not (h.home / "jobs").exists() or not list((h.home / "jobs").iterdir())
