@@ -436,7 +436,7 @@ def stack(c: Invocation, name: str, native: bool, as_json: bool) -> int:
     """Show the Python stack of every process of job NAME, identical stacks grouped.
 
     Each group lists its pids and ranks (RANK from the environment). Reads through py-spy
-    (the `stack` extra: pip install 'trainctl[stack]'), which pauses each process for a
+    (a dependency on Linux x86_64 and aarch64), which pauses each process for a
     moment and signals nothing.
     """
     return int(verbs.load("stack").run(c, name, native=native, as_json=as_json))

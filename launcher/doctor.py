@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.supervisor import cgroup, mounts, state, systemd
+from trainctl.supervisor import cgroup, mounts, stacks, state, systemd
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import NoDriverError, open_backend
 
@@ -30,8 +30,17 @@ def run_doctor(home: Path) -> list[Check]:
     checks = [_init()]
     if systemd.booted():
         checks += [_logind(), _linger(), *_units(home)]
-    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), *_adopted(home), *_gpus()]
+    checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), _stacks(), *_adopted(home)]
+    checks += _gpus()
     return checks
+
+
+def _stacks() -> Check:
+    """py-spy, which `stack` and the supervisor's stall and before-SIGKILL stacks need."""
+    found = stacks.pyspy_path()
+    if found is None:
+        return Check("stacks", "py-spy not found: no stacks of a hung run", False, stacks.MISSING)
+    return Check("stacks", f"py-spy at {found}: `trainctl stack`, stall and kill stacks", True)
 
 
 def _gpus() -> list[Check]:

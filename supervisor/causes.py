@@ -113,11 +113,21 @@ _LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")  # torchrun's own, no
 _BARE_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::|$)")
 
 
-def last_traceback(tail: str) -> tuple[str, int | None] | None:
-    """The final line of the last Python traceback in ``tail`` that is the job's own, with
-    the rank its lines were prefixed with (torchrun's ``[rankN]:``), if any."""
+# What a rank dies of when another rank died first: a peer's closed connection, a
+# watchdog's timeout, an aborted process group. Never the root cause while an original
+# error is in the log.
+_CONSEQUENTIAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ProcessGroup\w* "
+    r"(?:is )?abort|NCCL communicator was aborted|[Ww]atchdog caught collective|"
+    r"DistBackendError|DistNetworkError|Connection refused|timed out|Timed out|TimeoutError"
+)
+
+
+def tracebacks(tail: str) -> list[tuple[str, int | None]]:
+    """The final line of every Python traceback in ``tail`` that is the job's own, in
+    order, each with the rank its lines were prefixed with (torchrun's ``[rankN]:``)."""
     lines = tail.splitlines()
-    found: tuple[str, int | None] | None = None
+    found: list[tuple[str, int | None]] = []
     for i, raw in enumerate(lines):
         m = _RANK_PREFIX.match(raw)
         line = raw[m.end() :] if m else raw
@@ -125,8 +135,23 @@ def last_traceback(tail: str) -> tuple[str, int | None] | None:
             continue
         final = _final_line(lines, i + 1)
         if final is not None and not any(e in final for e in _LAUNCHER_ERRORS):
-            found = (final[:REASON_CHARS], int(m.group(1)) if m else None)
+            found.append((final[:REASON_CHARS], int(m.group(1)) if m else None))
     return found
+
+
+def root_traceback(
+    found: list[tuple[str, int | None]], root_rank: int | None
+) -> tuple[str, int | None] | None:
+    """The traceback that caused the end: the root-cause rank's own (torchrun names it),
+    an original error over a consequential one (a peer closed, a watchdog), else the last.
+    """
+    if root_rank is not None:
+        mine = [t for t in found if t[1] == root_rank]
+        original = [t for t in mine if not _CONSEQUENTIAL.search(t[0])]
+        if original or mine:
+            return (original or mine)[-1]
+    original = [t for t in found if not _CONSEQUENTIAL.search(t[0])]
+    return (original or found)[-1] if found else None
 
 
 def _bare_error(tail: str) -> str | None:
@@ -192,7 +217,11 @@ def job_reason(
     classes = compile_classes(extra)
     tail = read_tail(log)
     ef = read_error_file(error_file, started_at) if error_file is not None else None
-    tb = last_traceback(tail)
+    root = _ROOT_RANK.search(tail)
+    root_rank = ef.rank if ef is not None and ef.rank is not None else None
+    if root_rank is None and root is not None:
+        root_rank = int(root.group(1))
+    tb = root_traceback(tracebacks(tail), root_rank)
     text, rank, source = None, None, None
     if ef is not None:
         text, rank, source = ef.text, ef.rank, "torchelastic"
@@ -204,13 +233,14 @@ def job_reason(
         if bare is not None:
             text, source = bare, "log"
     if rank is None:
-        root = _ROOT_RANK.search(tail)
-        rank = int(root.group(1)) if root else (tb[1] if tb is not None else None)
+        rank = root_rank if root_rank is not None else (tb[1] if tb is not None else None)
     klass = classify(text, classes) if text else None
     if klass is None:
-        klass, line = _class_in_tail(tail, classes)
+        klass, line, line_rank = _class_in_tail(tail, classes)
         if text is None and line is not None:
             text, source = line, "log"
+        if rank is None:
+            rank = line_rank  # c10d prefixes its watchdog lines with [rankN]:
     return Reason(
         text=text,
         klass=klass,
@@ -223,13 +253,16 @@ def job_reason(
 
 def _class_in_tail(
     tail: str, classes: list[tuple[str, re.Pattern[str]]]
-) -> tuple[str | None, str | None]:
-    """A class found in the last lines (NCCL watchdogs, a shell's "Segmentation fault")."""
+) -> tuple[str | None, str | None, int | None]:
+    """A class found in the last lines (NCCL watchdogs, a shell's "Segmentation fault"),
+    its line, and the rank that line was prefixed with."""
     for raw in reversed(tail.splitlines()[-200:]):
         klass = classify(raw, classes)
         if klass is not None:
-            return klass, _RANK_PREFIX.sub("", raw, count=1).strip()[:REASON_CHARS]
-    return None, None
+            m = _RANK_PREFIX.match(raw)
+            line = (raw[m.end() :] if m else raw).strip()[:REASON_CHARS]
+            return klass, line, int(m.group(1)) if m else None
+    return None, None, None
 
 
 # ---------------------------------------------------------------- the kind of end

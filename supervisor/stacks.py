@@ -4,8 +4,8 @@ Used by `trainctl stack`, and by the supervisor at the two moments a run is seen
 when the stall watchdog first fires (``jobs/<name>/stacks/run-N.stall.json``) and when a
 stop's grace has run out, before the SIGKILL (``run-N.before-kill.json``), so a hung
 rank is seen before it is killed. Reading a stack pauses a process for a moment through
-ptrace and signals nothing. Without py-spy (the `stack` extra) the stop and the watchdog
-go on exactly as before and write no file (the report's ``stacks`` stays empty).
+ptrace and signals nothing. Without py-spy (a dependency where it has a wheel) the stop
+and the watchdog go on exactly as before and write no file (the report's ``stacks`` stays empty).
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ from .state import ProcRef, helper_env, stacks_path, write_json_atomic
 
 DUMP_TIMEOUT_S = 10.0  # a hung ptrace must not hang `stack`
 BEFORE_KILL_TIMEOUT_S = 3.0  # what reading the stacks may add to a stop that ran out of grace
+
+
+MISSING = (
+    "trainctl stack needs py-spy, a dependency of trainctl with wheels for Linux x86_64 and "
+    "aarch64; on this platform it did not install: pip install py-spy (builds from source "
+    "with Rust), or put a py-spy binary on PATH"
+)
 
 
 def pyspy_path() -> str | None:

@@ -1,6 +1,6 @@
 """`stack`: the Python stack of every process of a job, read with py-spy, grouped.
 
-py-spy (MIT, a ~3 MB binary wheel, the `stack` extra; run by supervisor/stacks.py)
+py-spy (MIT, a ~3 MB binary wheel, a default dependency; run by supervisor/stacks.py)
 reads another process's memory through ptrace; it pauses each process for a moment and
 signals nothing. The members are the job's own (every net, pid + start time): a pid that
 was reused while it was read is dropped, never shown as the job's. Each process is read
@@ -30,9 +30,7 @@ def pyspy_path() -> str:
     """py-spy, or one line saying how to install it."""
     found = stacks.pyspy_path()
     if found is None:
-        raise ConfigError(
-            "trainctl stack needs py-spy: pip install 'trainctl[stack]' (or pip install py-spy)"
-        )
+        raise ConfigError(stacks.MISSING)
     return found
 
 

@@ -115,3 +115,29 @@ def test_torchruns_own_restart_of_a_killed_rank_trains_again_in_signals_mode(
     assert "Connection refused" not in log, log[-3000:]
     stop_and_check(h, "mr")
     assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"], log[-3000:]
+
+
+def test_without_record_the_root_cause_ranks_own_error_wins_over_its_peers(
+    harness: Harness,
+) -> None:
+    """Rank 1 raises; rank 0 then dies of the closed connection. The cause is rank 1's own
+    exception (torchrun's Root Cause names rank 1), never rank 0's consequential error."""
+    h = harness
+    _start(h, "pl", "plain")
+    res = h.tc("wait", "pl", "--json", timeout=120)
+    assert res.rc == 1, res
+    cause = res.json()["cause"]  # type: ignore[index]
+    assert cause["reason"] == "RuntimeError: shard 3 unreadable on rank 1", cause
+    assert cause["rank"] == 1
+    assert "Connection closed" not in cause["summary"]
+    assert "(rank 1)" in cause["summary"]
+
+
+def test_an_nccl_watchdog_timeout_names_its_rank(harness: Harness) -> None:
+    h = harness
+    _start(h, "wd", "watchdog")
+    res = h.tc("wait", "wd", "--json", timeout=120)
+    assert res.rc != 0, res
+    cause = res.json()["cause"]  # type: ignore[index]
+    assert cause["reason_class"] == "nccl-timeout", cause
+    assert cause["rank"] == 1, cause

@@ -222,3 +222,32 @@ def test_memory_caps_are_refused_in_signals_mode(harness: Harness) -> None:
     assert "need cgroup mode" in res.err
     assert len(res.err.strip().splitlines()) == 1
     assert not (h.home / "jobs" / "bad").exists()
+
+
+WATCHDOG_ABORT = textwrap.dedent(
+    """
+    import os, sys
+    for line in (
+        "[rank1]:[E1202 03:12:09.123456 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600017 "
+        "milliseconds before timing out.",
+        "[rank1]: terminate called after throwing an instance of 'c10::DistBackendError'",
+        "[rank1]:   what():  [PG 0 Rank 1] Process group watchdog thread terminated",
+    ):
+        print(line, file=sys.stderr, flush=True)
+    os.abort()
+    """
+)
+
+
+def test_an_nccl_watchdog_abort_names_the_rank_of_its_lines(harness: Harness) -> None:
+    """c10d's watchdog lines carry `[rankN]:`, and no launcher names a root cause here:
+    the rank comes from those prefixes (it was null)."""
+    h = harness
+    h.tc("start", "--name", "wd", "--", sys.executable, "-c", WATCHDOG_ABORT, check=True)
+    res = h.tc("wait", "wd", "--json")
+    assert res.rc == 128 + signal.SIGABRT, res
+    cause = res.json()["cause"]  # type: ignore[index]
+    assert cause["reason_class"] == "nccl-timeout", cause
+    assert cause["rank"] == 1, cause
+    assert "(rank 1)" in cause["summary"]
