@@ -252,6 +252,11 @@ class Supervisor:
     def _fire(self, event: str, cause: dict[str, Any], *, notify: bool = True) -> None:
         """Hand the event to a hook runner, if the job has a hook or a URL for it."""
         step = self._sampled_step[1] if self._sampled_step else None
+        if step is None:  # a job that reports through $TRAINCTL_PROGRESS (trainer.report)
+            reported = self.jdir / "logs" / f"run-{self.state.run}.progress.jsonl"
+            step = steps.newest_reported(reported)
+        if step is not None and step == int(step):
+            step = int(step)
         progress = None if step is None else {"step": step, "total": self.spec.watch.total_steps}
         try:
             error = hooks.fire(

@@ -56,6 +56,18 @@ def numbers(fields: dict[str, object]) -> dict[str, float] | None:
     return nums if "step" in nums else None
 
 
+def newest_reported(path: Path, nbytes: int = 64 << 10) -> float | None:
+    """The newest step a job reported through ``$TRAINCTL_PROGRESS`` (its JSON lines)."""
+    for line in reversed(tail_lines(path, nbytes)):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and (nums := numbers(doc)) is not None:
+            return nums["step"]
+    return None
+
+
 def progress_of(line: str, rx: re.Pattern[str]) -> dict[str, float] | None:
     """The named numbers ``rx`` finds in a log line (a progress bar's latest frame)."""
     m = rx.search(line.rsplit("\r", 1)[-1])

@@ -245,3 +245,27 @@ def test_on_checkpoint_stale_fires_when_the_newest_checkpoint_is_too_old(harness
     assert env["TRAINCTL_CAUSE"] == "checkpoint_stale"
     assert "the newest checkpoint" in env["TRAINCTL_SUMMARY"]
     h.tc("stop", "ck", check=True)
+
+
+def test_notify_carries_the_progress_a_job_reports_through_trainctl_progress(
+    harness: Harness, receiver: Receiver
+) -> None:
+    """`trainer.report(step=…)` (the $TRAINCTL_PROGRESS lines) feeds notify's progress,
+    not only `progress_regex` samples (it was always null for these jobs)."""
+    h = harness
+    code = (
+        "import sys\n"
+        "from trainctl.launcher import trainer\n"
+        "for step in range(43):\n"
+        "    trainer.report(step=step, loss=1.0 / (step + 1))\n"
+        "sys.exit(1)\n"
+    )
+    h.tc(
+        "start", "--name", "rep", "--set", "total_steps=100",
+        "--set", f'notify="{receiver.url}"', "--", sys.executable, "-c", code, check=True,
+    )  # fmt: skip
+    h.tc("wait", "rep", "--timeout", "30")
+    wait_for(lambda: receiver.docs, 20, "the notify document")
+    [sent] = receiver.docs
+    assert sent["event"] == "failure"
+    assert sent["progress"] == {"step": 42, "total": 100}
