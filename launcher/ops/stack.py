@@ -9,6 +9,7 @@ in parallel, so a job's stacks take about as long as its slowest process.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def job_stacks(home: Path, name: str, *, native: bool = False) -> StackReport:
             continue
         _add_threads(report, m, cmd, payload)
     if refused and not report.groups:
-        raise ProcessTreeError(_ptrace_fix(len(refused)))
+        raise ProcessTreeError(_ptrace_fix(refused))
     report.elapsed_s = round(time.monotonic() - t0, 3)
     return report
 
@@ -73,15 +74,51 @@ def _why(err: str) -> str:
     return lines[0] if lines else err.strip().splitlines()[0] if err.strip() else "py-spy failed"
 
 
-def _ptrace_fix(n: int) -> str:
+CAP_SYS_PTRACE = 19
+
+
+def _status_field(pid: int | str, key: str) -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _ptrace_fix(pids: list[int]) -> str:
+    """Why ptrace was refused, and only the advice that applies: a tracer already on the
+    process (one tracer at a time), a container without CAP_SYS_PTRACE, Yama's scope, or
+    a process of another user."""
+    why: list[str] = []
+    tracers = {p: t for p in pids if (t := _status_field(p, "TracerPid")) not in (None, "0")}
+    if tracers:
+        pid, tracer = next(iter(tracers.items()))
+        comm = procfs.read_cmdline(int(tracer))[:60] or "?"
+        why.append(
+            f"pid {pid} is already traced by pid {tracer} ({comm}): a process takes one "
+            "tracer at a time; detach that one (end the strace or debugger) and run it again"
+        )
+    caps = int(_status_field("self", "CapEff") or "0", 16)
+    if not caps >> CAP_SYS_PTRACE & 1 and os.geteuid() == 0:
+        why.append("this process lacks CAP_SYS_PTRACE: give the container that capability")
     try:
         scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
     except OSError:
-        scope = "?"
-    return (
-        f"ptrace refused for {n} process(es) (kernel.yama.ptrace_scope = {scope}): run "
-        "`trainctl stack` as root (sudo), set `sysctl kernel.yama.ptrace_scope=0`, or give "
-        "the container CAP_SYS_PTRACE"
+        scope = None  # no Yama: it refuses nothing
+    if scope not in (None, "0") and not tracers:
+        fix = (
+            "no process may be traced until reboot (scope 3)"
+            if scope == "3"
+            else "run `trainctl stack` as root (sudo), or `sysctl kernel.yama.ptrace_scope=0`"
+        )
+        why.append(f"kernel.yama.ptrace_scope = {scope}: {fix}")
+    others = [p for p in pids if procfs.read_uid(p) not in (None, os.geteuid())]
+    if others and os.geteuid() != 0:
+        why.append(f"pid {others[0]} belongs to another user: run as that user or as root")
+    return f"ptrace refused for {len(pids)} process(es): " + (
+        "; ".join(why) or "py-spy could not attach (see `trainctl stack --json`)"
     )
 
 

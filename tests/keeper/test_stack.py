@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -125,3 +126,40 @@ def test_stack_of_an_unknown_or_stopped_job(harness: Harness) -> None:
         "skipped": [],
         "elapsed_s": doc["elapsed_s"],
     }  # type: ignore[index]
+
+
+TRACER = textwrap.dedent(
+    """
+    import ctypes, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    PTRACE_SEIZE = 0x4206  # attaches without stopping the tracee or signalling it
+    if libc.ptrace(PTRACE_SEIZE, int(sys.argv[1]), None, None) != 0:
+        sys.exit(f"seize failed: errno {ctypes.get_errno()}")
+    open(sys.argv[2], "w").close()
+    time.sleep(600)  # the tracee is detached when this process exits
+    """
+)
+
+
+def test_a_member_with_a_tracer_already_gets_the_real_cause_not_yama(harness: Harness) -> None:
+    """py-spy cannot attach to a process that already has a tracer (an strace, a
+    debugger): say so, with the tracer's pid, and not "run as root / set ptrace_scope"."""
+    h = harness
+    h.tc("start", "--name", "tr", "--", sys.executable, "-c", "import time; time.sleep(600)",
+         check=True)  # fmt: skip
+    main = h.state("tr")["main"]["pid"]
+    ready = h.tmp / "traced"
+    tracer = subprocess.Popen(
+        [sys.executable, "-c", TRACER, str(main), str(ready)],
+        env={**h.env, "TCTEST_BYSTANDER": "1"},
+    )
+    h.bystanders.append(tracer)
+    wait_for(ready.exists, 10, "the tracer to seize the job's main")
+    res = h.tc("stack", "tr", timeout=60)
+    one_line_error(res, 1, f"pid {main} is already traced by pid {tracer.pid}")
+    assert "ptrace_scope" not in res.err
+    assert "as root" not in res.err
+    tracer.kill()  # ours: started above
+    tracer.wait()
+    assert h.tc("stack", "tr", timeout=60).rc == 0  # no tracer: the stack is read
+    assert h.tc("stop", "tr").rc == 0
