@@ -171,6 +171,8 @@ class Supervisor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
+        # an adopted run's own output file, the run's log, and how far it was copied
+        self._log_copy: tuple[Path, Path, int | None] | None = None
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:
@@ -606,6 +608,7 @@ class Supervisor:
             with contextlib.suppress(OSError):  # a nicety: the stop's report must still land
                 self._watch_oom()  # the last kills, recorded before the group goes
                 memory.remove(self._memory_group(), self._target().cgroup)
+            await anyio.to_thread.run_sync(self._copy_rest_of_log)
         self.send(lc.StopFinished(report.to_doc(), cause))
 
     def _memory_group(self) -> Path | None:
@@ -883,10 +886,26 @@ class Supervisor:
         watchdog read it. The first line says where the earlier output is."""
         log = log_path(self.jdir, self.state.run)
         note = f"==> trainctl: adopted; the output before this is in {source} <==\n"
+        self._log_copy = (source, log, None)
         pos = await anyio.to_thread.run_sync(_copy_new, source, log, None, note.encode())
+        self._log_copy = (source, log, pos)
         while True:
             await anyio.sleep(LOG_COPY_S)
             pos = await anyio.to_thread.run_sync(_copy_new, source, log, pos, b"")
+            self._log_copy = (source, log, pos)
+
+    def _copy_rest_of_log(self) -> None:
+        """The run ended: copy what its own file gained since the last copy, before the end
+        is recorded (`wait` then `logs` must show the lines written just before exit)."""
+        if self._log_copy is None or self._log_copy[2] is None:
+            return
+        source, log, pos = self._log_copy
+        for _ in range(64):  # 4 MiB a round: what a dying job can still have written
+            new = _copy_new(source, log, pos, b"")
+            if new == pos:
+                break
+            pos = new
+        self._log_copy = (source, log, pos)
 
     # ------------------------------------------------------------ main
 

@@ -422,3 +422,36 @@ def test_members_that_come_and_go_during_adoption_are_handled(harness: Harness) 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+EXITS = (
+    "import sys, time\n"
+    "open(sys.argv[1], 'w').close()\n"
+    "for i in range(30):\n"
+    "    print(f'tick {i}', flush=True)\n"
+    "    time.sleep(0.1)\n"
+    "print('leaving with code 3', flush=True)\n"
+    "sys.exit(3)\n"
+)
+
+
+def test_an_adopted_runs_log_keeps_the_lines_written_just_before_it_exits(
+    harness: Harness,
+) -> None:
+    """`setsid nohup python exits.py > run.out &`, adopted: its own file is copied into the
+    run's log, and what it wrote in its last moment is there once `wait` returns."""
+    h = harness
+    out, ready = h.tmp / "run.out", h.tmp / "exits.ready"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            ["setsid", "nohup", sys.executable, "-c", EXITS, str(ready)],
+            env=h.env, stdout=f, stderr=subprocess.STDOUT, cwd=h.tmp,
+        )  # fmt: skip
+    wait_for(ready.exists, 20, "the script to run")
+    wait_for(lambda: b"tick 2" in out.read_bytes(), 20, "its first ticks")
+    pid = int(proc.pid)
+    h.tc("adopt", "ex", "--pid", str(pid), "--yes", check=True)
+    h.tc("wait", "ex", "--timeout", "60")
+    assert out.read_text().splitlines()[-1] == "leaving with code 3"
+    assert h.tc("logs", "ex").out.splitlines()[-1] == "leaving with code 3"
+    proc.wait(10)
