@@ -55,9 +55,17 @@ def test_a_stalled_ddp_run_shows_each_rank_and_keeps_its_stacks_before_kill(
     _start(h, "ddp", "stall", "--set", "stall_timeout=3", "--grace", "1")
     stall_file = h.home / "jobs" / "ddp" / "stacks" / "run-1.stall.json"
     wait_for(stall_file.exists, 60, "the stall stacks")
-    # the stacks are written as the stall is found; the state that says so follows them
-    wait_for(lambda: "STALLED" in h.tc("status", "ddp").out, 30, "status to say STALLED")
-    status = h.tc("status", "ddp").out
+    # the stacks are written as the stall is found; the state that says so follows them.
+    # A rank's late "ready" line can end a first stall (then the next one is the same
+    # stall again): read STALLED and the stacks' path from one status.
+    seen = [""]
+
+    def stalled() -> bool:
+        seen[0] = h.tc("status", "ddp").out
+        return "STALLED" in seen[0] and str(stall_file) in seen[0]
+
+    wait_for(stalled, 30, "status to say STALLED with its stacks")
+    status = seen[0]
     assert str(stall_file) in status
     doc = h.tc("stack", "ddp", "--json", check=True, timeout=60).json()
     assert isinstance(doc, dict)

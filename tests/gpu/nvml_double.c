@@ -271,16 +271,22 @@ static int pid_alive(unsigned pid) {
   return access(path, F_OK) == 0;
 }
 
-static unsigned long long start_of(unsigned pid) {
-  char path[64], buf[1024];
+/* /proc/PID/stat past the command's closing parenthesis (") S 1 ..."), or NULL. */
+static char *stat_after_comm(unsigned pid, char *buf, size_t size) {
+  char path[64];
   snprintf(path, sizeof path, "/proc/%u/stat", pid);
   int fd = open(path, O_RDONLY);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
+  if (fd < 0) return NULL;
+  ssize_t n = read(fd, buf, size - 1);
   close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return NULL;
   buf[n] = 0;
-  char *p = strrchr(buf, ')');
+  return strrchr(buf, ')');
+}
+
+static unsigned long long start_of(unsigned pid) {
+  char buf[1024];
+  char *p = stat_after_comm(pid, buf, sizeof buf);
   for (int field = 2; p && field < 22; field++) p = strchr(p + 1, ' ');
   return p ? strtoull(p + 1, NULL, 10) : 0;
 }
@@ -351,15 +357,8 @@ static void walk_fds(void) {
 
 /* A process holds its contexts until it exits: a zombie holds none. */
 static int running(unsigned pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%u/stat", pid);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
+  char buf[1024];
+  char *p = stat_after_comm(pid, buf, sizeof buf);
   return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 }
 
