@@ -163,3 +163,20 @@ def test_a_member_with_a_tracer_already_gets_the_real_cause_not_yama(harness: Ha
     tracer.wait()
     assert h.tc("stack", "tr", timeout=60).rc == 0  # no tracer: the stack is read
     assert h.tc("stop", "tr").rc == 0
+
+
+def test_a_plain_install_brings_py_spy_and_doctor_says_stacks_work(harness: Harness) -> None:
+    """py-spy is a default dependency where it has a wheel (this machine): no extra needed
+    for `stack` and the stall and before-SIGKILL stacks; doctor says so."""
+    import importlib.metadata  # noqa: PLC0415
+    import platform  # noqa: PLC0415
+
+    reqs = importlib.metadata.requires("trainctl") or []
+    plain = [r for r in reqs if r.startswith("py-spy") and "extra ==" not in r]
+    assert plain, reqs
+    if platform.machine() in ("x86_64", "aarch64"):
+        doc = harness.tc("doctor", "--json").json()
+        assert isinstance(doc, list)
+        [check] = [c for c in doc if c["name"] == "stacks"]
+        assert check["ok"] is True
+        assert "py-spy at" in check["value"]
