@@ -27,7 +27,7 @@ from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import Spec, StopOrder
-from .state import ProcRef, job_dir, mtime, read_spec
+from .state import NODE_VAR, ProcRef, job_dir, mtime, read_spec
 from .stop import run_stop
 
 _stop = {"asked": False, "by_request": False}
@@ -90,6 +90,7 @@ def main(argv: list[str]) -> int:
     progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
     env = {**job_env(spec, jdir, args.marker, args.run, progress), **slurm_task_env(os.environ)}
     env.pop("TRAINCTL_MASTER_ADDR", None)
+    env[NODE_VAR] = node_name()  # the marker net of this agent takes this node's only
     spawned = spawn_main(spec, env, node_log(jdir, args.run), [])
     me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
     if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry
@@ -100,6 +101,7 @@ def main(argv: list[str]) -> int:
         supervisor=ProcRef(me.pid, me.start_ticks),
         pgid=spawned.pid,
         sid=spawned.pid,
+        node=node_name(),
     )
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid, args.run)
@@ -147,7 +149,7 @@ def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:
     report, once Slurm has ended or forgotten the job: the agent's processes may still
     run there, and this host's own sweep cannot reach another host.
     """
-    target = Target(marker=marker)
+    target = Target(marker=marker, node=node_name())
     report = run_stop(target, spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="sweep")
     _reap_all()
     _record(jdir, run, target, stop={**report.to_doc(), "swept": True}, sweep=True)

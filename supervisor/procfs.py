@@ -85,6 +85,15 @@ def has_marker(pid: int, needle: bytes) -> bool:
     return needle in _environ(pid)
 
 
+def has_marker_of_node(pid: int, needle: bytes, node_key: bytes, node: bytes) -> bool:
+    """``needle`` is in the environment of ``pid``, and ``node_key`` (``b"K="``), if set
+    there, says ``node``: one read of the environment."""
+    env = _environ(pid)
+    if needle not in env:
+        return False
+    return all(e == node_key + node for e in env if e.startswith(node_key))
+
+
 def has_env_prefix(pid: int, prefixes: tuple[bytes, ...]) -> bool:
     """Tell whether an initial environment entry of ``pid`` starts with one of ``prefixes``."""
     return any(entry.startswith(prefixes) for entry in _environ(pid))

@@ -27,7 +27,7 @@ from pathlib import Path
 from . import cgroup as cg
 from . import procfs
 from .procfs import Stat
-from .state import HELPER_VAR, JobState, ProcRef
+from .state import HELPER_VAR, NODE_VAR, JobState, ProcRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,10 @@ class Target:
     known_nets: dict[ProcRef, tuple[str, ...]] = field(default_factory=dict)
     # ... and their command lines then, for the stop report (see terminate._Tracker)
     known_cmds: dict[ProcRef, str] = field(default_factory=dict)
+    # a Slurm node agent: only the marked processes of its own node (NODE_VAR). Two
+    # slurmd on one host (--enable-multiple-slurmd, the test bed) share one /proc, and
+    # each agent would otherwise stop the other node's ranks by the job's marker.
+    node: str | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +147,7 @@ def _add_by_fields(
     """The per-process nets: marker, subreaper, process group, session."""
     needle = f"TRAINCTL_JOB={target.marker}".encode()
     helper = f"{HELPER_VAR}={target.marker}".encode()
+    node_key, node = f"{NODE_VAR}=".encode(), (target.node or "").encode()
     # The supervisor started before main, so it is not among the candidates: check it alone.
     sup = target.supervisor
     sup_pid = (
@@ -153,7 +158,13 @@ def _add_by_fields(
     pgid = target.pgid if main_ok else None
     sid = target.sid if main_ok else None
     for pid, st in stats.items():
-        if procfs.has_marker(pid, needle):
+        # a node agent's marker net skips what another node's agent on this host started
+        mine = (
+            procfs.has_marker_of_node(pid, needle, node_key, node)
+            if target.node
+            else procfs.has_marker(pid, needle)
+        )
+        if mine:
             add(pid, "marker")
         if sup_pid is not None and st.ppid == sup_pid and not procfs.has_marker(pid, helper):
             add(pid, "subreaper")  # an orphan of the job, not one of the supervisor's helpers

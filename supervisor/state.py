@@ -39,7 +39,11 @@ from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 from .spec import SCHEMA, Spec, spec_from_doc
 
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
-TRAINCTL_VARS = ("TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS")
+TRAINCTL_VARS = (
+    "TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS", "TRAINCTL_NODE"
+)  # fmt: skip
+# Set by a Slurm node agent to its node's name: what it stops is its own node's.
+NODE_VAR = "TRAINCTL_NODE"
 # Set by `--host` on the remote side for one call; never part of a job's environment.
 TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
 # In the environment of the supervisor's own helpers (hook runners, py-spy), set to the

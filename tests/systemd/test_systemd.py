@@ -365,7 +365,10 @@ def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
             "import os; from trainctl.supervisor import systemd; "
             "print(systemd.attach('no.scope', '', [os.getpid()]))"
         )
-        said = bed.ssh(f'python3 -c "{ask}"', user="alice")
+        for _ in range(3):  # a busy host's manager can miss the 20 s: ask again, not fail
+            said = bed.ssh(f'python3 -c "{ask}"', user="alice", timeout=90)
+            if "timed out" not in said.stdout and "trainctl.Timeout" not in said.stdout:
+                break
         assert "org.freedesktop.systemd1.NoSuchUnit" in said.stdout, (said.stdout, said.stderr)
     finally:
         bed.ssh("loginctl disable-linger alice")
