@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trainctl.supervisor import cgroup, mounts, stacks, state, systemd
 from trainctl.supervisor.errors import GpuError, TrainctlError
-from trainctl.supervisor.gpu import NoDriverError, open_backend
+from trainctl.supervisor.gpu import PERSISTENCE_OFF, NoDriverError, open_backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +74,7 @@ def _gpus() -> list[Check]:
         instances = sum(1 for m in gpus if m.index == g.index and m.mig is not None)
         mig = f", MIG on ({instances} instance(s), bound per instance)" if g.mig_mode else ""
         persistence = {True: "persistence on", False: "persistence OFF", None: "persistence ?"}
-        hint = (
-            "every NVML start (each trainctl call that looks at GPUs) costs seconds without "
-            "it: `nvidia-smi -pm 1`, or run nvidia-persistenced"
-            if g.persistence is False
-            else ""
-        )
+        hint = PERSISTENCE_OFF if g.persistence is False else ""
         out.append(
             Check(f"GPU {g.label}", f"{g.name}, {persistence[g.persistence]}{mig}", not hint, hint)
         )

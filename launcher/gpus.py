@@ -15,6 +15,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import (
     MIB,
+    PERSISTENCE_OFF,
     DriverInfo,
     Gpu,
     GpuBackend,
@@ -286,11 +287,7 @@ class GpuInventory:
         off = [v.label for v in self.views if v.persistence is False]
         out = []
         if off:
-            out.append(
-                f"persistence mode is off on GPU(s) {', '.join(off)}: every NVML start "
-                "(each trainctl call that looks at GPUs) costs seconds; `nvidia-smi -pm 1` "
-                "or nvidia-persistenced fixes it"
-            )
+            out.append(f"persistence mode is off on GPU(s) {', '.join(off)}: {PERSISTENCE_OFF}")
         if self.driver.note:
             out.append(self.driver.note)
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .gpu.holders import find_holders, read_env_var
 from .procfs import read_argv
 
 _LISTENING = 0x00010000  # __SO_ACCEPTCON in /proc/net/unix's Flags column
@@ -54,7 +55,6 @@ _WITH_VALUE = "cfLST"  # tmux's own flags that take a value (tmux(1) SYNOPSIS)
 def socket_of(pid: int) -> str | None:
     """The server socket a tmux client ``pid`` talks to: -S, -L, $TMUX, or the default."""
     argv = read_argv(pid)
-    env = _environ(pid)
     name = "default"
     i = 1
     while i < len(argv):
@@ -71,14 +71,16 @@ def socket_of(pid: int) -> str | None:
             return _absolute(pid, value)
         if flag == "L":
             name = value
-    if name == "default" and env.get("TMUX"):
-        return env["TMUX"].split(",", 1)[0]  # inside a tmux pane: that server
+    inside = read_env_var(pid, "TMUX")
+    if name == "default" and inside:
+        return inside.split(",", 1)[0]  # inside a tmux pane: that server
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
     # tmux's own default directory (not a file of ours): $TMUX_TMPDIR, else /tmp
-    return f"{env.get('TMUX_TMPDIR') or '/tmp'}/tmux-{uid}/{name}"  # noqa: S108
+    tmpdir = read_env_var(pid, "TMUX_TMPDIR") or "/tmp"  # noqa: S108
+    return f"{tmpdir}/tmux-{uid}/{name}"
 
 
 def _absolute(pid: int, path: str) -> str:
@@ -122,32 +124,6 @@ def _listener(path: str) -> int | None:
         return None
     if inode is None:
         return None
-    want = f"socket:[{inode}]"
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{name}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{name}/fd/{fd}") == want:
-                    return int(name)
-            except OSError:
-                continue
-    return None
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
+    # the same walk of /proc/*/fd that finds a GPU's holders by their device node
+    holders = find_holders({f"socket:[{inode}]": 0}).get(0)
+    return min(holders) if holders else None

@@ -171,8 +171,7 @@ class Supervisor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
-        # an adopted run's own output file, the run's log, and how far it was copied
-        self._log_copy: tuple[Path, Path, int | None] | None = None
+        self._log_copy: _LogCopy | None = None  # an adopted run's own file, into its log
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:
@@ -884,28 +883,18 @@ class Supervisor:
         """An adopted run writes to its own file (nohup.out, a redirect): copy what it
         writes from adoption on into the run's log, where `logs`, progress and the stall
         watchdog read it. The first line says where the earlier output is."""
-        log = log_path(self.jdir, self.state.run)
         note = f"==> trainctl: adopted; the output before this is in {source} <==\n"
-        self._log_copy = (source, log, None)
-        pos = await anyio.to_thread.run_sync(_copy_new, source, log, None, note.encode())
-        self._log_copy = (source, log, pos)
+        copy = self._log_copy = _LogCopy(source, log_path(self.jdir, self.state.run))
+        await anyio.to_thread.run_sync(copy.step, note.encode())
         while True:
             await anyio.sleep(LOG_COPY_S)
-            pos = await anyio.to_thread.run_sync(_copy_new, source, log, pos, b"")
-            self._log_copy = (source, log, pos)
+            await anyio.to_thread.run_sync(copy.step, b"")
 
     def _copy_rest_of_log(self) -> None:
         """The run ended: copy what its own file gained since the last copy, before the end
         is recorded (`wait` then `logs` must show the lines written just before exit)."""
-        if self._log_copy is None or self._log_copy[2] is None:
-            return
-        source, log, pos = self._log_copy
-        for _ in range(64):  # 4 MiB a round: what a dying job can still have written
-            new = _copy_new(source, log, pos, b"")
-            if new == pos:
-                break
-            pos = new
-        self._log_copy = (source, log, pos)
+        if self._log_copy is not None:
+            self._log_copy.drain()
 
     # ------------------------------------------------------------ main
 
@@ -959,6 +948,33 @@ EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doublin
 XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
 LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log
+
+
+class _LogCopy:
+    """What an adopted run's own file gained, appended to the run's log: one position,
+    under a lock, shared by the periodic copy and the last one at the run's end (two
+    copies from one position would write the same lines twice)."""
+
+    def __init__(self, source: Path, log: Path) -> None:
+        self.source, self.log = source, log
+        self.pos: int | None = None  # None: not started (the first copy starts at the end)
+        self.lock = threading.Lock()
+
+    def step(self, head: bytes) -> None:
+        """Copy what is new (``head`` first)."""
+        with self.lock:
+            self.pos = _copy_new(self.source, self.log, self.pos, head)
+
+    def drain(self) -> None:
+        """Copy until nothing is new (4 MiB a round: what a dying job can still write)."""
+        with self.lock:
+            if self.pos is None:
+                return  # the copy never started: the adoption's own note comes first
+            for _ in range(64):
+                new = _copy_new(self.source, self.log, self.pos, b"")
+                if new == self.pos:
+                    return
+                self.pos = new
 
 
 def _copy_new(source: Path, log: Path, pos: int | None, head: bytes) -> int:

@@ -17,6 +17,11 @@ from typing import Protocol
 from trainctl.supervisor.errors import GpuError
 
 FAKE_ENV = "TRAINCTL_FAKE_GPU"
+# What `gpus` and `doctor` say of a GPU without persistence mode
+PERSISTENCE_OFF = (
+    "every NVML start (each trainctl call that looks at GPUs) costs seconds; "
+    "`nvidia-smi -pm 1` or nvidia-persistenced fixes it"
+)
 MIB = 1 << 20
 GIB = 1 << 30
 

@@ -143,10 +143,12 @@ def _poll(
             gpus = {g.uuid: g for g in backend.gpus()}
             by_slot = {(g.index, g.mig): g for g in gpus.values()}
             fds = fd_scan(backend)
+            checked = []
             for lease in leases:
                 if lease.uuid in done:
                     continue
                 res = _check(lease, gpus, by_slot, backend, fds, marker, policy)
+                checked.append(res)
                 if res.ok:
                     res.seconds = round(time.monotonic() - t0, 2)
                     if isinstance(pre, dict) and lease.uuid in pre:
@@ -154,6 +156,11 @@ def _poll(
                     done[lease.uuid] = res
                 elif res.error is not None or time.monotonic() >= deadline:
                     done[lease.uuid] = res
+            # what this driver cannot do (no process list: proof by memory alone), asked
+            # once a poll, after the process lists that find it out
+            note = backend.driver().note
+            for res in checked:
+                res.note = res.note or note
         except GpuError as e:  # NVML as a whole stopped answering mid-check
             for lease in leases:
                 done.setdefault(lease.uuid, _unverified(lease, str(e)))
@@ -218,7 +225,4 @@ def _check(
                 f"NVML lists no process (container PID namespace?) while "
                 f"{excess / GIB:.1f} GiB above the baseline are still in use"
             )
-    note = backend.driver().note
-    if note and res.note is None:
-        res.note = note
     return res
