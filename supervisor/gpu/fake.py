@@ -20,7 +20,9 @@ JSON description::
                "never_release": false}]}    # memory of dead holders stays for good
 
 Delayed and never-released memory needs memory across CLI calls: ``<json>.ghosts``
-records each holder seen alive and when it was first seen dead (under an flock).
+records each holder seen alive and when it was first seen dead (under an flock). A
+holder no call saw alive is not remembered: a test of lingering memory looks at the
+GPUs while the job runs (the stop itself asks nothing before its signals).
 """
 
 from __future__ import annotations

@@ -651,26 +651,18 @@ static nvmlReturn_t procs_v2(handle_t *h, const char *fn, const char *kind, unsi
   return OK;
 }
 
+/* One exported process-list call: its injected failures go by its own name. */
+#define PROCESS_LIST(fn, kind) \
+  nvmlReturn_t fn(handle_t *h, unsigned *c, info_v2_t *i) { return procs_v2(h, #fn, kind, c, i); }
+
 #ifndef OLD_DRIVER
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetComputeRunningProcesses_v3", "compute", c, i);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetGraphicsRunningProcesses_v3", "graphics", c, i);
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetMPSComputeRunningProcesses_v3", "mps", c, i);
-}
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, "compute")
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, "graphics")
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, "mps")
 #endif
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetComputeRunningProcesses_v2", "compute", c, i);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetGraphicsRunningProcesses_v2", "graphics", c, i);
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(handle_t *h, unsigned *c, info_v2_t *i) {
-  return procs_v2(h, "nvmlDeviceGetMPSComputeRunningProcesses_v2", "mps", c, i);
-}
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, "compute")
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, "graphics")
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, "mps")
 
 /* ---------------------------------------------------------------------------------- MIG */
 

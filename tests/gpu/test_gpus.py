@@ -236,6 +236,9 @@ def test_delayed_release_is_waited_for(harness: Harness) -> None:
     path = fake_gpus(h)
     set_gpu_option(path, release_delay_s=2)
     start_gpu_job(h, "slow", "0,")
+    # the fake learns a holder from a look that sees it alive (the stop asks the driver
+    # nothing before its signals): look, as a user would
+    assert gpus_json(h)[0]["leased_by"] == "slow"
     res = h.tc("stop", "slow", "--json")
     assert res.rc == 0, res.out
     [g] = res.json()["report"]["gpus"]  # type: ignore[index]
@@ -249,6 +252,7 @@ def test_memory_never_released_fails_truthfully(harness: Harness) -> None:
     set_gpu_option(path, never_release=True)
     Path(h.env["TRAINCTL_CONFIG"]).write_text("[gpu]\nrelease_timeout_s = 1.0\n")
     start_gpu_job(h, "leak", "0,")
+    assert len(gpus_json(h)[0]["processes"]) == 4  # seen alive (the fake remembers them)
     res = h.tc("stop", "leak", "--gpu-timeout", "1", "--json")
     assert res.rc == 1
     doc = res.json()
