@@ -587,7 +587,7 @@ class Supervisor:
             grace=self.grace,
             roster=self.roster(),
             before_kill=before_kill_writer(self.jdir, self.state.run, self.state.marker),
-            gpu_memory=dict(self._gpu.memory) if self._gpu else None,
+            gpu_memory=lambda: dict(self._gpu.memory) if self._gpu else {},
             gpu_backend=self._gpu.backend if self._gpu else None,
         )
         with anyio.CancelScope(shield=True):

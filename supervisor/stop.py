@@ -10,11 +10,12 @@ stop must never depend on a writable disk.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from . import cgroup as cg
 from .gpu import GpuBackend
-from .gpu.verify import GpuPolicy, gpu_policy_of, verify_release
+from .gpu.verify import EarlyLook, GpuPolicy, gpu_policy_of, verify_release
 from .proctree import Target
 from .reports import StopReport
 from .roster import Roster
@@ -36,15 +37,16 @@ def run_stop(
     grace: Grace | None = None,
     roster: Roster | None = None,
     before_kill: BeforeKill | None = None,
-    gpu_memory: dict[str, int] | None = None,
+    gpu_memory: Callable[[], dict[str, int]] | None = None,
     gpu_backend: GpuBackend | None = None,
 ) -> StopReport:
     """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
 
     The spec's stop policy applies, with this stop's ``grace_s`` and ``order`` if given.
-    A supervisor hands over its ``roster`` (see :mod:`.roster`) and the GPU memory it last
-    saw the run use (``gpu_memory``, {uuid: bytes}: "released N GiB") and its open NVML
-    (``gpu_backend``: the release check then initialises nothing).
+    A supervisor hands over its ``roster`` (see :mod:`.roster`), how to read the GPU memory
+    it last saw the run use (``gpu_memory``, {uuid: bytes}, read once the processes are
+    gone: a look that was still starting when the stop began has its answer by then) and
+    its open NVML (``gpu_backend``: the release check then initialises nothing).
     """
     policy = dataclasses.replace(
         spec.stop,
@@ -79,27 +81,44 @@ def stop_and_verify(
     grace: Grace | None = None,
     roster: Roster | None = None,
     before_kill: BeforeKill | None = None,
-    gpu_memory: dict[str, int] | None = None,
+    gpu_memory: Callable[[], dict[str, int]] | None = None,
     gpu_backend: GpuBackend | None = None,
 ) -> StopReport:
     """Stop the tree, then prove its GPUs were released; return the combined report.
 
     Signal first: nothing touches the GPU driver before the stop's first signal (one
-    ``nvmlInit`` without persistence mode takes seconds). The driver is asked only once
-    every process of the job is proven gone, and whatever it answers becomes a per-GPU
-    verdict, never a failed stop.
+    ``nvmlInit`` without persistence mode takes seconds). The first signals start an
+    :class:`EarlyLook` (NVML opened, the memory in use read) beside the grace; the
+    release is judged only once every process of the job is proven gone, and whatever
+    the driver answers becomes a per-GPU verdict, never a failed stop.
     """
-    emit = emit or (lambda *_a, **_k: None)
+    say = emit or (lambda *_a, **_k: None)
+    look = EarlyLook(leases, gpu_backend) if leases else None
+
+    def emit_and_look(event: str, **fields: object) -> None:
+        say(event, **fields)
+        if look is not None and event == "signal_sent":
+            look.start()  # the first signals are out: the driver may be asked now
+
     report = stop_tree(
-        target, policy, emit=emit, grace=grace, roster=roster, before_kill=before_kill
+        target, policy, emit=emit_and_look, grace=grace, roster=roster, before_kill=before_kill
     )
-    if leases:
-        report.gpus = verify_release(
-            leases, target.marker, gpu_memory or {}, gpu_policy or GpuPolicy(), gpu_backend
-        )
+    if look is not None:
+        backend = look.finish()
+        try:
+            # the most each GPU was seen to hold: the supervisor's last look while the
+            # job ran, or this stop's own at its first signal (a job that exits at once
+            # has freed its memory by then)
+            held = gpu_memory() if gpu_memory is not None else {}
+            seen = {u: max(held.get(u, 0), look.memory.get(u, 0)) for u in {*held, *look.memory}}
+            report.gpus = verify_release(
+                leases, target.marker, seen, gpu_policy or GpuPolicy(), backend
+            )
+        finally:
+            look.close()
         released = all(g.ok for g in report.gpus)
         report.ok = report.ok and released
-        emit("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])
+        say("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])
     return report
 
 

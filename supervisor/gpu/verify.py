@@ -11,6 +11,7 @@ are gone; no failure of the driver turns into anything but a per-GPU "not verifi
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -68,6 +69,47 @@ def snapshot(leases: tuple[GpuLease, ...]) -> dict[str, int] | str:
         return str(e)
     finally:
         backend.close()
+
+
+class EarlyLook:
+    """NVML opened, and the leased GPUs' memory read, in a thread of its own started by
+    a stop's first signal: while the job uses its grace, the driver's slow start (seconds
+    without persistence mode) is paid, and the memory the job held is known for
+    "released N GiB". Never before the signal: the stop waits for nothing here.
+    """
+
+    def __init__(self, leases: tuple[GpuLease, ...], backend: GpuBackend | None) -> None:
+        self.leases, self.backend = leases, backend
+        self.memory: dict[str, int] = {}
+        self._owned = backend is None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Begin the look (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._look, name="gpu-look", daemon=True)
+            self._thread.start()
+
+    def _look(self) -> None:
+        ours = {g.uuid for g in self.leases}
+        try:
+            if self.backend is None:
+                self.backend = open_backend()
+            gpus = self.backend.gpus()
+        except GpuError:
+            return  # the release check says why, per GPU
+        self.memory = {g.uuid: g.memory_used_bytes for g in gpus if g.uuid in ours}
+
+    def finish(self) -> GpuBackend | None:
+        """Wait for the look (as long as NVML takes to answer); the open backend, if any."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.backend
+
+    def close(self) -> None:
+        """Close the backend this look opened (not one it was lent)."""
+        if self._owned and self.backend is not None:
+            self.backend.close()
 
 
 def fd_scan(backend: GpuBackend) -> FdScan:

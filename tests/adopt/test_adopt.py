@@ -386,6 +386,10 @@ def test_the_holders_of_a_gpu_are_adopted_and_the_stop_proves_it_released(
         [lease] = h.state("g")["gpus"]
         assert lease["index"] == 1
         assert lease["baseline_used_bytes"] == 300 << 20  # the GPU without its holder
+        # "released N GiB" is the memory the supervisor saw the run hold: its own look,
+        # once it has opened the driver (the stop asks nothing before its signals)
+        events = h.home / "jobs" / "g" / "events.jsonl"
+        wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
         stop = h.tc("stop", "g", "--json")
         assert stop.rc == 0, stop
         report = stop.json()
