@@ -402,8 +402,12 @@ static int holders(jval *dev, proc_t *live, int max, unsigned long long *ghost_b
   while (fscanf(f, "%4095s %u %llu %llu %lf", path, &pid, &start, &bytes, &died) == 5) {
     if (strcmp(path, node)) { fprintf(w, "%s %u %llu %llu %.3f\n", path, pid, start, bytes, died); continue; }
     int is_live = 0;
-    for (int i = 0; i < n; i++)
-      if (live[i].pid == pid && start_of(pid) == start) is_live = 1;
+    for (int i = 0; i < n; i++) {
+      if (live[i].pid != pid || start_of(pid) != start) continue;
+      is_live = 1;
+      /* An exiting process's environ reads empty: its memory is what was seen before. */
+      if (live[i].used < bytes) live[i].used = bytes;
+    }
     if (is_live) continue; /* rewritten below */
     if (died == 0) died = now;
     if (stuck || now - died < delay) {
