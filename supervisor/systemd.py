@@ -213,7 +213,7 @@ def manager_socket() -> str:
     return f"{runtime}/systemd/private"
 
 
-def attach(unit: str, subcgroup: str, pids: list[int]) -> str | None:
+def attach(unit: str, subcgroup: str, pids: list[int], timeout_s: float = 20.0) -> str | None:
     """Ask the manager to move ``pids`` into ``subcgroup`` of ``unit`` (a delegated scope).
 
     This is how a non-root user's processes leave a login's ``session-N.scope``, which the
@@ -231,7 +231,7 @@ def attach(unit: str, subcgroup: str, pids: list[int]) -> str | None:
             "AttachProcessesToUnit",
             "ssau",
             (unit, subcgroup, pids),
-            timeout_s=20.0,  # the manager asks the system manager in turn; a busy host is slow
+            timeout_s=timeout_s,  # the manager asks the system manager in turn: can be slow
         )
     except dbus.DBusError as e:
         return str(e)
