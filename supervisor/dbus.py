@@ -13,6 +13,7 @@ Little-endian, no unix fds, SASL EXTERNAL with the caller's uid.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import time
@@ -151,6 +152,25 @@ def _read_message(sock: socket.socket) -> tuple[int, dict[int, object], bytes]:
     return kind, fields, data[start : start + body_len]
 
 
+# Nudge: how long the answer may take before the peer is sent a Peer.Ping. systemd's
+# sd-bus server (seen with 252) can read BEGIN and the first message in one go and then
+# not look at that message until more bytes arrive: the call waits for ever (17 of 20
+# calls on a busy bed, none of 40 once something followed). A ping is more bytes, and
+# its answer (another serial) is skipped like any message that is not the answer; once
+# anything has come back, the peer is reading, and a slow answer is only waited for.
+NUDGE_S = 0.25
+_PING: list[tuple[int, str, object]] = [
+    (_PATH, "o", "/org/freedesktop/systemd1"),
+    (_INTERFACE, "s", "org.freedesktop.DBus.Peer"),
+    (_MEMBER, "s", "Ping"),
+]
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    ready, _, _ = select.select([sock], [], [], timeout_s)
+    return bool(ready)
+
+
 def _connect(path: str, timeout_s: float) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout_s)
@@ -209,8 +229,14 @@ def call(
     deadline = time.monotonic() + timeout_s
     try:
         sock.sendall(_message(1, fields, signature, bytes(body.buf)))
-        while time.monotonic() < deadline:
+        serial, heard = 1, False
+        while (left := deadline - time.monotonic()) > 0:
+            if not heard and not _readable(sock, min(left, NUDGE_S)):
+                serial += 1  # nothing yet: the peer may not have looked (see NUDGE_S)
+                sock.sendall(_message(serial, _PING, "", b""))
+                continue
             kind, got, reply = _read_message(sock)
+            heard = True  # the peer reads what it is sent: the answer only takes its time
             if got.get(_REPLY_SERIAL) != 1:
                 continue  # a signal or another peer's message: not the answer
             if kind == ERROR:
