@@ -1,9 +1,10 @@
-"""The D-Bus client against a peer that behaves as systemd 252's sd-bus server does.
+"""The D-Bus client (supervisor/dbus.py) against a real peer process on a unix socket.
 
-That server can read BEGIN and the first message in one read and then not parse the
-message until more bytes arrive (found on the systemd bed: 17 of 20 calls hung on a busy
-machine). The peer here is a real process on a real unix socket that does the same: it
-answers a call only once bytes have arrived after the read that held BEGIN.
+The peer plays the parts a systemd manager's private socket can: it authenticates (or
+refuses to), answers in either byte order, sends a signal before the reply, answers with
+an ERROR, or hangs up. One part is systemd 252's own: its sd-bus server can read BEGIN
+and the first call in one read and then not parse the call until more bytes arrive
+(found on the systemd bed, 17 of 20 calls hung on a busy machine).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,56 +23,74 @@ from trainctl.supervisor import dbus
 
 PEER = r"""
 import select, socket, struct, sys, time
+path, part = sys.argv[1], sys.argv[2]
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(sys.argv[1]); srv.listen(1)
+srv.bind(path); srv.listen(1)
 print("ready", flush=True)
 conn, _ = srv.accept()
 buf = b""
 while b"\r\n" not in buf:
     buf += conn.recv(4096)
 assert buf.startswith(b"\0AUTH EXTERNAL "), buf
+if part == "reject":
+    conn.sendall(b"REJECTED EXTERNAL\r\n")
+    sys.exit(0)
 conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
-time.sleep(0.5)  # a busy server: BEGIN and the call are both waiting by the time it reads
+if part == "stall":
+    time.sleep(0.5)  # a busy server: BEGIN and the call are both waiting when it reads
 buf = b""
 while b"BEGIN\r\n" not in buf:
     buf += conn.recv(4096)
 buf = buf.split(b"BEGIN\r\n", 1)[1]
-# The stall: whatever came with BEGIN is left unread until the socket is readable again.
-select.select([conn], [], [])
-while True:
-    while len(buf) < 16:
-        buf += conn.recv(4096)
-    body_len, serial, fields_len = struct.unpack_from("<III", buf, 4)
-    size = 16 + fields_len + (-(16 + fields_len) % 8) + body_len
-    while len(buf) < size:
-        buf += conn.recv(4096)
-    buf = buf[size:]
-    if serial != 1:
-        continue  # a ping: its answer is not needed to show the nudge worked
-    name = b"org.freedesktop.systemd1.NoSuchUnit"
-    text = b"Unit no.scope not loaded."
-    body = struct.pack("<I", len(text)) + text + b"\0"
-    fields = b""
-    for code, sig, value in ((4, b"s", name), (5, b"u", serial), (8, b"g", b"s")):
-        fields += b"\0" * (-len(fields) % 8) + bytes([code, 1]) + sig + b"\0"
-        if sig == b"s":
-            fields += b"\0" * (-len(fields) % 4) + struct.pack("<I", len(value)) + value + b"\0"
-        elif sig == b"u":
-            fields += b"\0" * (-len(fields) % 4) + struct.pack("<I", value)
+if part == "stall":  # what came with BEGIN is left unread until more bytes arrive
+    select.select([conn], [], [])
+while len(buf) < 16:
+    buf += conn.recv(4096)
+body_len, serial, fields_len = struct.unpack_from("<III", buf, 4)
+assert serial == 1, serial
+if part == "hangup":
+    conn.close()
+    sys.exit(0)
+
+def message(order, kind, serial, fields, sig, body):
+    e = "<" if order == b"l" else ">"
+    head = b""
+    for code, t, value in fields + ([(8, b"g", sig)] if sig else []):
+        head += b"\0" * (-len(head) % 8) + bytes([code, 1]) + t + b"\0"
+        if t in (b"s", b"o"):
+            head += b"\0" * (-len(head) % 4) + struct.pack(e + "I", len(value)) + value + b"\0"
+        elif t == b"u":
+            head += b"\0" * (-len(head) % 4) + struct.pack(e + "I", value)
         else:
-            fields += bytes([len(value)]) + value + b"\0"
-    head = struct.pack("<cBBBIII", b"l", 3, 0, 1, len(body), 7, len(fields)) + fields
-    conn.sendall(head + b"\0" * (-len(head) % 8) + body)
-    break
-conn.close()
+            head += bytes([len(value)]) + value + b"\0"
+    fixed = order + bytes([kind, 0, 1]) + struct.pack(e + "III", len(body), serial, len(head))
+    out = fixed + head
+    return out + b"\0" * (-len(out) % 8) + body
+
+def string(order, text):
+    return struct.pack(("<" if order == b"l" else ">") + "I", len(text)) + text + b"\0"
+
+order = b"B" if part == "big-endian" else b"l"
+out = b""
+if part == "signal-first":  # a signal the peer emits meanwhile: not the answer
+    out += message(order, 4, 40, [(1, b"o", b"/org/freedesktop/systemd1"),
+        (2, b"s", b"org.freedesktop.systemd1.Manager"), (3, b"s", b"UnitNew")], b"", b"")
+if part in ("signal-first", "return"):
+    out += message(order, 2, 41, [(5, b"u", 1)], b"s", string(order, b"done"))
+else:
+    text = b"Unit no.scope not loaded."
+    out += message(order, 3, 42, [(4, b"s", b"org.freedesktop.systemd1.NoSuchUnit"),
+        (5, b"u", 1)], b"s", string(order, text))
+conn.sendall(out)
+time.sleep(5)
 """
 
 
 @pytest.fixture
-def peer(tmp_path: Path):  # type: ignore[no-untyped-def]
+def peer(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     path = tmp_path / "private"
     proc = subprocess.Popen(
-        [sys.executable, "-c", PEER, str(path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PEER, str(path), request.param], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
@@ -84,23 +104,52 @@ def peer(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def _call(path: str, timeout_s: float) -> str:
     try:
-        dbus.call(
+        body = dbus.call(
             path, None, "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
             "AttachProcessesToUnit", "ssau", ("no.scope", "", [os.getpid()]), timeout_s=timeout_s,
         )  # fmt: skip
     except dbus.DBusError as e:
-        return f"{e.name}: {e}"
-    return "no error"
+        return str(e)  # "name: message"
+    return f"returned {body!r}"
 
 
-def test_a_peer_that_sits_on_the_first_message_is_nudged_into_answering(peer: str) -> None:
+@pytest.mark.parametrize("peer", ["error", "big-endian"], indirect=True)
+def test_an_error_reply_comes_back_in_the_peers_own_words_in_either_byte_order(
+    peer: str,
+) -> None:
+    said = _call(peer, timeout_s=10)
+    assert said.startswith("org.freedesktop.systemd1.NoSuchUnit: "), said
+    assert said.endswith("Unit no.scope not loaded."), said
+
+
+@pytest.mark.parametrize("peer", ["signal-first"], indirect=True)
+def test_a_signal_before_the_reply_is_skipped(peer: str) -> None:
+    said = _call(peer, timeout_s=10)
+    assert said == "returned " + repr(struct.pack("<I", 4) + b"done\0"), said
+
+
+@pytest.mark.parametrize("peer", ["reject"], indirect=True)
+def test_a_refused_auth_says_what_the_peer_said(peer: str) -> None:
+    assert _call(peer, timeout_s=10) == "trainctl.Auth: REJECTED EXTERNAL"
+
+
+@pytest.mark.parametrize("peer", ["hangup"], indirect=True)
+def test_a_peer_that_hangs_up_is_an_error_not_a_hang(peer: str) -> None:
+    t0 = time.monotonic()
+    said = _call(peer, timeout_s=20)
+    assert said.startswith("trainctl.Disconnected"), said
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("peer", ["stall"], indirect=True)
+def test_a_peer_that_sits_on_the_first_call_is_nudged_into_answering(peer: str) -> None:
     t0 = time.monotonic()
     said = _call(peer, timeout_s=20)
     assert said.startswith("org.freedesktop.systemd1.NoSuchUnit"), said
-    assert "no.scope not loaded" in said
     assert time.monotonic() - t0 < 10  # a nudge or two, not the whole timeout
 
 
+@pytest.mark.parametrize("peer", ["stall"], indirect=True)
 def test_without_the_nudge_the_same_peer_never_answers(
     peer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,10 +160,5 @@ def test_without_the_nudge_the_same_peer_never_answers(
     assert "answer" in said or "timed out" in said, said
 
 
-def test_the_wire_format_of_a_call_is_what_the_peer_parses() -> None:
-    """A method call's fixed header: little-endian, METHOD_CALL, its serial and lengths."""
-    msg = dbus._message(5, [(1, "o", "/x")], "", b"")
-    assert msg[:4] == b"l\x01\x00\x01"
-    body_len, serial, fields_len = struct.unpack_from("<III", msg, 4)
-    assert (body_len, serial) == (0, 5)
-    assert len(msg) == 16 + fields_len + (-(16 + fields_len) % 8)
+def test_a_socket_nobody_listens_on_is_a_connect_error(tmp_path: Path) -> None:
+    assert _call(str(tmp_path / "none"), timeout_s=2).startswith("trainctl.Connect: ")
