@@ -360,7 +360,7 @@ def closest_key(key: str) -> str:
     near = closest(key, list(KEYS))
     if near:
         return f"; did you mean {near}?"
-    return " (every key is listed in the README, under Job specs)"
+    return " (every key is listed in docs/training.md, under Job specs)"
 
 
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> SpecDraft:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmarks for README's Performance section. Prints ratios, asserts nothing.
+"""Side-by-side benchmarks for docs/performance.md. Prints ratios, asserts nothing.
 
 1. stop latency of a 240-process tree (200-wide fan-out + 40-deep chain, every process
    exits promptly on SIGTERM), inside the supervisor, for a job it has snapshotted (the

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 LAUNCHER = ROOT / "launcher"
 
-# Bottom to top (README "Development" draws the same picture).
+# Bottom to top (docs/design.md, "The layers of launcher/", draws the same picture).
 LAYERS: list[tuple[str, set[str]]] = [
     ("records", {"results"}),
     (
