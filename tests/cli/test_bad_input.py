@@ -89,8 +89,10 @@ def test_bad_config_file(harness: Harness) -> None:
 def test_name_clash_refused(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "one", "--", "sleep", "600", check=True)
-    # the supervisor records the code version just after `start` returns: let it land
-    wait_for(lambda: h.state("one").get("code") is not None, what="code version")
+    # the supervisor records the code version, its first code-drift check and its first
+    # member snapshot just after `start` returns: let them all land (in any order)
+    for key in ("code", "drift_checked_at", "snapshot_at"):
+        wait_for(lambda k=key: h.state("one").get(k) is not None, what=key)
     before = h.state("one")
     one_line_error(h.tc("start", "--name", "one", "--", "sleep", "1"), 1, "is running")
     assert h.state("one") == before

@@ -53,18 +53,22 @@ def test_stop_several_names_and_all_of_them_then_rm_and_prune(harness: Harness) 
     assert _names(h) == ["c", "b", "a", "done"]
     h.tc("rm", "a", "b", check=True)
     assert _names(h) == ["c", "done"]
-    # prune: only what ended longer ago than asked. The gap between the old jobs' end and
-    # fresh's (4 s) is much wider than the cut (2 s), so that a busy machine's slow CLI
-    # calls between fresh's end and the second prune cannot age fresh past it.
-    time.sleep(4)
+    # prune: only what ended longer ago than asked. The old jobs ended 6 s before fresh,
+    # and each cut is taken, just before its prune, 3 s older than fresh's end: a busy
+    # machine's slow CLI calls can then neither age fresh past it nor c short of it.
+    time.sleep(6)
     h.tc("start", "--name", "fresh", "--", "true", check=True)
     h.tc("wait", "fresh", "--timeout", "20", check=True)
-    dry = h.tc("prune", "--older-than", "2s", "--dry-run", "--json", check=True).json()
+
+    def cut() -> str:
+        return f"{int(time.time() - float(h.state('fresh')['ended_at'])) + 3}s"
+
+    dry = h.tc("prune", "--older-than", cut(), "--dry-run", "--json", check=True).json()
     assert isinstance(dry, dict)
     assert sorted(r["name"] for r in dry["removed"]) == ["c", "done"]
     assert _names(h) == ["fresh", "c", "done"]
     assert h.tc("prune", "--older-than", "soon").rc == 2
-    gone = h.tc("prune", "--older-than", "2s", check=True).out
+    gone = h.tc("prune", "--older-than", cut(), check=True).out
     assert "removed c" in gone
     assert "removed done" in gone
     assert _names(h) == ["fresh"]

@@ -117,8 +117,13 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     key = tmp / "key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     py = tmp / "py"
+    # Built from a copy: a build in the checkout writes its build/, where the editable
+    # install the other tests run from lives (they lost modules mid-run once).
+    src = tmp / "src"
+    junk = (".git", ".venv", "build", "*.egg-info", "*_cache", "__pycache__", "docs", "tests")
+    shutil.copytree(ROOT_DIR, src, ignore=shutil.ignore_patterns(*junk))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--target", str(py), str(ROOT_DIR)],
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(py), str(src)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     _prepare(root, key, Path("/opt/trainctl"))
