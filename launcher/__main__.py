@@ -1,5 +1,5 @@
 """``python -m trainctl.launcher`` runs the CLI (as the ``trainctl`` script does)."""
 
-from .main import main
+from .entry import main
 
 main()

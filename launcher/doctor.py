@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.supervisor import cgroup, mounts, stacks, state, systemd
+from trainctl.supervisor import cgroup, ids, mounts, stacks, state, systemd
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, NoDriverError, open_backend
 
@@ -247,7 +246,7 @@ def _cgroup_mode() -> Check:
 
 
 def _cgroup_writable() -> Check:
-    probe = cgroup.create_job_cgroup(f"doctor-{uuid.uuid4().hex[:8]}")
+    probe = cgroup.create_job_cgroup(f"doctor-{ids.short_id()}")
     if probe is None:
         return Check(
             "job cgroups",

@@ -392,13 +392,15 @@ def _shell_kill_stop(tmp: Path, width: int, depth: int) -> float:
     return time.monotonic() - t0
 
 
-def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[float, float]:
-    """`trainctl stop` of the settled tree: (exec -> first signal, exec -> last one gone)."""
+def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[float, float, float]:
+    """`trainctl stop` of the settled tree: exec -> (the supervisor has the request, first
+    signal, last one gone)."""
     signalled = tmp / "tc.signalled"
     signalled.unlink(missing_ok=True)
     trainctl_tree(tmp, env, width, depth, settle=True, signalled=signalled)
-    state_file = Path(env["TRAINCTL_HOME"]) / "jobs" / "bench" / "state.json"
-    pgid = int(json.loads(state_file.read_text())["pgid"])
+    jdir = Path(env["TRAINCTL_HOME"]) / "jobs" / "bench"
+    pgid = int(json.loads((jdir / "state.json").read_text())["pgid"])
+    wall0 = time.time()
     t0 = time.monotonic()
     cli = subprocess.Popen([TRAINCTL, "stop", "bench", "--json"], env=env, stdout=subprocess.PIPE)
     while not _group_gone(pgid):
@@ -408,34 +410,68 @@ def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[f
     if cli.returncode or not json.loads(out)["ok"]:
         raise SystemExit(f"bad stop: {out[:500]!r}")
     first = float(signalled.read_text()) - t0
-    return first, gone
+    events = [json.loads(line) for line in (jdir / "events.jsonl").read_text().splitlines()]
+    asked = [e["ts"] for e in events if e.get("event") == "stopping"][-1] - wall0
+    return asked, first, gone
+
+
+def _import_times(env: dict[str, str], argv: list[str]) -> tuple[float, list[tuple[float, str]]]:
+    """`python -X importtime` of a command: (total ms, [(self ms, module)] largest first)."""
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "trainctl.launcher", *argv],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    mods = []
+    for line in res.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line and "self [us]" not in line:
+            own, _cum, name = line.removeprefix("import time:").split("|", 2)
+            mods.append((int(own) / 1000, name.strip()))
+    mods.sort(reverse=True)
+    return sum(ms for ms, _ in mods), mods
 
 
 def bench_startup(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
-    """0. The CLI's own start-up, and the whole stop as a user times it."""
+    """0. The CLI's own start-up, and the whole stop as a user times it.
+
+    The stop sends its request before it imports the verb (launcher/early.py); the same
+    stop with TRAINCTL_NO_EARLY_STOP=1 runs beside it, interleaved.
+    """
     bare = median_ms([sys.executable, "-c", "pass"], env, 20)
     trainctl_tree(tmp, env, 2, 2)
     status = median_ms([TRAINCTL, "status", "bench"], env, 20)
+    paths = {"status": _import_times(env, ["status", "bench"])}
     tc("stop", "bench", env=env)
-    firsts, gones, killpgs, shells = [], [], [], []
+    late = {**env, "TRAINCTL_NO_EARLY_STOP": "1"}
+    rows: dict[str, list[tuple[float, float, float]]] = {"early": [], "late": []}
+    killpgs, shells = [], []
     for _ in range(args.rounds):  # interleaved so drift hits every side alike
         killpgs.append(baseline_stop(tmp, args.width, args.depth))
         shells.append(_shell_kill_stop(tmp, args.width, args.depth))
-        first, gone = _cli_stop(tmp, env, args.width, args.depth)
-        firsts.append(first)
-        gones.append(gone)
-    f, g = statistics.median(firsts) * 1000, statistics.median(gones) * 1000
+        rows["early"].append(_cli_stop(tmp, env, args.width, args.depth))
+        rows["late"].append(_cli_stop(tmp, late, args.width, args.depth))
+    trainctl_tree(tmp, env, 2, 2)
+    paths["stop"] = _import_times(late, ["stop", "bench"])
     k, sh = statistics.median(killpgs) * 1000, statistics.median(shells) * 1000
     n = args.width + args.depth + 1
     print(
         f"0. start-up: bare `python -c pass` {bare:.1f} ms; `trainctl status NAME` "
-        f"{status:.1f} ms -> {status / bare:.2f}x (target <= 3.5x); `trainctl stop` exec -> "
-        f"first signal {f:.1f} ms -> {f / bare:.2f}x (target <= 4x)\n"
-        f"   end to end, {n}-process tree (median of {args.rounds}), exec -> last process "
-        f"gone: trainctl stop {g:.0f} ms; in-process killpg loop {k:.0f} ms -> "
-        f"{g / k:.2f}x (target <= 1.5x); `kill -TERM -PGID` from a shell {sh:.0f} ms -> "
-        f"{g / sh:.2f}x"
+        f"{status:.1f} ms -> {status / bare:.2f}x"
     )
+    for side, got in rows.items():
+        a, f, g = (statistics.median(x[i] for x in got) * 1000 for i in range(3))
+        what = "request sent first" if side == "early" else "TRAINCTL_NO_EARLY_STOP=1"
+        print(
+            f"   stop ({what}), {n}-process tree, median of {args.rounds}: exec -> the "
+            f"supervisor has the request {a:.1f} ms -> {a / bare:.2f}x the bare interpreter "
+            f"(target <= 2.5x); -> first signal {f:.1f} ms; -> last process gone {g:.0f} ms "
+            f"-> {g / (k + bare):.2f}x (in-process killpg loop {k:.0f} ms + bare interpreter; "
+            f"target <= 1.25x); `kill -TERM -PGID` from a shell {sh:.0f} ms -> {g / sh:.2f}x"
+        )
+    for verb, (total, mods) in paths.items():
+        top = ", ".join(f"{name} {ms:.1f}" for ms, name in mods[:8])
+        print(
+            f"   imports of the {verb} path: {total:.1f} ms in {len(mods)} modules; largest: {top}"
+        )
 
 
 def bench_latency(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ exist only as the JSON on the wire, and a reply is checked field by field when r
 
 from __future__ import annotations
 
+import _socket  # early.py's connections are of the C type; socket's are a subclass
 import contextlib
 import dataclasses
 import json
@@ -90,7 +91,7 @@ class StopReply:
 
 def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
     """Send a stop to the job's supervisor and return its checked reply."""
-    return build_document(StopReply, request(jdir, ask.to_doc(), timeout_s), "stop reply")
+    return stop_reply(request(jdir, ask.to_doc(), timeout_s))
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -168,17 +169,29 @@ def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]
         if peer_uid(s) != os.geteuid():
             raise StateError(f"{path} is served by another user; refusing to talk to it")
         s.sendall(encode(msg))
-        buf = b""
-        while not buf.endswith(b"\n"):
-            try:
-                chunk = s.recv(65536)
-            except TimeoutError:
-                raise ControlUnavailableError("the supervisor did not answer in time") from None
-            if not chunk:
-                raise ControlUnavailableError("the supervisor closed the connection")
-            buf += chunk
-            if len(buf) > MAX_LINE:
-                raise ControlUnavailableError("reply too long")
-        return decode(buf)
+        return read_reply(s)
     finally:
         s.close()
+
+
+def read_reply(s: _socket.socket) -> dict[str, Any]:
+    """Read the one-line reply to a request sent on ``s`` (its timeout applies)."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            raise ControlUnavailableError("the supervisor did not answer in time") from None
+        except OSError as e:
+            raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
+        if not chunk:
+            raise ControlUnavailableError("the supervisor closed the connection")
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            raise ControlUnavailableError("reply too long")
+    return decode(buf)
+
+
+def stop_reply(doc: dict[str, Any]) -> StopReply:
+    """A stop reply read off the wire, checked field by field."""
+    return build_document(StopReply, doc, "stop reply")

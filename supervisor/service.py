@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 import traceback
-import uuid
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -31,7 +30,7 @@ import anyio.lowlevel
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import causes, control, handoff, hooks, memory, procfs, steps, systemd
+from . import causes, control, handoff, hooks, ids, memory, procfs, steps, systemd
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, StateError, TrainctlError
@@ -681,7 +680,7 @@ class Supervisor:
         leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
         handover = Handover(
             run=st.run + 1,
-            marker=uuid.uuid4().hex,
+            marker=ids.new_marker(),
             gpus=leases,
             restarts=st.restarts + 1,
             last_failure=failure,

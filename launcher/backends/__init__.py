@@ -75,6 +75,9 @@ class Backend(Protocol):
     """What each operation needs from the place a job runs."""
 
     kind: str
+    # whether trainctl's own queue (--queue, --after, --singleton) serves its jobs; a
+    # backend with a scheduler of its own (Slurm) queues there instead
+    queues_here: bool
 
     def check_values(self, draft: SpecDraft) -> None:
         """Refuse spec keys that make no sense for this backend (ConfigError)."""
@@ -101,8 +104,13 @@ _MODULES = {"local": "local", "slurm": "slurm"}
 _LOADED: dict[str, Backend] = {}
 
 
-def backend(kind: str) -> Backend:
-    """The backend called ``kind`` (state and spec documents are validated on read)."""
+DEFAULT = "local"
+
+
+def backend(kind: str | None) -> Backend:
+    """The backend called ``kind``, or the default one for None (state and spec documents
+    are validated on read)."""
+    kind = kind or DEFAULT
     if kind not in _LOADED:
         if kind not in _MODULES:
             raise ConfigError(f"unknown backend {kind!r} (expected one of {', '.join(BACKENDS)})")

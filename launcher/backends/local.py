@@ -34,6 +34,7 @@ class Local:
     """Here, under trainctl's own supervisor."""
 
     kind = "local"
+    queues_here = True
 
     def check_values(self, draft: SpecDraft) -> None:
         """Slurm's keys only make sense with --backend slurm."""

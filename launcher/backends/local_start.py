@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import uuid
 from pathlib import Path
 
 from trainctl.launcher.gpus import gpu_env, lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
-from trainctl.supervisor import state
+from trainctl.supervisor import ids, state
 from trainctl.supervisor.errors import SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.launch import Handover, launch_supervisor
@@ -24,7 +23,7 @@ from .local_stop import stop_once
 def start_run(req: StartRequest) -> StartResult:
     """Hand the next run to a new supervisor; undo everything if that fails."""
     run = req.prev.run + 1 if req.prev else 1
-    marker = uuid.uuid4().hex
+    marker = ids.new_marker()
     try:
         return _launch(req, Handover(run, marker))
     except SpawnError as e:

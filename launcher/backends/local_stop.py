@@ -6,10 +6,12 @@ such command to let go of the job, and stops the run that command started too.
 
 from __future__ import annotations
 
+import _socket
 import signal
 import time
 from pathlib import Path
 
+from trainctl.launcher import early
 from trainctl.launcher.results import StopResult
 from trainctl.supervisor import control, procfs, state
 from trainctl.supervisor.errors import JobConflictError, TrainctlError
@@ -41,7 +43,10 @@ def stop_run(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
 
 def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the current run once: through its supervisor if it lives, else directly."""
-    if supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
+    # A stop the entry already sent is read first: by now its supervisor may have finished
+    # it and exited, which must not read as "nothing to stop".
+    asked = early.pending(str(jdir)) or supervised(jdir)
+    if asked and (res := _stop_via_supervisor(jdir, req)) is not None:
         return res
     from .direct import stop_direct  # noqa: PLC0415  (the stop algorithm: when no supervisor)
 
@@ -88,9 +93,14 @@ def _ask_supervisor(
     """
     deadline = time.monotonic() + MUTE_AFTER_S
     poked = False
+    sent = early.claim(str(jdir), msg.order, msg.grace_s) if msg.verb == "stop" else None
     while True:
         try:
-            reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
+            if sent is not None:  # the entry sent this very stop before it imported us
+                reply = _read_sent(sent, timeout_s)
+                sent = None
+            else:
+                reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
             if not supervised(jdir):
                 return None
@@ -114,6 +124,15 @@ def _ask_supervisor(
         if reply.error is not None:
             raise TrainctlError(f"supervisor refused: {reply.error}")
         return reply
+
+
+def _read_sent(sock: _socket.socket, timeout_s: float) -> control.StopReply:
+    """The reply to the stop launcher/early.py sent; the connection is closed after."""
+    try:
+        sock.settimeout(timeout_s)
+        return control.stop_reply(control.read_reply(sock))
+    finally:
+        sock.close()
 
 
 def _ask_rebind(jdir: Path) -> bool:

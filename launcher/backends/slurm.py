@@ -203,6 +203,7 @@ class Slurm:
     """In a Slurm allocation: sbatch submits, a node agent supervises on each node."""
 
     kind = "slurm"
+    queues_here = False
 
     def check_values(self, draft: SpecDraft) -> None:
         """--gpus binds this host's GPUs; Slurm allocates its own. A line break in any

@@ -13,12 +13,11 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from trainctl.launcher.config import load_config
 from trainctl.launcher.results import SlurmVerdict
-from trainctl.supervisor import state
+from trainctl.supervisor import ids, state
 from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
 from trainctl.supervisor.spec import Spec, spec_to_doc
 from trainctl.supervisor.state import JobState, Phase
@@ -148,7 +147,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
     """Write the batch script, submit it, record the Slurm job id; return the new state."""
     sbatch = tool("sbatch")
     run = prev.run + 1 if prev else 1
-    marker = uuid.uuid4().hex
+    marker = ids.new_marker()
     state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
     script = jdir / "slurm" / f"run-{run}.sbatch"
     script.parent.mkdir(mode=0o700, exist_ok=True)

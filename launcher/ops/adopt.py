@@ -14,14 +14,13 @@ import os
 import shlex
 import shutil
 import subprocess
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.launcher.config import Config
 from trainctl.launcher.gpus import gpu_views
 from trainctl.launcher.specfile import SpecDraft
-from trainctl.supervisor import procfs, state
+from trainctl.supervisor import ids, procfs, state
 from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.proctree import alive, scan, target_of
@@ -343,7 +342,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
             log = state.log_path(jdir, run)
             ho = Handover(
                 run,
-                uuid.uuid4().hex,
+                ids.new_marker(),
                 gpus=gpu_leases(home, {m.pid for m in plan.members}),
                 restarts=0,
                 adopt=plan.handover(),

@@ -13,12 +13,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
+from trainctl.launcher import backends
 from trainctl.launcher.config import Config, load_config
+from trainctl.launcher.gpus import check_request
 from trainctl.launcher.results import GpuRequest, Queued, StartResult
-from trainctl.supervisor import state, systemd
+from trainctl.supervisor import ids, state, systemd
 from trainctl.supervisor.errors import (
     ConfigError,
     GpuError,
@@ -38,6 +39,7 @@ from .queue import (
     HomeView,
     QueueAsk,
     blockers,
+    check_ask,
     entries,
     entry_path,
     next_run,
@@ -100,6 +102,33 @@ def _refuse_cycle(name: str, deps: list[After], queued: dict[str, Entry], home: 
         ]
 
 
+def start_or_queue(
+    home: Path, spec: Spec, cfg: Config, request: GpuRequest | None, ask: QueueAsk
+) -> StartResult | Queued:
+    """Start now, or, with --queue/--after/--singleton, queue the job when it must wait.
+
+    Only for a backend that trainctl's queue serves (``queues_here``); one with its own
+    scheduler refuses the queue flags.
+    """
+    check_ask(ask, request)
+    here = backends.backend(spec.backend).queues_here
+    if here:
+        ensure_waiters(home)  # after a reboot, the first start resumes the queue
+    if not ask.wanted:
+        if read_entry(home, spec.name) is not None:
+            raise JobConflictError(
+                f"job {spec.name} is already queued; `trainctl stop {spec.name}` dequeues it"
+            )
+        return start_job(home, spec, cfg, request)
+    if not here:
+        raise ConfigError(
+            "--queue, --after and --singleton are for local jobs (Slurm queues its own)"
+        )
+    if request is not None:
+        check_request(str(request.spec))
+    return enqueue_or_start(home, spec, cfg, request, ask)
+
+
 def enqueue_or_start(
     home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None, ask: QueueAsk
 ) -> StartResult | Queued:
@@ -120,7 +149,7 @@ def enqueue_or_start(
         )
         e = Entry(
             name=spec.name,
-            token=uuid.uuid4().hex,
+            token=ids.new_marker(),
             seq=time.time_ns(),
             queued_at=time.time(),
             spec=spec_to_doc(spec),

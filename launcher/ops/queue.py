@@ -33,14 +33,13 @@ import contextlib
 import dataclasses
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.gpus import lease_fit
 from trainctl.launcher.results import GpuRequest, QueueView
-from trainctl.supervisor import state
+from trainctl.supervisor import ids, state
 from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
@@ -501,7 +500,7 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
             name=e.name,
             run=(prev.run + 1) if prev else 1,
             phase=Phase.FAILED,
-            marker=uuid.uuid4().hex,
+            marker=ids.new_marker(),
             started_at=now,
             ended_at=now,
             error=why,

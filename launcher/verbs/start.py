@@ -9,15 +9,14 @@ from pathlib import Path
 
 from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.gpus import check_request
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
-from trainctl.launcher.ops import dispatch, queue
-from trainctl.launcher.ops.queue import QueueAsk, check_ask
-from trainctl.launcher.ops.start import resolve_spec, start_job
-from trainctl.launcher.results import GpuRequest, Queued, StartResult
+from trainctl.launcher.ops import dispatch
+from trainctl.launcher.ops.queue import QueueAsk
+from trainctl.launcher.ops.start import resolve_spec
+from trainctl.launcher.results import GpuRequest, Queued
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
-from trainctl.supervisor.errors import ConfigError, JobConflictError
-from trainctl.supervisor.spec import Spec, parse_order
+from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.spec import parse_order
 
 from . import Invocation
 from .logs import follow_new_run
@@ -96,33 +95,11 @@ def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
     return file_draft, draft
 
 
-def _start_or_queue(
-    inv: Invocation, spec: Spec, request: GpuRequest | None, ask: QueueAsk
-) -> StartResult | Queued:
-    """Start now, or, with --queue/--after/--singleton, queue it when it must wait."""
-    check_ask(ask, request)
-    if spec.backend == "local":
-        dispatch.ensure_waiters(inv.home)  # after a reboot, the first start resumes the queue
-    if not ask.wanted:
-        if queue.read_entry(inv.home, spec.name) is not None:
-            raise JobConflictError(
-                f"job {spec.name} is already queued; `trainctl stop {spec.name}` dequeues it"
-            )
-        return start_job(inv.home, spec, inv.cfg, request)
-    if spec.backend != "local":
-        raise ConfigError(
-            "--queue, --after and --singleton are for local jobs (Slurm queues its own)"
-        )
-    if request is not None:
-        check_request(str(request.spec))
-    return dispatch.enqueue_or_start(inv.home, spec, inv.cfg, request, ask)
-
-
 def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
     file_draft, cli = layers(f)
     draft = file_draft.merged(cli)
-    backends.backend(draft.backend or "local").check_values(draft)
+    backends.backend(draft.backend).check_values(draft)
     spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
     spec = resolve_spec(draft, inv.cfg, spec_file)
     if spec_file:
@@ -137,7 +114,7 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         if draft.gpus
         else None
     )
-    got = _start_or_queue(inv, spec, request, f.ask())
+    got = dispatch.start_or_queue(inv.home, spec, inv.cfg, request, f.ask())
     if isinstance(got, Queued):
         render.emit_json(got.to_doc()) if as_json else render.queued(got)
         return ExitCode.OK

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "checkpoint",
             "config",
             "doctor",
+            "early",
             "exitcodes",
             "globalopts",
             "gpus",
@@ -45,9 +46,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("operations", {"ops"}),
     ("presentation", {"render", "live", "top", "api"}),
     ("verbs", {"verbs"}),
-    ("entry", {"cli", "main", "__main__", "waiter"}),
+    ("entry", {"cli", "main", "__main__", "entry", "waiter"}),
 ]
-MAX_FUNCTION_IMPORTS = 16  # 16th: a queued job's waiter stays light until it dispatches
+MAX_FUNCTION_IMPORTS = 17  # 16th: a queued job's waiter stays light until it dispatches;
+# 17th: the console script imports the CLI only after a plain stop's request is out
 
 
 def module_name(path: Path) -> str:
@@ -179,7 +181,18 @@ def test_function_level_imports_are_few_and_explained() -> None:
     assert len(found) <= MAX_FUNCTION_IMPORTS, f"{len(found)} function-level imports: {found}"
 
 
-HEAVY = ("click", "psutil", "anyio", "structlog", "pynvml", "curses", "subprocess")
+# uuid and platform: ~3 ms together, for a random hex (supervisor/ids.py gives it without)
+HEAVY = (
+    "click",
+    "psutil",
+    "anyio",
+    "structlog",
+    "pynvml",
+    "curses",
+    "subprocess",
+    "uuid",
+    "platform",
+)
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -222,3 +235,30 @@ def test_every_verb_has_a_module_a_summary_and_a_click_command() -> None:
     for name, verb in verbs.VERBS.items():
         assert callable(verbs.load(name).run), name
         assert verb.summary.endswith("."), name
+
+
+def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
+    """The console script sends a plain stop's request (launcher/early.py) having loaded
+    only the interpreter's C socket module: not socket, json, pathlib, nor the verb."""
+    before = _loaded_after("pass")
+    after = _loaded_after("import trainctl.launcher.entry")
+    new = after - before
+    allowed = {
+        "__future__",
+        "_socket",
+        "trainctl",
+        "trainctl.launcher",
+        "trainctl.launcher.early",
+        "trainctl.launcher.entry",
+    }
+    assert new <= allowed, sorted(new - allowed)
+
+
+def test_no_verb_names_a_backend() -> None:
+    """A verb asks the backend what it can do; it never tests which backend it is."""
+    from trainctl.supervisor.spec import BACKENDS  # noqa: PLC0415  (the names under test)
+
+    for path in sorted((LAUNCHER / "verbs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in BACKENDS:
+                raise AssertionError(f"{path.name}:{node.lineno} names backend {node.value!r}")

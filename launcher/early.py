@@ -1,0 +1,207 @@
+"""The stop's request, sent before the rest of trainctl is imported.
+
+`trainctl stop NAME` of a job whose supervisor lives is, to the user, one thing: the
+signal should land now. Importing what follows and renders the stop (the verb, the
+records, the state's schema) takes several times as long as starting the interpreter, so
+the console script hands the command line here first. For the plain shapes the fast path
+serves (``[--home DIR] stop NAME [--json] [--grace SECONDS] [--order ORDER]
+[--main-only]``) this module, on the standard library's C parts only, finds the job's
+control socket, checks that the process serving it is this job's own supervisor (our
+uid, ``python -m trainctl.supervisor --home HOME --name NAME``), and sends the stop. The
+verb then runs as always and, where it would send the same request, reads the answer to
+this one (:func:`claim`). Anything unusual (a queued run of the name, a config that
+decides the home, a value this module does not parse, no answering supervisor) sends
+nothing here: the verb does it all, as before.
+
+A live supervisor is the job's authority: it signals from its own roster, not from
+state.json, so nothing here reads or trusts that file.
+"""
+
+from __future__ import annotations
+
+import _socket  # the C module: `socket` itself imports enum and selectors (~4 ms)
+import os
+import sys
+
+_ORDERS = ("tree", "all", "main")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_SUN_PATH_MAX = 107
+WAIT_S = 0.25  # how long the request waits for its answer before the verb is imported
+
+# jdir -> (the open connection, what it asked: order, grace_s)
+_pending: dict[str, tuple[_socket.socket, tuple[str | None, float | None]]] = {}
+
+
+def send_stop(argv: list[str]) -> None:
+    """If ``argv`` is a plain stop of one job whose supervisor answers, send it now."""
+    if os.environ.get("TRAINCTL_HOST") or os.environ.get("TRAINCTL_CLIENT_VERSION"):
+        return  # --host through the environment, or the remote end (its version check first)
+    asked = _parse(argv)
+    if asked is None:
+        return
+    home_opt, name, order, grace_s = asked
+    home = _home(home_opt)
+    if home is None or not _name_ok(name):
+        return
+    jdir = f"{home}/jobs/{name}"
+    if not _owned_dir(jdir) or os.path.lexists(f"{home}/queue/{name}.json"):
+        return  # a queued run of this name is dequeued first, by the verb
+    sock = _connect(f"{jdir}/control.sock", home, name)
+    if sock is None:
+        return
+    fields = [b'"op": "stop"', b'"gpu_timeout_s": null']
+    if order is not None:
+        fields += [b'"order": "%s"' % order.encode(), b'"main_only": %s' % _bool(order == "main")]
+    if grace_s is not None:
+        fields.append(b'"grace_s": %r' % grace_s)
+    try:
+        sock.sendall(b"{" + b", ".join(fields) + b"}\n")
+    except OSError:
+        sock.close()
+        return
+    _pending[jdir] = (sock, (order, grace_s))
+    _let_it_finish(sock)
+
+
+def _let_it_finish(sock: _socket.socket) -> None:
+    """Wait up to WAIT_S for the answer before importing anything: on a small machine the
+    imports (~100 ms of CPU) would slow the stop they run beside. A stop that takes longer
+    (a grace used for a checkpoint) is narrated by the verb from then on."""
+    try:
+        sock.settimeout(WAIT_S)
+        sock.recv(1, _socket.MSG_PEEK)  # the answer stays queued for the verb to read
+    except OSError:
+        pass  # not yet (or the supervisor went away): the verb finds out either way
+    finally:
+        sock.settimeout(None)
+
+
+def pending(jdir: str) -> bool:
+    """Whether a stop of ``jdir`` went out from here and is not read yet."""
+    return jdir in _pending
+
+
+def claim(jdir: str, order: str | None, grace_s: float | None) -> _socket.socket | None:
+    """The connection whose stop already went out for ``jdir``, if it asked the same."""
+    entry = _pending.pop(jdir, None)
+    if entry is None:
+        return None
+    sock, asked = entry
+    if asked == (order, grace_s):
+        return sock
+    sock.close()  # not what the verb asks (it resolved something differently): it asks anew
+    return None
+
+
+def unclaimed() -> list[tuple[str, _socket.socket]]:
+    """The stops sent here that the verb never came to read (it failed before it did)."""
+    out = [(jdir, sock) for jdir, (sock, _) in _pending.items()]
+    _pending.clear()
+    return out
+
+
+def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] | None:
+    home = None
+    if argv[:1] == ["--home"] and len(argv) >= 2:
+        home, argv = argv[1], argv[2:]
+    if len(argv) < 2 or argv[0] != "stop" or argv[1].startswith("-"):
+        return None
+    name, rest = argv[1], argv[2:]
+    order: str | None = None
+    grace_s: float | None = None
+    main_only = False
+    seen: set[str] = set()
+    while rest:
+        arg = rest.pop(0)
+        if arg in seen:
+            return None
+        seen.add(arg)
+        if arg == "--json":
+            continue
+        if arg == "--main-only":
+            main_only = True
+        elif arg == "--order" and rest and rest[0] in _ORDERS:
+            order = rest.pop(0)
+        elif arg == "--grace" and rest and (g := _seconds(rest.pop(0))) is not None:
+            grace_s = g
+        else:
+            return None
+    if main_only:
+        if order not in (None, "main"):
+            return None  # a contradiction: the verb says so
+        order = "main"
+    return home, name, order, grace_s
+
+
+def _seconds(text: str) -> float | None:
+    """``90`` or ``90s`` or ``2.5`` (what the verb reads the same way); else None."""
+    digits = text.removesuffix("s")
+    if not digits or digits.count(".") > 1 or not digits.replace(".", "").isdigit():
+        return None
+    value = float(digits)
+    return value if value > 0 else None
+
+
+def _home(home_opt: str | None) -> str | None:
+    """The home as `resolve_home` makes it; None where the config file decides it."""
+    chosen = home_opt or os.environ.get("TRAINCTL_HOME")
+    if not chosen:
+        config = os.environ.get("TRAINCTL_CONFIG") or (
+            (os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"))
+            + "/trainctl/config.toml"
+        )
+        if os.path.lexists(config):
+            return None  # its state.home may name another home: the verb reads it
+        chosen = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        chosen += "/trainctl"
+    path = os.path.expanduser(chosen)
+    path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    # as pathlib writes it (no '.', no empty parts; '..' kept): the supervisor's --home
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
+def _name_ok(name: str) -> bool:
+    return 0 < len(name) <= 64 and name[0].isalnum() and set(name) <= _NAME_CHARS
+
+
+def _owned_dir(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid()
+
+
+def _connect(path: str, home: str, name: str) -> _socket.socket | None:
+    """A connection to ``path`` served by this job's own supervisor; else None."""
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        return None
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(2.0)
+        sock.connect(path)
+        cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        pid = int.from_bytes(cred[0:4], sys.byteorder)
+        uid = int.from_bytes(cred[4:8], sys.byteorder)
+        if uid != os.geteuid() or not _is_its_supervisor(pid, home, name):
+            sock.close()
+            return None
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _is_its_supervisor(pid: int, home: str, name: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    want = [b"-m", b"trainctl.supervisor", b"--home", os.fsencode(home), b"--name", name.encode()]
+    return any(argv[i : i + len(want)] == want for i in range(len(argv)))
+
+
+def _bool(value: bool) -> bytes:
+    return b"true" if value else b"false"

@@ -1,0 +1,159 @@
+"""A plain `trainctl stop NAME` sends its request before the verb is imported
+(launcher/early.py): to the job's own supervisor only, once, and read by the verb."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Harness, wait_for
+from trainctl.launcher import early
+from trainctl.launcher import main as cli_main
+from trainctl.supervisor import control
+
+
+@pytest.fixture
+def here(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Harness:
+    """The harness's environment in this process too (early reads os.environ)."""
+    for key in ("TRAINCTL_HOST", "TRAINCTL_CLIENT_VERSION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TRAINCTL_HOME", str(harness.home))
+    yield harness
+    for _jdir, sock in early.unclaimed():
+        sock.close()
+
+
+def _events(h: Harness, name: str, kind: str) -> list[dict[str, object]]:
+    path = h.home / "jobs" / name / "events.jsonl"
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    return [d for d in docs if d.get("event") == kind]
+
+
+def test_a_plain_stop_goes_out_first_and_the_verb_reads_its_answer(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    res = h.tc("stop", "e", "--grace", "5", "--order", "all", "--json", check=True)
+    doc = res.json()
+    assert doc["via"] == "supervisor"
+    assert doc["ok"] is True
+    assert doc["warnings"] == []  # not "joined": one request, not the early one and another
+    assert "ran" not in res.err  # the verb read the answer itself
+    stopping = _events(h, "e", "stopping")
+    assert len(stopping) == 1, stopping
+    assert stopping[0]["grace_s"] == 5.0  # what was asked, as the verb would have asked it
+    assert stopping[0]["order"] == "all"
+
+
+def test_the_request_is_sent_to_a_live_supervisor_and_claimed_once(here: Harness) -> None:
+    h = here
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    jdir = str(h.home / "jobs" / "e")
+    early.send_stop(["stop", "e", "--grace", "2.5"])
+    assert early.pending(jdir)
+    wait_for(lambda: not h.job_pids("e"), what="the job stopped by the early request alone")
+    assert early.claim(jdir, "tree", 2.5) is None  # asked something else: closed, not reused
+    assert not early.pending(jdir)
+
+
+def test_an_answer_nobody_claimed_is_waited_for_and_said(
+    here: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The verb failed before it read the answer: the entry still waits for the stop."""
+    h = here
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    early.send_stop(["stop", "e"])
+    cli_main._finish_unclaimed()
+    assert "the stop sent to e's supervisor ran: nothing of it is left" in capsys.readouterr().err
+    assert not h.job_pids("e")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stop", "e", "--gpu-timeout", "5"],  # a flag only the verb reads
+        ["stop", "e", "--grace", "1m"],  # a duration only the verb parses
+        ["stop", "e", "--main-only", "--order", "all"],  # a contradiction: the verb says so
+        ["stop", "e", "--grace", "0"],
+        ["stop", "--all"],
+        ["stop", "e", "f"],
+        ["stop", "../e"],
+        ["status", "e"],
+    ],
+)
+def test_anything_but_the_plain_shapes_sends_nothing(here: Harness, argv: list[str]) -> None:
+    here.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    early.send_stop(argv)
+    assert early.unclaimed() == []
+    assert here.job_pids("e")
+    here.tc("stop", "e", check=True)
+
+
+def test_a_queued_run_of_the_name_sends_nothing(here: Harness) -> None:
+    """The verb dequeues it first, so that the stop cannot free GPUs for it."""
+    h = here
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    (h.home / "queue").mkdir(exist_ok=True)
+    (h.home / "queue" / "e.json").write_text("{}")
+    early.send_stop(["stop", "e"])
+    assert early.unclaimed() == []
+    (h.home / "queue" / "e.json").unlink()
+    h.tc("stop", "e", check=True)
+
+
+LISTENER = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(1)
+print("ready", flush=True)
+conn, _ = s.accept()
+conn.settimeout(5)
+got = b""
+try:
+    while chunk := conn.recv(4096):
+        got += chunk
+except OSError:
+    pass
+print(repr(got), flush=True)
+"""
+
+
+def test_a_socket_served_by_anything_but_the_jobs_supervisor_gets_nothing(
+    here: Harness,
+) -> None:
+    """Our own uid is not enough: the peer must be `python -m trainctl.supervisor` for
+    this home and name (a planted listener, here, is not)."""
+    jdir = here.home / "jobs" / "e"
+    jdir.mkdir(parents=True, mode=0o700)
+    sock = jdir / control.SOCK_NAME
+    env = {**here.env}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, str(sock)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        early.send_stop(["stop", "e"])
+        assert early.unclaimed() == []
+        assert proc.stdout.readline().strip() == "b''"  # connected, checked, sent nothing
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_the_module_reads_the_home_as_the_cli_does(
+    here: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert early._home("rel/./h//") == f"{tmp_path}/rel/h"
+    monkeypatch.delenv("TRAINCTL_HOME")
+    monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "st"))
+    assert early._home(None) == f"{tmp_path}/st/trainctl"
+    (tmp_path / "none.toml").write_text("[state]\nhome = '/elsewhere'\n")
+    assert early._home(None) is None  # the config decides: the verb reads it
