@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainctl.launcher.results import Progress
 from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState, log_path
+from trainctl.supervisor.state import JobState, log_path, progress_path
 from trainctl.supervisor.steps import number, numbers, progress_of, steps_path, tail_lines
 
 TAIL_BYTES = 256 * 1024
@@ -23,7 +23,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 def _points(jdir: Path, st: JobState, spec: Spec) -> list[dict[str, float]]:
     points: list[dict[str, float]] = []
-    for line in tail_lines(jdir / "logs" / f"run-{st.run}.progress.jsonl", TAIL_BYTES):
+    for line in tail_lines(progress_path(jdir, st.run), TAIL_BYTES):
         try:
             doc = json.loads(line)
         except ValueError:

@@ -40,6 +40,7 @@ from .state import (
     job_dir,
     log_path,
     open_in,
+    progress_path,
     write_bytes_atomic,
     write_json_atomic,
     write_state,
@@ -104,7 +105,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
         _close_all(procs_fds)
         _restore(jdir, before, cgroup, mem)
         raise
-    progress = jdir / "logs" / f"run-{run}.progress.jsonl"
+    progress = progress_path(jdir, run)
     try:
         spawned = spawn_main(
             spec, job_env(spec, jdir, marker, run, progress), log_path(jdir, run), procs_fds

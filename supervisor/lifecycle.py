@@ -98,7 +98,19 @@ class Relaunched:
     error: str | None = None
 
 
-Event = MainExited | StopRequested | Stalled | StopFinished | BackoffElapsed | Relaunched
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a watcher saw of the run, for its record: members, code drift, a stall mark,
+    OOM kills, GPU faults, work handed off. Watchers only look; the owner records it, in
+    order, onto the state as it is then: ``put`` replaces fields, ``add`` appends lines
+    to a field and keeps the newest ``keep`` of them."""
+
+    put: tuple[tuple[str, object], ...] = ()
+    add: tuple[tuple[str, tuple[str, ...], int], ...] = ()  # (field, lines, keep)
+    durable: bool = True
+
+
+Event = MainExited | StopRequested | Stalled | StopFinished | BackoffElapsed | Relaunched | Observed
 
 # ---------------------------------------------------------------- actions
 
@@ -158,6 +170,15 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class Record:
+    """Write what a watcher observed (see Observed) to state.json, the phase unchanged."""
+
+    put: tuple[tuple[str, object], ...] = ()
+    add: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    durable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Log:
     """Record an event in events.jsonl."""
 
@@ -175,7 +196,16 @@ class Hook:
 
 
 Action = (
-    RunStop | Persist | WaitBackoff | CancelBackoff | ShortenGrace | Relaunch | Reply | Log | Hook
+    RunStop
+    | Persist
+    | Record
+    | WaitBackoff
+    | CancelBackoff
+    | ShortenGrace
+    | Relaunch
+    | Reply
+    | Log
+    | Hook
 )
 
 # ---------------------------------------------------------------- the machine
@@ -220,6 +250,9 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
         return _stop_finished(life, ev, spec)
     if isinstance(ev, Relaunched):
         return _relaunched(life, ev)
+    if isinstance(ev, Observed):
+        # a look that lands after the run ended must not rewrite its final record
+        return life, [] if ended(life) else [Record(ev.put, ev.add, ev.durable)]
     return _timer(life, ev, spec)
 
 

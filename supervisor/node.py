@@ -27,7 +27,7 @@ from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import Spec, StopOrder
-from .state import NODE_VAR, ProcRef, job_dir, mtime, read_spec
+from .state import NODE_VAR, ProcRef, job_dir, mtime, progress_path, read_spec
 from .stop import run_stop
 
 _stop = {"asked": False, "by_request": False}
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _on_stop)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
     set_subreaper()
-    progress = jdir / "logs" / f"run-{args.run}.progress.jsonl"
+    progress = progress_path(jdir, args.run)
     env = {**job_env(spec, jdir, args.marker, args.run, progress), **slurm_task_env(os.environ)}
     env.pop("TRAINCTL_MASTER_ADDR", None)
     env[NODE_VAR] = node_name()  # the marker net of this agent takes this node's only

@@ -53,6 +53,7 @@ from .state import (
     mtime,
     open_events,
     open_in,
+    progress_path,
     write_event_line,
     write_state,
 )
@@ -211,25 +212,35 @@ class Supervisor:
 
     # ------------------------------------------------------------ events in
 
+    def _observe(
+        self, *, add: tuple[tuple[str, tuple[str, ...], int], ...] = (), **put: object
+    ) -> None:
+        """A watcher's look, handed to the owner, which records it (lc.Observed)."""
+        self.send(lc.Observed(tuple(put.items()), add))
+
     def send(self, ev: lc.Event) -> None:
         """Queue an event for the lifecycle owner (never blocks: the buffer is generous)."""
         with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
             self.events_tx.send_nowait(ev)
 
     async def _own_lifecycle(self, tg: anyio.abc.TaskGroup) -> None:
-        """The one task that moves the lifecycle: every decision happens here, in order."""
+        """The one task that moves the lifecycle and writes the state: every decision
+        and every record happens here, in order."""
         while not lc.ended(self.life):
-            ev = await self.events_rx.receive()
-            self.life = dataclasses.replace(self.life, now=time.time())
-            self.life, actions = lc.step(self.life, ev, self.spec)
-            for action in actions:
-                self._do(tg, action)
+            await self._step(tg)
+
+    async def _step(self, tg: anyio.abc.TaskGroup) -> None:
+        ev = await self.events_rx.receive()
+        self.life = dataclasses.replace(self.life, now=time.time())
+        self.life, actions = lc.step(self.life, ev, self.spec)
+        for action in actions:
+            self._do(tg, action)
 
     def _do(self, tg: anyio.abc.TaskGroup, a: lc.Action) -> None:
         if isinstance(a, lc.RunStop):
             tg.start_soon(self._run_stop, a)
-        elif isinstance(a, lc.Persist):
-            self._set(a.phase, durable=a.durable, **a.fields)
+        elif isinstance(a, lc.Persist | lc.Record):
+            self._write(a)
         elif isinstance(a, lc.Log):
             self.log.info(a.event, **a.fields)
         elif isinstance(a, lc.WaitBackoff):
@@ -249,11 +260,22 @@ class Supervisor:
         elif isinstance(a, lc.Hook):
             self._fire(a.event, a.cause, notify=a.notify)
 
+    def _write(self, a: lc.Persist | lc.Record) -> None:
+        """The owner's writes: a phase move, or what a watcher observed (phase unchanged,
+        its lines appended to the state as it is now)."""
+        if isinstance(a, lc.Persist):
+            self._set(a.phase, durable=a.durable, **a.fields)
+            return
+        fields = dict(a.put)
+        for name, lines, keep in a.add:
+            fields[name] = (*getattr(self.state, name), *lines)[-keep:]
+        self._set(self.state.phase, durable=a.durable, **fields)
+
     def _fire(self, event: str, cause: dict[str, Any], *, notify: bool = True) -> None:
         """Hand the event to a hook runner, if the job has a hook or a URL for it."""
         step = self._sampled_step[1] if self._sampled_step else None
         if step is None:  # a job that reports through $TRAINCTL_PROGRESS (trainer.report)
-            reported = self.jdir / "logs" / f"run-{self.state.run}.progress.jsonl"
+            reported = progress_path(self.jdir, self.state.run)
             step = steps.newest_reported(reported)
         if step is not None and step == int(step):
             step = int(step)
@@ -458,7 +480,7 @@ class Supervisor:
                 snap = tuple(
                     MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
                 )
-                self._set(self.state.phase, members=snap, snapshot_at=time.time())
+                self._observe(members=snap, snapshot_at=time.time())
 
     async def _look_for_handoffs(self, live: dict[int, Member]) -> None:
         """Record a member that is a tmux client of a server outside the job.
@@ -476,7 +498,7 @@ class Supervisor:
         if lines:
             for line in lines:
                 self.log.warning("handed_off", what=line)
-            self._set(self.state.phase, handed_off=(*self.state.handed_off, *lines)[-10:])
+            self._observe(add=(("handed_off", tuple(lines), 10),))
 
     async def _check_drift(self) -> None:
         """Recompute the code drift when git or the entry script changed, else once a minute.
@@ -493,7 +515,7 @@ class Supervisor:
         self.drift_mark, self.drift_at = mark, now
         changes = tuple(await anyio.to_thread.run_sync(drift, self.state.code, self.spec))
         if changes != self.state.code_drift or self.state.drift_checked_at is None:
-            self._set(self.state.phase, code_drift=changes, drift_checked_at=time.time())
+            self._observe(code_drift=changes, drift_checked_at=time.time())
 
     def _keep_known(self, members: dict[int, Member]) -> None:
         """Between full scans, keep the snapshot's members that still live (same start time).
@@ -567,7 +589,7 @@ class Supervisor:
     def _gpu_fault(self, fault: str) -> None:
         """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
         self.log.warning("gpu_fault", fault=fault)
-        self._set(self.state.phase, gpu_faults=(*self.state.gpu_faults, fault)[-20:])
+        self._observe(add=(("gpu_faults", (fault,), 20),))
 
     # ------------------------------------------------------------ stop
 
@@ -723,17 +745,17 @@ class Supervisor:
         if not timeout or self.life.stage is not lc.Stage.RUNNING:
             return False
         st = self.state
-        progress = self.jdir / "logs" / f"run-{st.run}.progress.jsonl"
+        progress = progress_path(self.jdir, st.run)
         last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
         idle = time.time() - last
         if idle < timeout:
             if st.stalled_since is not None:
-                self._set(st.phase, stalled_since=None)
+                self._observe(stalled_since=None)
                 self.log.info("unstalled")
             return False
         first = st.stalled_since is None
         if first:
-            self._set(st.phase, stalled_since=last)
+            self._observe(stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
             self._fire(
                 "stall",
@@ -766,7 +788,7 @@ class Supervisor:
             victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self._oom_victims()],
             cap_bytes=self.spec.memory.max_bytes,
         )
-        self._set(self.state.phase, oom_kills=kills)
+        self._observe(oom_kills=kills)
 
     def _oom_victims(self) -> list[memory.Victim]:
         """The kernel log's OOM kills of this run: its members' pids, or its group's name."""
@@ -917,10 +939,11 @@ class Supervisor:
                 with contextlib.suppress(FileNotFoundError):
                     (self.jdir / control.SOCK_NAME).unlink()
             # clients still connected get their answer (late stops: the final report)
+            # ... by the same owner: the ended machine answers a stop with the final report
             with anyio.move_on_after(5):
                 while self.handlers:
-                    self._drain_late_requests()
-                    await anyio.sleep(0.005)
+                    with anyio.move_on_after(0.05):
+                        await self._step(tg)
             tg.cancel_scope.cancel()
 
     def _started(self) -> dict[str, Any]:
@@ -928,19 +951,6 @@ class Supervisor:
         gpus = ",".join(str(g.index) for g in self.state.gpus)
         on = f" on GPU(s) {gpus}" if gpus else ""
         return {"kind": "start", "summary": f"run {self.state.run} started{on}, main pid {main}"}
-
-    def _drain_late_requests(self) -> None:
-        while True:
-            try:
-                ev = self.events_rx.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                return
-            if isinstance(ev, lc.StopRequested):
-                _, actions = lc.step(self.life, ev, self.spec)
-                for a in actions:
-                    if isinstance(a, lc.Reply):
-                        for token in a.tokens:
-                            self._answer(token, a)
 
 
 EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doubling)

@@ -283,6 +283,11 @@ def log_path(jdir: Path, run: int) -> Path:
     return jdir / "logs" / f"run-{run}.log"
 
 
+def progress_path(jdir: Path, run: int) -> Path:
+    """Return the file run ``run`` reports its progress to ($TRAINCTL_PROGRESS)."""
+    return jdir / "logs" / f"run-{run}.progress.jsonl"
+
+
 def ensure_home(home: Path) -> None:
     """Create the home (0700), or verify an existing one is ours, private and writable.
 

@@ -262,3 +262,41 @@ def test_no_verb_names_a_backend() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in BACKENDS:
                 raise AssertionError(f"{path.name}:{node.lineno} names backend {node.value!r}")
+
+
+def _calls_by_function(path: Path, name: str) -> set[str]:
+    """The functions of ``path`` that call ``name`` (a plain name or an attribute)."""
+    out = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                    if called == name:
+                        out.add(fn.name)
+    return out
+
+
+def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
+    """Watchers look and send Observed; the owner's _write applies it (and phase moves).
+    Before the owner exists, boot.py writes the run's first records (start, adoption)."""
+    sup = ROOT / "supervisor"
+    writers = {
+        path.name: fns
+        for path in sorted(sup.rglob("*.py"))
+        if (fns := _calls_by_function(path, "write_state")) and path.name != "state.py"
+    }
+    assert set(writers) == {"boot.py", "service.py"}, writers
+    assert writers["service.py"] == {"_set"}, writers
+    assert _calls_by_function(sup / "service.py", "_set") == {"_write"}
+    assign = [
+        fn.name
+        for fn in ast.walk(ast.parse((sup / "service.py").read_text()))
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Attribute) and t.attr == "state"
+    ]
+    assert set(assign) <= {"__init__", "_set"}, assign

@@ -162,3 +162,14 @@ def test_events_out_of_their_stage_change_nothing() -> None:
     life = lc.Life()
     for ev in (lc.StopFinished(CLEAN), lc.BackoffElapsed(), lc.Relaunched()):
         assert lc.step(life, ev, SPEC) == (life, [])
+
+
+def test_a_watchers_look_is_recorded_by_the_owner_until_the_run_has_ended() -> None:
+    look = lc.Observed(put=(("oom_kills", 1),), add=(("gpu_faults", ("Xid 79",), 20),))
+    life, acts = run([look])
+    assert acts == [lc.Record(look.put, look.add)]
+    assert life == lc.Life()  # a look decides nothing
+    ended = dataclasses.replace(lc.Life(), stage=lc.Stage.ENDED)
+    assert run([look], life=ended)[1] == []  # the final record is never rewritten
+    stopping = dataclasses.replace(lc.Life(), stage=lc.Stage.STOPPING)
+    assert kinds(run([look], life=stopping)[1]) == ["Record"]  # members seen mid-stop
