@@ -43,10 +43,10 @@ def send_stop(argv: list[str]) -> None:
     home = _home(home_opt)
     if home is None or not _name_ok(name):
         return
-    jdir = f"{home}/jobs/{name}"
-    if not _owned_dir(jdir) or os.path.lexists(f"{home}/queue/{name}.json"):
+    jdir, sock_path, queued = _job_paths(home, name)
+    if not _owned_dir(jdir) or os.path.lexists(queued):
         return  # a queued run of this name is dequeued first, by the verb
-    sock = _connect(f"{jdir}/control.sock", home, name)
+    sock = _connect(sock_path, home, name)
     if sock is None:
         return
     fields = [b'"op": "stop"', b'"gpu_timeout_s": null']
@@ -131,6 +131,14 @@ def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] 
             return None  # a contradiction: the verb says so
         order = "main"
     return home, name, order, grace_s
+
+
+def _job_paths(home: str, name: str) -> tuple[str, str, str]:
+    """The job's directory, its control socket and its queue entry (the layout of
+    supervisor/state.py, control.py and ops/queue.py, spelt here without importing them;
+    a test keeps them the same)."""
+    jdir = f"{home}/jobs/{name}"
+    return jdir, f"{jdir}/control.sock", f"{home}/queue/{name}.json"
 
 
 def _seconds(text: str) -> float | None:

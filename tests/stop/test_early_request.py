@@ -157,3 +157,17 @@ def test_the_module_reads_the_home_as_the_cli_does(
     assert early._home(None) == f"{tmp_path}/st/trainctl"
     (tmp_path / "none.toml").write_text("[state]\nhome = '/elsewhere'\n")
     assert early._home(None) is None  # the config decides: the verb reads it
+
+
+def test_its_paths_are_the_ones_the_rest_of_trainctl_uses(tmp_path: Path) -> None:
+    """early.py spells the job, socket and queue paths itself (it may import nothing of
+    trainctl): they must stay the very paths the verb, the supervisor and the queue use."""
+    from trainctl.launcher.ops import queue  # noqa: PLC0415  (the paths compared against)
+    from trainctl.supervisor import state  # noqa: PLC0415
+
+    home, name = str(tmp_path), "job-1.a"
+    assert early._job_paths(home, name) == (
+        str(state.job_dir(tmp_path, name)),
+        str(state.job_dir(tmp_path, name) / control.SOCK_NAME),
+        str(queue.entry_path(tmp_path, name)),
+    )
