@@ -112,13 +112,16 @@ class FakeBackend:
         out = []
         with self._ghosts() as ghosts:
             for i, spec in enumerate(self.specs):
-                live = [
-                    (pid, int(read_env_var(pid, "FAKE_GPU_MIB") or 1024))
-                    for pid in sorted(holders.get(i, ()))
-                ]
                 book: dict[str, dict[str, Any]] = ghosts.setdefault(str(i), {})
-                for pid, mib in live:
-                    book[f"{pid}:{_start(pid)}"] = {"mib": mib, "died": None}
+                live = []
+                for pid in sorted(holders.get(i, ())):
+                    key = f"{pid}:{_start(pid)}"
+                    # A holder's environ reads empty as it exits: keep what it was seen to
+                    # hold then, not the default (a stop looks at exactly that moment).
+                    said = read_env_var(pid, "FAKE_GPU_MIB")
+                    mib = int(said) if said else int(book.get(key, {}).get("mib", 1024))
+                    live.append((pid, mib))
+                    book[key] = {"mib": mib, "died": None}
                 used = sum(mib for _, mib in live)
                 alive_keys = {f"{pid}:{_start(pid)}" for pid, _ in live}
                 for key in list(book):
