@@ -6,7 +6,6 @@ the fast path in ``main.py`` calls; errors end in ``exitcodes.exit_for_exception
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any
 
@@ -17,6 +16,7 @@ from trainctl.supervisor.spec import BACKENDS
 
 from . import __version__, verbs
 from .exitcodes import ExitCode, exit_for_exception
+from .inputs import closest
 from .verbs import Invocation
 
 pass_ctx = click.make_pass_decorator(Invocation)
@@ -261,8 +261,8 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
         return
     known = [o for p in start.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
     flag = argv[0].split("=", 1)[0]
-    close = difflib.get_close_matches(flag, known, n=1)
-    hint = f"; did you mean {close[0]}?" if close else " (see trainctl start --help)"
+    close = closest(flag, known)
+    hint = f"; did you mean {close}?" if close else " (see trainctl start --help)"
     raise click.UsageError(f"no such option: {flag}{hint}")
 
 

@@ -21,7 +21,6 @@ from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.proctree import alive, scan, target_of
 
 from . import term
-from .backends.local_stop import supervised
 from .ops.jobs import stop_under_way
 from .render import clean
 
@@ -54,7 +53,7 @@ def _outcome(box: dict[str, object]) -> object:
 
 def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: bool) -> T | int:
     """Run ``work`` (a stop) in a thread and narrate it; return its result, or 130."""
-    direct = not supervised(jdir)
+    direct = not state.supervised(jdir)
     thread, box = _in_thread(work)
     line = _Line(jdir, name, tty=sys.stderr.isatty()) if enabled else None
     interrupted = False

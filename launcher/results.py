@@ -141,6 +141,19 @@ class Queued:
 
 
 @record(frozen=True)
+class Dequeued:
+    """`stop` took a queued run of the job out of the queue: nothing of it starts."""
+
+    name: str
+    run: int  # the run that never started
+    live: bool  # the job also has a live run, which the stop goes on to stop
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (when it is all the stop did)."""
+        return {"name": self.name, "run": self.run, "state": "dequeued", "ok": True}
+
+
+@record(frozen=True)
 class QueueView:
     """A queued job, as `status` shows it: its place and what it waits for."""
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
-from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError
+from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError, TrainctlError
 from .spec import SCHEMA, Spec, spec_from_doc
 
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
@@ -594,6 +594,18 @@ def supervisor_alive(jdir: Path, st: JobState | None = None) -> bool:
     if st is None or st.supervisor is None or st.from_other_boot():
         return False
     return procfs.is_supervisor(st.supervisor.pid, st.supervisor.start_ticks)
+
+
+def supervised(jdir: Path) -> bool:
+    """Tell whether the job's current run has a live supervisor (lock, or pid + start).
+
+    An unreadable state.json counts as no supervisor here: a direct stop that follows
+    reads it again and refuses with the reason.
+    """
+    try:
+        return supervisor_alive(jdir, read_state(jdir))
+    except TrainctlError:
+        return False
 
 
 def effective_phase(jdir: Path, st: JobState) -> Phase:

@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dbus
+from . import cgroup, dbus
 
 SLICE = "trainctl.slice"
 
@@ -193,16 +193,8 @@ def default_stop_timeout() -> str | None:
 
 def own_unit() -> str | None:
     """Return the trainctl scope this process runs in, if any (read from /proc/self/cgroup)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    leaf = line.strip().rsplit("/", 1)[-1]
-                    if leaf.startswith("trainctl-") and leaf.endswith(".scope"):
-                        return leaf
-    except OSError:
-        return None
-    return None
+    leaf = (cgroup.own_cgroup() or "").rsplit("/", 1)[-1]
+    return leaf if leaf.startswith("trainctl-") and leaf.endswith(".scope") else None
 
 
 def manager_socket() -> str:

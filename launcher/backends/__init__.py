@@ -8,7 +8,7 @@ its whole implementation in its own module and returns records (``..results``), 
 text. The registry imports a backend's module only when a job of that kind is touched,
 so `status` of a local job never loads the Slurm code.
 
-A new backend is one module here with a ``BACKEND`` object, plus one line in ``_MODULES``.
+A new backend is one package here with a ``BACKEND`` object, plus one line in ``_MODULES``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Everything before the first signal (the newest checkpoint, its age, a checkpoint asked
 for) happens in :func:`check_checkpoint` and :func:`ask_checkpoint`, so a refusal
-changes nothing. The stop itself is the job's backend's (backends/local.py through the
-supervisor or directly, backends/slurm.py through the node agents).
+changes nothing. The stop itself is the job's backend's (backends/local/ through the
+supervisor or directly, backends/slurm/ through the node agents).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from trainctl.launcher.backends import StopRequest, spec_for_stop
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import human_duration
-from trainctl.launcher.results import Checkpoint, CheckpointInfo, StopResult
+from trainctl.launcher.results import Checkpoint, CheckpointInfo, Dequeued, StopResult
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec, StopOrder, parse_order
 
+from . import queue
 from .jobs import existing_job
 
 
@@ -72,6 +73,15 @@ def stop_job(
         res.warnings.insert(0, warning)
     _handed_off(jdir, res)
     return res
+
+
+def dequeue(home: Path, name: str) -> Dequeued | None:
+    """Take a queued run of ``name`` out of the queue, first (a stop that freed GPUs must
+    not let it start); None when none was queued."""
+    entry = queue.dequeue(home, name)
+    if entry is None:
+        return None
+    return Dequeued(name, queue.next_run(home, name), queue.has_live_run(home, name))
 
 
 def _handed_off(jdir: Path, res: StopResult) -> None:

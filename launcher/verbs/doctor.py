@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from trainctl.launcher import render
-from trainctl.launcher.doctor import run_doctor
 from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.ops.doctor import run_doctor
 
 from . import Invocation
 

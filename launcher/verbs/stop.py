@@ -16,7 +16,13 @@ from trainctl.launcher.live import run_with_feedback, run_with_ticker
 from trainctl.launcher.ops import queue
 from trainctl.launcher.ops.jobs import live_jobs
 from trainctl.launcher.ops.plan import plan_stop
-from trainctl.launcher.ops.stop import ask_checkpoint, check_checkpoint, stop_exit_code, stop_job
+from trainctl.launcher.ops.stop import (
+    ask_checkpoint,
+    check_checkpoint,
+    dequeue,
+    stop_exit_code,
+    stop_job,
+)
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
 from trainctl.supervisor.errors import ConfigError
@@ -141,18 +147,17 @@ def _dry_run(inv: Invocation, name: str, *, as_json: bool) -> int:
 def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
     """A queued job leaves the queue: nothing of it starts. Its exit code when that is
     all there is to stop; None when a live run of it must be stopped as well."""
-    entry = queue.dequeue(inv.home, name)
-    if entry is None:
+    d = dequeue(inv.home, name)
+    if d is None:
         return None
-    run_no = queue.next_run(inv.home, name)
-    if queue.has_live_run(inv.home, name):
+    if d.live:
         if not as_json:  # under --json (and in `trainctl mcp`) only the document goes out
-            render.line(f"dequeued the next run of {name} (run {run_no}); stopping the live one")
+            render.line(f"dequeued the next run of {name} (run {d.run}); stopping the live one")
         return None
     if as_json:
-        render.emit_json({"name": name, "run": run_no, "state": "dequeued", "ok": True})
+        render.emit_json(d.to_doc())
     else:
-        render.line(f"dequeued {name}: run {run_no} never started, nothing ran")
+        render.line(f"dequeued {name}: run {d.run} never started, nothing ran")
     return ExitCode.OK
 
 

@@ -28,7 +28,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "__init__",
             "checkpoint",
             "config",
-            "doctor",
             "early",
             "exitcodes",
             "globalopts",
@@ -300,3 +299,18 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
         if isinstance(t, ast.Attribute) and t.attr == "state"
     ]
     assert set(assign) <= {"__init__", "_set"}, assign
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """pyproject.toml names each package (a package-dir mapping): a new folder that is
+    missing there works in a checkout's tests and is absent from every install."""
+    import tomllib  # noqa: PLC0415  (only this test reads pyproject.toml)
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    for top, name in (("supervisor", "trainctl.supervisor"), ("launcher", "trainctl.launcher")):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / top).parts
+            package = ".".join((name, *rel))
+            assert package in listed, f"{package} is not in pyproject.toml's packages"
+            assert tool["package-dir"][package] == "/".join((top, *rel))

@@ -1,6 +1,6 @@
 """Here, under trainctl's own supervisor: start, undo a failed start, stop, checkpoint.
 
-The start (:mod:`.local_start`) and the stop (:mod:`.local_stop`; without a supervisor,
+The start (:mod:`.start`) and the stop (:mod:`.stop`; without a supervisor,
 :mod:`.direct`) are loaded when used, so `status` reads a job without importing them. The checkpoint
 signal (SIGUSR2 by default) goes only to job processes that *catch* it, as read from the
 SigCgt mask in /proc/<pid>/status: a process whose default action for it is to terminate
@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+from trainctl.launcher.backends import Asked, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.launcher.specfile import SpecDraft
@@ -26,8 +27,6 @@ from trainctl.supervisor.errors import (
 from trainctl.supervisor.proctree import alive, scan, target_of
 from trainctl.supervisor.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.state import JobState
-
-from . import Asked, StartRequest, StopRequest
 
 
 class Local:
@@ -51,16 +50,16 @@ class Local:
 
     def start(self, req: StartRequest) -> StartResult:
         """Hand the run to a new supervisor; undo everything if that fails."""
-        from .local_start import start_run  # noqa: PLC0415  (subprocess etc.: status never pays)
+        from .start import start_run  # noqa: PLC0415  (subprocess etc.: status never pays)
 
         return start_run(req)
 
     def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
         """Stop the run; a start or restart racing the stop loses to it.
 
-        Through the live supervisor, else directly from state.json (see local_stop).
+        Through the live supervisor, else directly from state.json (see local/stop.py).
         """
-        from .local_stop import stop_run  # noqa: PLC0415  (the stop machinery: not for status)
+        from .stop import stop_run  # noqa: PLC0415  (the stop machinery: not for status)
 
         return stop_run(jdir, spec, req)
 

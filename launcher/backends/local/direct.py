@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.launcher.backends import StopRequest
 from trainctl.launcher.results import StopResult, last_stop_of
 from trainctl.supervisor import memory, state
 from trainctl.supervisor.causes import stopped
@@ -23,8 +24,6 @@ from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.stacks import before_kill_writer
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
-
-from . import StopRequest
 
 
 def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from trainctl.launcher.backends import StartRequest, StopRequest
 from trainctl.launcher.gpus import gpu_env, lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
 from trainctl.supervisor import ids, state
@@ -16,8 +17,7 @@ from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.spec import Spec, StopOrder
 from trainctl.supervisor.state import Phase
 
-from . import StartRequest, StopRequest
-from .local_stop import stop_once
+from .stop import stop_once
 
 
 def start_run(req: StartRequest) -> StartResult:

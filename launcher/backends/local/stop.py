@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 from trainctl.launcher import early
+from trainctl.launcher.backends import StopRequest, spec_for_stop
 from trainctl.launcher.results import StopResult
 from trainctl.supervisor import control, procfs, state
 from trainctl.supervisor.errors import JobConflictError, TrainctlError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
-
-from . import StopRequest, spec_for_stop
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
 # to its successor, finishing a stop) before the CLI calls it mute.
@@ -45,7 +44,7 @@ def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the current run once: through its supervisor if it lives, else directly."""
     # A stop the entry already sent is read first: by now its supervisor may have finished
     # it and exited, which must not read as "nothing to stop".
-    asked = early.pending(str(jdir)) or supervised(jdir)
+    asked = early.pending(str(jdir)) or state.supervised(jdir)
     if asked and (res := _stop_via_supervisor(jdir, req)) is not None:
         return res
     from .direct import stop_direct  # noqa: PLC0415  (the stop algorithm: when no supervisor)
@@ -54,7 +53,7 @@ def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         return stop_direct(jdir, spec, req)
     with state.job_lock(jdir, req.budget_s, "another stop"):
         # A start may have held the lock while we waited: its supervisor answers now.
-        if supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
+        if state.supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
             return res
         return stop_direct(jdir, spec, req)
 
@@ -102,7 +101,7 @@ def _ask_supervisor(
             else:
                 reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
-            if not supervised(jdir):
+            if not state.supervised(jdir):
                 return None
             if not poked:
                 poked = _ask_rebind(jdir)
@@ -172,15 +171,3 @@ def _wait_supervisor_exit(jdir: Path, timeout_s: float) -> None:
     """Let the supervisor finish its cleanup, so that a returned stop leaves nothing behind."""
     st = state.read_state(jdir)
     poll_until(lambda: None if state.supervisor_alive(jdir, st) else True, timeout_s, 0.001)
-
-
-def supervised(jdir: Path) -> bool:
-    """Tell whether the job's current run has a live supervisor (lock, or pid + start).
-
-    An unreadable state.json counts as no supervisor here: the direct stop that follows
-    reads it again and refuses with the reason.
-    """
-    try:
-        return state.supervisor_alive(jdir, state.read_state(jdir))
-    except TrainctlError:
-        return False

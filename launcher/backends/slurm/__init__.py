@@ -14,6 +14,7 @@ import socket
 import time
 from pathlib import Path
 
+from trainctl.launcher.backends import Asked, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import (
     Checkpoint,
@@ -38,8 +39,7 @@ from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
 
-from . import Asked, StartRequest, StopRequest
-from .slurmctl import (
+from .ctl import (
     agent_argv,
     query,
     run_tool,
