@@ -60,20 +60,28 @@ def send_stop(argv: list[str]) -> None:
         sock.close()
         return
     _pending[jdir] = (sock, (order, grace_s))
-    _let_it_finish(sock)
+    _let_it_finish(sock, name)
 
 
-def _let_it_finish(sock: _socket.socket) -> None:
+def _let_it_finish(sock: _socket.socket, name: str) -> None:
     """Wait up to WAIT_S for the answer before importing anything: on a small machine the
     imports (~100 ms of CPU) would slow the stop they run beside. A stop that takes longer
-    (a grace used for a checkpoint) is narrated by the verb from then on."""
+    (a grace used for a checkpoint) is narrated by the verb from then on. Ctrl-C here is
+    the verb's first Ctrl-C: the stop goes on in the supervisor, the command ends (130)."""
     try:
         sock.settimeout(WAIT_S)
         sock.recv(1, _socket.MSG_PEEK)  # the answer stays queued for the verb to read
     except OSError:
         pass  # not yet (or the supervisor went away): the verb finds out either way
-    finally:
-        sock.settimeout(None)
+    except KeyboardInterrupt:
+        for jdir in [j for j, (s, _) in _pending.items() if s is sock]:
+            del _pending[jdir]
+        sock.close()
+        sys.stderr.write(
+            f"\ntrainctl: the stop continues in the background (`trainctl status {name}`)\n"
+        )
+        raise SystemExit(130) from None
+    sock.settimeout(None)  # the verb sets its own while it waits for the answer
 
 
 def pending(jdir: str) -> bool:

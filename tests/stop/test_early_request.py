@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,29 @@ def test_its_paths_are_the_ones_the_rest_of_trainctl_uses(tmp_path: Path) -> Non
         str(state.job_dir(tmp_path, name) / control.SOCK_NAME),
         str(queue.entry_path(tmp_path, name)),
     )
+
+
+def test_ctrl_c_while_it_waits_leaves_the_stop_to_the_supervisor(here: Harness) -> None:
+    """The verb's first Ctrl-C, before the verb is even loaded: one line, exit 130, no
+    traceback, and the supervisor finishes the stop (here a job that ignores SIGTERM, so
+    it takes its 2 s grace and the KILL)."""
+    h = here
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    h.tc("start", "--name", "e", "--grace", "2", "--", sys.executable, "-c", ignore, check=True)
+    code = (
+        "from trainctl.launcher import early; early.WAIT_S = 30.0; "
+        "print('sending', flush=True); early.send_stop(['stop', 'e'])"
+    )
+    cli = subprocess.Popen(
+        [sys.executable, "-c", code], env=h.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert cli.stdout is not None
+    assert cli.stdout.readline().strip() == "sending"
+    wait_for(lambda: _events(h, "e", "stopping"), what="the supervisor to have the request")
+    cli.send_signal(signal.SIGINT)  # the Ctrl-C, to the process this test started
+    _, err = cli.communicate(timeout=20)
+    assert cli.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip() == "trainctl: the stop continues in the background (`trainctl status e`)"
+    wait_for(lambda: not h.job_pids("e"), timeout_s=30, what="the supervisor's own stop")
