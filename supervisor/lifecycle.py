@@ -31,7 +31,7 @@ from enum import StrEnum
 from typing import Any
 
 from . import causes
-from .policy import backoff_s, count_in_window, decide
+from .policy import Verdict, backoff_s, count_in_window, decide
 from .spec import Spec
 from .state import Phase
 
@@ -346,29 +346,18 @@ def _cause_of(life: Life, ev: StopFinished) -> dict[str, Any]:
 
 
 def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
+    """The stop sequence is done: name the run's cause, then relaunch it or end."""
     if life.stage is not Stage.STOPPING:
         return life, []
-    cause = _cause_of(life, ev)
+    reason = "stop" if life.user_stop else str(life.stop_reason)
     report = {**ev.report, "reason": "stop" if life.user_stop else life.stop_reason}
-    left = int(report.get("found") or 0) if life.stop_reason == "main exited" else 0
-    leftover_log: list[Action] = []
-    if left and not life.user_stop:
-        # Processes that outlived their main: the stale-download case this tool exists for.
-        cmds = [p.get("cmd", "") for p in report.get("sent") or []][:5]
-        cause = {
-            **cause,
-            "leftovers": left,
-            "summary": f"{cause.get('summary')}; {left} leftover process(es) stopped",
-        }
-        leftover_log.append(Log("leftovers_cleaned", {"count": left, "cmds": cmds}))
-    code = life.main_code
+    cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
     ended: dict[str, Any] = {
-        "exit_code": code,
+        "exit_code": life.main_code,
         "ended_at": life.now,
         "last_stop": report,
         "members": (),
     }
-    reason = "stop" if life.user_stop else str(life.stop_reason)
     verdict = decide(
         spec,
         restarts=life.restarts,
@@ -379,41 +368,83 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         now=life.now,
     )
     if verdict.relaunch:
-        wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
-        failure = {
-            "run": life.run,
-            "exit_code": code,
-            "at": life.now,
-            "reason": reason,
-            "cause": cause,
-        }
-        entry = {
-            "run": life.run,
-            "at": life.now,
-            "cause": cause.get("summary"),
-            "kind": cause.get("kind"),
-            "matched": verdict.matched,
-        }
-        history = (*life.history, entry)[-50:]
-        report["cause"] = cause
-        # Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a
-        # terminal phase for a run that is about to be relaunched.
-        return _to(life, Stage.BACKOFF, report=report, history=history), [
-            *leftover_log,
-            Persist(
-                Phase.STARTING,
-                {
-                    **ended,
-                    "restart_at": life.now + wait,
-                    "last_failure": failure,
-                    "cause": cause,
-                    "restart_history": history,
-                },
-            ),
-            Log("restart_scheduled", {"backoff_s": wait, "restarts": life.restarts, **failure}),
-            Hook("restart", cause),
-            WaitBackoff(wait),
-        ]
+        life, actions = _schedule_relaunch(life, spec, ended, report, cause, reason, verdict)
+    else:
+        life, actions = _end(life, ended, report, cause, reason, verdict)
+    return life, [*leftover_log, *actions]
+
+
+def _with_leftovers(
+    life: Life, cause: dict[str, Any], report: dict[str, Any]
+) -> tuple[dict[str, Any], list[Action]]:
+    """Processes that outlived their main (the stale-download case this tool exists for):
+    the cause counts them, and the log names a few."""
+    left = int(report.get("found") or 0) if life.stop_reason == "main exited" else 0
+    if not left or life.user_stop:
+        return cause, []
+    cmds = [p.get("cmd", "") for p in report.get("sent") or []][:5]
+    cause = {
+        **cause,
+        "leftovers": left,
+        "summary": f"{cause.get('summary')}; {left} leftover process(es) stopped",
+    }
+    return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
+
+
+def _schedule_relaunch(
+    life: Life,
+    spec: Spec,
+    ended: dict[str, Any],
+    report: dict[str, Any],
+    cause: dict[str, Any],
+    reason: str,
+    verdict: Verdict,
+) -> Outcome:
+    """The policy relaunches: record the failure and the restart, then wait the backoff.
+
+    Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
+    phase for a run that is about to be relaunched."""
+    wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
+    failure = {
+        "run": life.run,
+        "exit_code": life.main_code,
+        "at": life.now,
+        "reason": reason,
+        "cause": cause,
+    }
+    entry = {
+        "run": life.run,
+        "at": life.now,
+        "cause": cause.get("summary"),
+        "kind": cause.get("kind"),
+        "matched": verdict.matched,
+    }
+    history = (*life.history, entry)[-50:]
+    report["cause"] = cause
+    fields = {
+        **ended,
+        "restart_at": life.now + wait,
+        "last_failure": failure,
+        "cause": cause,
+        "restart_history": history,
+    }
+    return _to(life, Stage.BACKOFF, report=report, history=history), [
+        Persist(Phase.STARTING, fields),
+        Log("restart_scheduled", {"backoff_s": wait, "restarts": life.restarts, **failure}),
+        Hook("restart", cause),
+        WaitBackoff(wait),
+    ]
+
+
+def _end(
+    life: Life,
+    ended: dict[str, Any],
+    report: dict[str, Any],
+    cause: dict[str, Any],
+    reason: str,
+    verdict: Verdict,
+) -> Outcome:
+    """No relaunch: the run's final phase, its record, its hooks and every waiter's answer."""
     if reason == "stop":
         final = Phase.STOPPED
     else:
@@ -423,7 +454,7 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why).to_doc()
     report["cause"] = cause
     ended["cause"] = cause
-    actions: list[Action] = [*leftover_log]
+    actions: list[Action] = []
     if verdict.why:
         actions.append(Log("not_restarting", {"why": verdict.why}))
         ended["error"] = verdict.why
