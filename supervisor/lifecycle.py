@@ -37,7 +37,7 @@ from .state import Phase
 
 
 class Stage(StrEnum):
-    """Where the supervisor is; BACKOFF and RELAUNCHING are stored as phase `starting`."""
+    """Where the supervisor is (STORED_AS below says which phase state.json shows for each)."""
 
     RUNNING = "running"
     STOPPING = "stopping"
@@ -45,6 +45,19 @@ class Stage(StrEnum):
     RELAUNCHING = "relaunching"
     ENDED = "ended"
     HANDED_OVER = "handed_over"
+
+
+# The one mapping between the two enums: a Stage is where this supervisor is, a Phase is
+# what state.json says of the run. Each stage is stored as one of these phases (the last
+# phase an event's actions persist); HANDED_OVER persists nothing: the successor writes.
+STORED_AS: dict[Stage, frozenset[Phase]] = {
+    Stage.RUNNING: frozenset({Phase.RUNNING}),
+    Stage.STOPPING: frozenset({Phase.STOPPING}),
+    Stage.BACKOFF: frozenset({Phase.STARTING}),
+    Stage.RELAUNCHING: frozenset({Phase.STARTING}),
+    Stage.ENDED: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED}),
+    Stage.HANDED_OVER: frozenset(),
+}
 
 
 # ---------------------------------------------------------------- events

@@ -173,3 +173,40 @@ def test_a_watchers_look_is_recorded_by_the_owner_until_the_run_has_ended() -> N
     assert run([look], life=ended)[1] == []  # the final record is never rewritten
     stopping = dataclasses.replace(lc.Life(), stage=lc.Stage.STOPPING)
     assert kinds(run([look], life=stopping)[1]) == ["Record"]  # members seen mid-stop
+
+
+def test_every_stage_is_stored_as_its_phase_and_every_move_is_legal() -> None:
+    """Random event orders (seeded): after each step, the last phase written belongs to
+    the new stage (lc.STORED_AS, the one mapping of Stage to Phase), and every phase move
+    written is one state.TRANSITIONS allows."""
+    import random  # noqa: PLC0415  (this test's generator only)
+
+    from trainctl.supervisor.state import TRANSITIONS  # noqa: PLC0415
+
+    pool: list[lc.Event] = [
+        lc.MainExited(0),
+        lc.MainExited(1),
+        lc.MainExited(143),
+        lc.StopRequested(1, 2.0),
+        lc.StopRequested(2, None),
+        lc.StopFinished(CLEAN),
+        lc.StopFinished({"ok": False, "killed": 1}),
+        lc.BackoffElapsed(),
+        lc.Relaunched(),
+        lc.Relaunched(error="exec failed"),
+        lc.Stalled(),
+        lc.Observed(put=(("oom_kills", 1),)),
+    ]
+    stall = dataclasses.replace(SPEC, watch=Watch(stall_timeout_s=5.0, on_stall="restart"))
+    rng = random.Random(34)
+    for spec in (SPEC, stall):
+        for _ in range(400):
+            life, phase = lc.Life(), Phase.RUNNING
+            for ev in rng.choices(pool, k=10):
+                life, actions = lc.step(life, ev, spec)
+                written = persisted(actions)
+                for nxt in written:
+                    assert nxt in TRANSITIONS[phase], (phase, nxt, ev)
+                    phase = nxt
+                if written:
+                    assert written[-1] in lc.STORED_AS[life.stage], (life.stage, written, ev)
