@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import shlex
 import shutil
 import signal
@@ -127,9 +128,16 @@ def test_stop_narrates_when_not_on_a_terminal_and_survives_ctrl_c(harness: Harne
         text=True,
     )  # fmt: skip
     wait_for(lambda: h.state("n")["phase"] == "stopping", 20, "the stop to begin")
-    time.sleep(0.6)
+    # Ctrl-C once the narration is under way (the stop's request goes out before the verb
+    # is loaded, so its first line can come a moment after the phase says stopping)
+    assert stopper.stderr is not None
+    seen, deadline = "", time.monotonic() + 20
+    while "trainctl: stopping n:" not in seen and time.monotonic() < deadline:
+        if select.select([stopper.stderr], [], [], 0.2)[0]:
+            seen += stopper.stderr.readline()
     stopper.send_signal(signal.SIGINT)  # our own child: the user's Ctrl-C
-    _, err = stopper.communicate(timeout=20)
+    _, rest = stopper.communicate(timeout=20)
+    err = seen + rest
     assert stopper.returncode == 130
     assert "trainctl: stopping n:" in err  # a plain progress line, not a redrawn one
     assert "\x1b" not in err
