@@ -84,6 +84,11 @@ def _let_it_finish(sock: _socket.socket, name: str) -> None:
     sock.settimeout(None)  # the verb sets its own while it waits for the answer
 
 
+def sent() -> bool:
+    """Whether a stop went out from here that nobody has read yet."""
+    return bool(_pending)
+
+
 def pending(jdir: str) -> bool:
     """Whether a stop of ``jdir`` went out from here and is not read yet."""
     return jdir in _pending

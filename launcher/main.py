@@ -19,11 +19,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from trainctl.supervisor import control
 from trainctl.supervisor.errors import TrainctlError
 
 from . import early, output, verbs
-from .exitcodes import exit_for_exception
+from .exitcodes import ExitCode, exit_for_exception
 from .globalopts import global_options_end
 
 _FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
@@ -116,24 +115,7 @@ def main() -> None:
             from .cli import main as click_main  # noqa: PLC0415  (click: ~20 ms, not for status)
 
             code = click_main()
-    _finish_unclaimed()
+    if early.sent():  # a stop went out before the verb loaded: it is loaded by now
+        verbs.load("stop").note_unclaimed(wait=code != ExitCode.INTERRUPTED)
     sys.stdout.flush()
     sys.exit(code)
-
-
-def _finish_unclaimed() -> None:
-    """A stop launcher/early.py sent that the verb failed before reading: it runs anyway
-    (the supervisor owns it once asked), so wait for it and say how it ended."""
-    for jdir, sock in early.unclaimed():
-        try:
-            doc = control.read_reply(sock)
-        except control.ControlUnavailableError as e:
-            said = f"no report ({e})"
-        else:
-            report = doc.get("report")
-            ok = isinstance(report, dict) and report.get("ok") is True
-            said = "nothing of it is left" if ok else "it did not prove the job gone; see `status`"
-        finally:
-            sock.close()
-        name = os.path.basename(jdir)
-        sys.stderr.write(f"trainctl: note: the stop sent to {name}'s supervisor ran: {said}\n")

@@ -195,3 +195,12 @@ def read_reply(s: _socket.socket) -> dict[str, Any]:
 def stop_reply(doc: dict[str, Any]) -> StopReply:
     """A stop reply read off the wire, checked field by field."""
     return build_document(StopReply, doc, "stop reply")
+
+
+def read_stop_reply(s: _socket.socket, timeout_s: float | None) -> StopReply:
+    """The reply to a stop already sent on ``s`` (launcher/early.py's); ``s`` is closed."""
+    try:
+        s.settimeout(timeout_s)
+        return stop_reply(read_reply(s))
+    finally:
+        s.close()

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from trainctl.launcher import backends
+from trainctl.launcher import backends, early
 from trainctl.launcher.backends import StopRequest, spec_for_stop
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import human_duration
 from trainctl.launcher.results import Checkpoint, CheckpointInfo, Dequeued, StopResult
-from trainctl.supervisor import state
+from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, JobNotFoundError, StateError
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec, StopOrder, parse_order
@@ -82,6 +82,26 @@ def dequeue(home: Path, name: str) -> Dequeued | None:
     if entry is None:
         return None
     return Dequeued(name, queue.next_run(home, name), queue.has_live_run(home, name))
+
+
+def finish_unclaimed(*, wait: bool) -> list[str]:
+    """The stops launcher/early.py sent that the verb failed before reading: each runs
+    anyway (the supervisor owns it once asked). Wait for each and say, a line each, how
+    it ended; with ``wait`` False (after a Ctrl-C) leave them to the supervisor."""
+    out = []
+    for jdir, sock in early.unclaimed():
+        if not wait:
+            sock.close()
+            continue
+        try:
+            report = control.read_stop_reply(sock, None).report
+        except (control.ControlUnavailableError, StateError) as e:
+            said = f"no report ({e})"
+        else:
+            ok = report.get("ok") is True
+            said = "nothing of it is left" if ok else "it did not prove the job gone; see `status`"
+        out.append(f"the stop sent to {Path(jdir).name}'s supervisor ran: {said}")
+    return out
 
 
 def _handed_off(jdir: Path, res: StopResult) -> None:

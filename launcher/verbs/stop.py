@@ -20,6 +20,7 @@ from trainctl.launcher.ops.stop import (
     ask_checkpoint,
     check_checkpoint,
     dequeue,
+    finish_unclaimed,
     stop_exit_code,
     stop_job,
 )
@@ -128,6 +129,13 @@ def run(
         return res  # Ctrl-C: said what happens to the stop
     render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
     return stop_exit_code(res)
+
+
+def note_unclaimed(*, wait: bool) -> None:
+    """After the command: a stop sent before the verb loaded that the verb never read
+    (it failed first) is waited for and said, on stderr (see ops.stop.finish_unclaimed)."""
+    for text in finish_unclaimed(wait=wait):
+        render.error_line(f"note: {text}")
 
 
 def _dry_run(inv: Invocation, name: str, *, as_json: bool) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Harness, wait_for
 from trainctl.launcher import early
-from trainctl.launcher import main as cli_main
+from trainctl.launcher.verbs import stop as stop_verb
 from trainctl.supervisor import control
 
 
@@ -67,7 +67,7 @@ def test_an_answer_nobody_claimed_is_waited_for_and_said(
     h = here
     h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
     early.send_stop(["stop", "e"])
-    cli_main._finish_unclaimed()
+    stop_verb.note_unclaimed(wait=True)
     assert "the stop sent to e's supervisor ran: nothing of it is left" in capsys.readouterr().err
     assert not h.job_pids("e")
 

@@ -6,7 +6,6 @@ such command to let go of the job, and stops the run that command started too.
 
 from __future__ import annotations
 
-import _socket
 import signal
 import time
 from pathlib import Path
@@ -96,7 +95,7 @@ def _ask_supervisor(
     while True:
         try:
             if sent is not None:  # the entry sent this very stop before it imported us
-                reply = _read_sent(sent, timeout_s)
+                reply = control.read_stop_reply(sent, timeout_s)
                 sent = None
             else:
                 reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
@@ -123,15 +122,6 @@ def _ask_supervisor(
         if reply.error is not None:
             raise TrainctlError(f"supervisor refused: {reply.error}")
         return reply
-
-
-def _read_sent(sock: _socket.socket, timeout_s: float) -> control.StopReply:
-    """The reply to the stop launcher/early.py sent; the connection is closed after."""
-    try:
-        sock.settimeout(timeout_s)
-        return control.stop_reply(control.read_reply(sock))
-    finally:
-        sock.close()
 
 
 def _ask_rebind(jdir: Path) -> bool:
