@@ -16,8 +16,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainctl.supervisor.state import containment
-
 from . import term
 from .inputs import human_duration
 from .progress import sparkline
@@ -420,10 +418,9 @@ def status(s: Status) -> None:
         print(f"  unit {s.unit}")
     if s.adopted:
         a = s.adopted
-        kept = containment(a)
-        at = a.get("at")
-        when = time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, float) else "?"
-        print(f"  adopted {a.get('how')} at {when}: {kept}")
+        at = a.at
+        when = time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else "?"
+        print(f"  adopted {a.how} at {when}: {a.containment()}")
     _status_details(s)
     if s.argv:
         cmd = clean(term.argv_line(s.argv, s.cwd))

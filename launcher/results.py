@@ -13,9 +13,20 @@ from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import Cause, GpuRelease, NamedProc, StopReport, Survivor
-from trainctl.supervisor.schema import build_document
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.reports import (
+    Cause,
+    Failure,
+    GpuRelease,
+    NamedProc,
+    NodeStop,
+    RestartEntry,
+    SlurmStopReport,
+    SlurmVerdict,
+    StopReport,
+    Survivor,
+)
+from trainctl.supervisor.sections import Adoption
+from trainctl.supervisor.state import Phase
 
 __all__ = [
     "Cause",
@@ -50,7 +61,6 @@ __all__ = [
     "StopReport",
     "StopResult",
     "Survivor",
-    "last_stop_of",
 ]
 
 
@@ -177,28 +187,6 @@ class CheckpointSeen:
 
 
 @record(frozen=True)
-class Failure:
-    """The run whose failure the restart policy answered (state.json last_failure)."""
-
-    run: int | None = None
-    exit_code: int | None = None
-    at: float | None = None
-    reason: str | None = None
-    cause: Cause | None = None
-
-
-@record(frozen=True)
-class RestartEntry:
-    """One automatic restart: the run that failed, when, and why (state.json history)."""
-
-    run: int | None = None
-    at: float | None = None
-    cause: str | None = None  # the failed run's cause, as a line
-    kind: str | None = None
-    matched: str | None = None  # the restart_on entry it met
-
-
-@record(frozen=True)
 class MemoryView:
     """The job's memory group now: use against its cap, and the OOM kills so far."""
 
@@ -280,66 +268,6 @@ class SlurmView:
     nodes: str | None = None
     exit_code: int | None = None
     agents: list[SlurmAgent] = field(default_factory=list)
-
-
-@record()
-class NodeStop:
-    """How one node of a Slurm job was proven stopped (or not)."""
-
-    node: str
-    ok: bool = False
-    found: int | None = None
-    killed: int | None = None
-    survivors: list[Survivor] = field(default_factory=list)
-    by: str | None = None  # its agent, a sweep job, or this host's sweep
-
-
-@record(frozen=True)
-class SlurmVerdict:
-    """Slurm's answer about one job: its state, why, where, and how it ended."""
-
-    state: str
-    phase: Phase
-    reason: str | None = None
-    nodes: str | None = None
-    exit_code: int | None = None
-
-
-@record()
-class SlurmStopReport:
-    """What a stop of a Slurm job did: the node agents' stops, Slurm's verdict, sweeps."""
-
-    slurm: SlurmVerdict
-    signal: str = ""
-    grace_s: float = 0.0
-    nodes: list[NodeStop] = field(default_factory=list)
-    unverified: list[str] = field(default_factory=list)
-    cancelled_after_grace: bool = False
-    local_leftovers: int = 0
-    sweep_jobs: list[str] = field(default_factory=list)
-    survivors: list[Survivor] = field(default_factory=list)
-    total_s: float = 0.0
-    ok: bool = False  # fails closed: only a report that proves the job gone says True
-    already_stopped: bool = False
-    mode: str = "slurm"
-    reason: str = "stop"
-    killed: int = 0  # the verdict line of `status` reads it from every kind of report
-    killed_procs: list[NamedProc] = field(default_factory=list)
-
-    def to_doc(self) -> dict[str, Any]:
-        """Return the JSON form."""
-        return asdict(self)
-
-
-def last_stop_of(st: JobState) -> StopReport | SlurmStopReport | None:
-    """The typed report of the run's last stop, as recorded in state.json (None: none yet)."""
-    doc = st.last_stop
-    if doc is None:
-        return None
-    where = f"job {st.name}: state.json last_stop"
-    if doc.get("mode") == "slurm":
-        return build_document(SlurmStopReport, doc, where)
-    return StopReport.from_doc(doc, where)
 
 
 @record()
@@ -443,7 +371,7 @@ class Status:
     grace_left_s: float | None = None  # ... and how much of its grace is left now
     stop_by: str | None = None  # ... and why it began ("stop", "restart", "SIGTERM", ...)
     settings: JobSettings | None = None  # how the job is set up to run and stop (spec)
-    adopted: dict[str, Any] | None = None  # `adopt`: how, contained, log_source, at, members
+    adopted: Adoption | None = None  # `adopt`: how, containment, log source, when
     # queued (state "queued"), or the next run queued behind a live one (--singleton)
     queue: QueueView | None = None
 

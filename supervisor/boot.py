@@ -26,10 +26,10 @@ from . import control, memory, procfs, systemd
 from .drift import code_version
 from .errors import SpawnError, TrainctlError
 from .launch import Handover, Ready
+from .sections import Adoption
 from .spawn import Spawned, job_env, spawn_main
 from .spec import Spec, spec_from_doc, spec_to_doc
 from .state import (
-    GpuLease,
     JobState,
     MemberSnap,
     Phase,
@@ -159,8 +159,10 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     into a fresh job cgroup, so what it forks later is a member too; otherwise the run is
     tracked by its tree, session and process group (`adopted, not contained`).
     """
-    a = ho.adopt or {}
-    main = ProcRef(int(a["main"][0]), int(a["main"][1]))
+    a = ho.adopt
+    if a is None:
+        raise SpawnError("nothing to adopt was handed over")
+    main = ProcRef(*a.main)
     gone = f"pid {main.pid} exited before it could be adopted; nothing changed"
     try:
         pidfd = os.pidfd_open(main.pid)
@@ -170,9 +172,9 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     if st is None or st.start_ticks != main.start_ticks or st.state == "Z":
         os.close(pidfd)
         raise SpawnError(gone)
-    refs = [ProcRef(int(p), int(t)) for p, t in a.get("members", ())]
+    refs = [ProcRef(p, t) for p, t in a.members]
     live = [r for r in refs if procfs.is_alive(r.pid, r.start_ticks)]
-    kept = Path(a["cgroup"]) if isinstance(a.get("cgroup"), str) else None
+    kept = Path(a.cgroup) if a.cgroup is not None else None
     if kept is not None and cg.is_ours(kept) and kept.is_dir():
         cgroup: Path | None = kept  # a lost run's own cgroup: its members are still in it
     else:
@@ -185,21 +187,21 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
             for r in live
             if (s := procfs.read_stat(r.pid)) is not None and s.start_ticks == r.start_ticks
         )
-        adopted = {
-            "how": str(a.get("how", "")),
-            "contained": cgroup is not None,
-            "contained_by": by,  # "kernel" (a direct move) or "systemd" (the user's manager)
-            "why_not": why,  # why it is not contained, in words (None: it is)
-            "log_source": a.get("log_source"),
-            "at": time.time(),
-            "members": len(snap),
-        }
+        adopted = Adoption(
+            how=a.how,
+            contained=cgroup is not None,
+            contained_by=by,
+            why_not=why,
+            log_source=a.log_source,
+            at=time.time(),
+            members=len(snap),
+        )
         state = starting.moved(
             Phase.RUNNING,
             started_at=min(time.time(), procfs.ticks_to_epoch(main.start_ticks)),  # its age
             main=main,
-            pgid=a.get("pgid"),
-            sid=a.get("sid"),
+            pgid=a.pgid,
+            sid=a.sid,
             members=snap,
             snapshot_at=time.time(),
             adopted=adopted,
@@ -211,7 +213,14 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
             _release(cgroup)
         raise SpawnError(f"cannot record the adopted job in {jdir}: {e}; nothing changed") from None
     with contextlib.suppress(OSError):
-        append_event(jdir, "adopted", job=spec.name, run=ho.run, main_pid=main.pid, **adopted)
+        append_event(
+            jdir,
+            "adopted",
+            job=spec.name,
+            run=ho.run,
+            main_pid=main.pid,
+            **dataclasses.asdict(adopted),
+        )
     return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
 
 
@@ -375,11 +384,9 @@ def main(argv: list[str]) -> int:
     try:
         req = _read_request(sock)
         spec = spec_from_doc(req.pop("spec"))
+        handover = Handover.from_doc(req)
         listener = control.bind(jdir)
-        req["gpus"] = tuple(GpuLease(**g) for g in req.get("gpus", ()))
-        req["restart_history"] = tuple(req.get("restart_history", ()))
-        req["mounts_kept"] = tuple(req.get("mounts_kept", ()))
-        state, spawned, cgroup = launch(jdir, spec, Handover(**req))
+        state, spawned, cgroup = launch(jdir, spec, handover)
     except TrainctlError as e:
         _reply(sock, Ready(error=str(e)).to_doc())
         (jdir / control.SOCK_NAME).unlink(missing_ok=True)

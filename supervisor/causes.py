@@ -357,16 +357,19 @@ def stopped(by: str, code: int | None, grace_s: float | None = None) -> Cause:
     )
 
 
-def gave_up(kind: str, last: dict[str, Any], restarts: int, why: str) -> Cause:
+def gave_up(kind: str, last: Cause, restarts: int, why: str) -> Cause:
     """restarts-exhausted / crash-loop: the restart policy's end, keeping the run's cause."""
-    keep = {k: last.get(k) for k in ("exit_code", "signal", "reason", "reason_class", "rank")}
-    line = str(last.get("summary") or "")
+    line = last.summary
     return Cause(
         kind=kind,
         summary=f"{why}; last run: {line}" if line else why,
         restarts=restarts,
         last=line or None,
-        **{k: v for k, v in keep.items() if v is not None},
+        exit_code=last.exit_code,
+        signal=last.signal,
+        reason=last.reason,
+        reason_class=last.reason_class,
+        rank=last.rank,
     )
 
 
@@ -388,9 +391,9 @@ def check_restart_on(words: Iterable[str], extra: dict[str, str]) -> list[str]:
     return []
 
 
-def matches(cause: dict[str, Any], words: Iterable[str]) -> str | None:
+def matches(cause: Cause, words: Iterable[str]) -> str | None:
     """The first ``restart_on`` entry that this failed run's cause meets, or None."""
-    kind = cause.get("kind")
+    kind = cause.kind
     for w in words:
         if w == "failure" and kind not in ("clean", "stopped"):
             return w
@@ -398,8 +401,8 @@ def matches(cause: dict[str, Any], words: Iterable[str]) -> str | None:
             return w
         if w == "signal" and kind == "signal":
             return w
-        if w.startswith("exit:") and kind == "exit" and str(cause.get("exit_code")) == w[5:]:
+        if w.startswith("exit:") and kind == "exit" and str(cause.exit_code) == w[5:]:
             return w
-        if w == cause.get("reason_class"):
+        if w == cause.reason_class:
             return w
     return None

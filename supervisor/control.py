@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StateError
+from .reports import StopReport
 from .schema import build_document
 
 SOCK_NAME = "control.sock"
@@ -74,11 +75,11 @@ class StopAsk:
 
 @dataclass(frozen=True, slots=True)
 class StopReply:
-    """The supervisor's answer to a stop: the report's JSON (read as a StopReport by the
-    caller), or ``retry`` (a successor owns the job now), or an error."""
+    """The supervisor's answer to a stop: its report, or ``retry`` (a successor owns the
+    job now), or an error."""
 
     ok: bool = False
-    report: dict[str, Any] = field(default_factory=dict)
+    report: StopReport = field(default_factory=StopReport)
     exit_code: int | None = None
     joined: bool = False  # another client's stop was already running; this one joined it
     retry: bool = False

@@ -7,12 +7,13 @@ compares with the disk now and says "code changed on disk since start".
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import subprocess
-from typing import Any
 
+from .sections import CodeRecord
 from .spec import Spec
 
 INTERPRETERS = {
@@ -112,30 +113,33 @@ def _git_head_fast(cwd: str) -> str | None:
     return None
 
 
-def code_version(spec: Spec) -> dict[str, Any]:
-    """Return the code version of the job's cwd and entry script, as it is now."""
-    out: dict[str, Any] = {}
+def code_version(spec: Spec) -> CodeRecord | None:
+    """Return the code version of the job's cwd and entry script, as it is now (None:
+    neither a git work tree nor an entry script, nothing to compare against later)."""
+    entry, entry_sha = code_version_entry(spec)
+    code = CodeRecord(entry=entry, entry_sha=entry_sha)
     head = _git(spec.cwd, "rev-parse", "HEAD")
     if head is not None:
         diff = _git(spec.cwd, "diff", "HEAD") or ""
-        out.update(git_head=head.strip(), dirty=bool(diff), diff_sha=_sha(diff.encode()))
-    out.update(code_version_entry(spec))
-    return out
+        code = dataclasses.replace(
+            code, git_head=head.strip(), dirty=bool(diff), diff_sha=_sha(diff.encode())
+        )
+    return code if code.recorded else None
 
 
-def code_version_entry(spec: Spec) -> dict[str, Any]:
+def code_version_entry(spec: Spec) -> tuple[str | None, str | None]:
     """Return the entry script and its hash, when argv names a file."""
     script = entry_script(spec)
     if script is None:
-        return {}
+        return None, None
     try:
         with open(script, "rb") as f:
-            return {"entry": script, "entry_sha": _sha(f.read())}
+            return script, _sha(f.read())
     except OSError:
-        return {}
+        return None, None
 
 
-def drift(recorded: dict[str, Any] | None, spec: Spec) -> list[str]:
+def drift(recorded: CodeRecord | None, spec: Spec) -> list[str]:
     """Return what changed since start (empty: nothing, or nothing was recorded).
 
     Content counts, not commits: HEAD is read from .git directly, and `git diff` of the
@@ -143,23 +147,24 @@ def drift(recorded: dict[str, Any] | None, spec: Spec) -> list[str]:
     files hold the same bytes (a commit of the very changes the run started with, an
     empty commit, an amend with nothing new: not a change).
     """
-    if not recorded:
+    if recorded is None or not recorded.recorded:
         return []
     changes = []
-    if "git_head" in recorded:
+    if recorded.git_head is not None:
         head = _git_head_fast(spec.cwd) or (_git(spec.cwd, "rev-parse", "HEAD") or "").strip()
-        if head == recorded["git_head"]:
-            if _sha((_git(spec.cwd, "diff", "HEAD") or "").encode()) != recorded["diff_sha"]:
+        if head == recorded.git_head:
+            if _sha((_git(spec.cwd, "diff", "HEAD") or "").encode()) != recorded.diff_sha:
                 changes.append("uncommitted changes differ")
         else:
-            start = str(recorded["git_head"])
+            start = recorded.git_head
             # a commit id only (never an option): None when it is gone (rebased, gc'd)
             since = _git(spec.cwd, "diff", start) if _COMMIT.fullmatch(start) else None
-            if since is None or _sha(since.encode()) != recorded["diff_sha"]:
-                changes.append(f"git HEAD {recorded['git_head'][:8]} -> {head[:8] or '?'}")
-    entry = code_version_entry(spec)
-    if "entry_sha" in recorded and entry.get("entry_sha") != recorded["entry_sha"]:
-        changes.append(f"{os.path.basename(recorded['entry'])} edited")
+            if since is None or _sha(since.encode()) != recorded.diff_sha:
+                changes.append(f"git HEAD {start[:8]} -> {head[:8] or '?'}")
+    if recorded.entry_sha is not None:
+        _, now_sha = code_version_entry(spec)
+        if now_sha != recorded.entry_sha:
+            changes.append(f"{os.path.basename(recorded.entry or '?')} edited")
     return changes
 
 

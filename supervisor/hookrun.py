@@ -23,22 +23,24 @@ from pathlib import Path
 from typing import Any
 
 from .causes import read_tail
+from .errors import StateError
+from .hooks import HookJob
 from .state import append_event, open_in, write_bytes_atomic
 
 OUTPUT_CHARS = 2000  # what of a hook's output goes into its event line
 NOTIFY_TIMEOUT_S = 10.0
 
 
-def run_command(job: dict[str, Any], argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Run the hook with its timeout; return what its event line records."""
-    jdir = Path(job["jdir"])
-    out = jdir / "hooks" / f"run-{job['run']}.{job['event']}.out"
+    jdir = Path(job.jdir)
+    out = jdir / "hooks" / f"run-{job.run}.{job.event}.out"
     t0 = time.monotonic()
     fd = open_in(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         proc = subprocess.Popen(
             argv,
-            cwd=job["cwd"],
+            cwd=job.cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=fd,
@@ -50,7 +52,7 @@ def run_command(job: dict[str, Any], argv: list[str], env: dict[str, str]) -> di
     finally:
         os.close(fd)
     try:
-        code = proc.wait(timeout=float(job["timeout_s"]))
+        code = proc.wait(timeout=job.timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
         # Our own child, not yet reaped: its pid (= its session's group) is still its own.
@@ -66,7 +68,7 @@ def run_command(job: dict[str, Any], argv: list[str], env: dict[str, str]) -> di
         "output_file": str(out),
     }
     if timed_out:
-        doc["error"] = f"timed out after {float(job['timeout_s']):g} s; killed"
+        doc["error"] = f"timed out after {job.timeout_s:g} s; killed"
     return doc
 
 
@@ -95,22 +97,25 @@ def notify(url: str, doc: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     """Read the event from stdin, run its hook, tell its URL; record both."""
-    job = json.loads(sys.stdin.buffer.read())
-    jdir = Path(job["jdir"])
+    try:
+        job = HookJob.from_doc(json.loads(sys.stdin.buffer.read()), "the hook's event")
+    except (ValueError, StateError) as e:  # written by the supervisor: a bug, said and done
+        sys.stderr.write(f"trainctl hookrun: {e}\n")
+        return 2
+    jdir = Path(job.jdir)
     (jdir / "hooks").mkdir(mode=0o700, exist_ok=True)
-    lines = jdir / "hooks" / f"run-{job['run']}.{job['event']}.lines"
+    lines = jdir / "hooks" / f"run-{job.run}.{job.event}.lines"
     with contextlib.suppress(OSError):
-        write_bytes_atomic(lines, "".join(f"{x}\n" for x in job["last_lines"]).encode())
-    base = {"hook_event": job["event"], "run": job["run"]}
-    argv = job.get("argv")
-    if argv:
-        env = {**job["env"], "TRAINCTL_LAST_LINES": str(lines)}
-        result = run_command(job, argv, env)
+        write_bytes_atomic(lines, "".join(f"{x}\n" for x in job.last_lines).encode())
+    base = {"hook_event": job.event, "run": job.run}
+    if job.argv:
+        env = {**job.env, "TRAINCTL_LAST_LINES": str(lines)}
+        result = run_command(job, job.argv, env)
         name = "hook_ran" if result["ok"] else "hook_failed"
         with contextlib.suppress(OSError):
-            append_event(jdir, name, **base, argv=argv, **result)
-    if job.get("notify"):
-        result = notify(job["notify"], job["doc"])
+            append_event(jdir, name, **base, argv=job.argv, **result)
+    if job.notify:
+        result = notify(job.notify, job.doc)
         with contextlib.suppress(OSError):
             append_event(jdir, "notified" if result["ok"] else "notify_failed", **base, **result)
     return 0

@@ -25,16 +25,46 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
 from .causes import read_tail
+from .records import record
+from .reports import Cause
+from .schema import build_document
 from .spec import Spec
 from .state import HELPER_VAR, TRAINCTL_VARS, JobState, log_path, write_json_atomic
 
 LAST_LINES = 50
 LINE_CHARS = 500
 EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale")
+
+
+@record(frozen=True)
+class HookJob:
+    """What the hook runner (hookrun.py, a process of its own) is handed for one event:
+    written to a file by :func:`fire`, read back field by field by the runner."""
+
+    jdir: str
+    run: int
+    event: str
+    cwd: str
+    timeout_s: float
+    env: dict[str, str]
+    argv: list[str] | None = None  # the hook's command, if the job has one for the event
+    notify: str | None = None  # the URL to tell, if any
+    doc: dict[str, Any] = field(default_factory=dict)  # the JSON the URL receives
+    last_lines: list[str] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form the runner reads."""
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str) -> HookJob:
+        """Read a job back, checked field by field (a StateError names what is wrong)."""
+        return build_document(cls, doc, where)
 
 
 def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:
@@ -47,14 +77,14 @@ def document(
     event: str,
     spec: Spec,
     st: JobState,
-    cause: dict[str, Any],
+    cause: Cause,
     progress: dict[str, Any] | None,
     lines: list[str],
 ) -> dict[str, Any]:
     """The JSON a notify URL receives: Slack (``text``), Discord (``content``) and ntfy
     (``title``, ``message``) read their own fields; everything else is for scripts."""
     host = socket.gethostname()
-    summary = str(cause.get("summary") or event)
+    summary = cause.summary or event
     title = f"trainctl: {spec.name} run {st.run} on {host}: {event}"
     end = st.ended_at or time.time()
     return {
@@ -66,10 +96,10 @@ def document(
         "job": spec.name,
         "host": host,
         "run": st.run,
-        "cause": cause.get("kind"),
+        "cause": cause.kind,
         "summary": summary,
-        "reason": cause.get("reason"),
-        "exit_code": st.exit_code if cause.get("exit_code") is None else cause.get("exit_code"),
+        "reason": cause.reason,
+        "exit_code": st.exit_code if cause.exit_code is None else cause.exit_code,
         "duration_s": round(end - st.started_at, 3),
         "progress": progress,
         "last_lines": lines[-20:],
@@ -77,21 +107,19 @@ def document(
     }
 
 
-def hook_env(
-    event: str, spec: Spec, jdir: Path, st: JobState, cause: dict[str, Any]
-) -> dict[str, str]:
+def hook_env(event: str, spec: Spec, jdir: Path, st: JobState, cause: Cause) -> dict[str, str]:
     """The hook's environment: the job's own, trainctl's variables, and the event's."""
     env = {k: v for k, v in spec.env.items() if k not in TRAINCTL_VARS}
-    code = cause.get("exit_code", st.exit_code)
+    code = st.exit_code if cause.exit_code is None else cause.exit_code
     env.update(
         TRAINCTL_EVENT=event,
         TRAINCTL_JOB=spec.name,
         TRAINCTL_NAME=spec.name,
         TRAINCTL_RUN=str(st.run),
         TRAINCTL_EXIT_CODE="" if code is None else str(code),
-        TRAINCTL_CAUSE=str(cause.get("kind") or ""),
-        TRAINCTL_REASON=str(cause.get("reason") or cause.get("summary") or ""),
-        TRAINCTL_SUMMARY=str(cause.get("summary") or ""),
+        TRAINCTL_CAUSE=cause.kind,
+        TRAINCTL_REASON=cause.reason or cause.summary,
+        TRAINCTL_SUMMARY=cause.summary,
         TRAINCTL_LOG=str(log_path(jdir, st.run)),
         TRAINCTL_HOST=socket.gethostname(),
     )
@@ -104,7 +132,7 @@ def fire(
     spec: Spec,
     jdir: Path,
     st: JobState,
-    cause: dict[str, Any],
+    cause: Cause,
     progress: dict[str, Any] | None = None,
     *,
     notify: bool = True,
@@ -121,23 +149,23 @@ def fire(
         return None
     lines = last_lines(log_path(jdir, st.run))
     doc = document(event, spec, st, cause, progress, lines)
-    job = {
-        "jdir": str(jdir),
-        "run": st.run,
-        "event": event,
-        "cwd": spec.cwd,
-        "timeout_s": hooks.timeout_s,
-        "argv": list(argv) if argv else None,
-        "env": hook_env(event, spec, jdir, st, cause),
-        "notify": url,
-        "doc": doc,
-        "last_lines": lines,
-    }
+    job = HookJob(
+        jdir=str(jdir),
+        run=st.run,
+        event=event,
+        cwd=spec.cwd,
+        timeout_s=hooks.timeout_s,
+        env=hook_env(event, spec, jdir, st, cause),
+        argv=list(argv) if argv else None,
+        notify=url,
+        doc=doc,
+        last_lines=lines,
+    )
     folder = jdir / "hooks"
     path = folder / f"run-{st.run}.{event}.json"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        write_json_atomic(path, job, durable=False)
+        write_json_atomic(path, job.to_doc(), durable=False)
         with open(path, "rb") as stdin:
             env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
             env[HELPER_VAR] = st.marker

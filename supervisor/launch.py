@@ -11,16 +11,31 @@ import dataclasses
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import control, systemd
 from .errors import SpawnError
 from .mounts import written_dirs
+from .reports import Failure, RestartEntry
 from .schema import build_document
 from .spec import Spec, spec_to_doc
 from .state import GpuLease
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptRequest:
+    """`trainctl adopt`'s handover: the processes of a run trainctl did not start, each
+    named by pid and start time (boot.adopt checks every one again before it adopts)."""
+
+    how: str  # "--pid 123", "--tmux train:0"
+    main: tuple[int, int]  # (pid, start ticks)
+    members: tuple[tuple[int, int], ...] = ()
+    pgid: int | None = None  # recorded only when the whole process group is adopted
+    sid: int | None = None  # ... and the whole session
+    log_source: str | None = None  # a regular file behind main's stdout
+    cgroup: str | None = None  # a lost run's own cgroup, which still holds its members
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +46,21 @@ class Handover:
     marker: str
     gpus: tuple[GpuLease, ...] = ()
     restarts: int = 0
-    last_failure: dict[str, Any] | None = field(default=None)
-    restart_history: tuple[dict[str, Any], ...] = ()
+    last_failure: Failure | None = None
+    restart_history: tuple[RestartEntry, ...] = ()
     # `trainctl adopt`: the processes of a run trainctl did not start (see boot.adopt)
-    adopt: dict[str, Any] | None = None
+    adopt: AdoptRequest | None = None
     # what the run's scope keeps mounted until it has stopped (RequiresMountsFor=)
     mounts_kept: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form sent over the handshake socket."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> Handover:
+        """Read the handover off the handshake socket, checked field by field."""
+        return build_document(cls, doc, "the supervisor's handover")
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import causes
 from .policy import Verdict, backoff_s, count_in_window, decide
+from .reports import Cause, Failure, RestartEntry, StopReport
 from .spec import Spec
 from .state import Phase
 
@@ -89,14 +90,14 @@ class Stalled:
 
 @dataclass(frozen=True, slots=True)
 class StopFinished:
-    """The stop sequence ended; ``report`` is its JSON form.
+    """The stop sequence ended with ``report``.
 
     ``cause``: the supervisor's analysis of a run whose main ended on its own (its kind
     and the job's reason: supervisor/causes.py); None for a stop trainctl began.
     """
 
-    report: dict[str, Any]
-    cause: dict[str, Any] | None = None
+    report: StopReport
+    cause: Cause | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +171,7 @@ class ShortenGrace:
 class Relaunch:
     """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
 
-    failure: dict[str, Any]
+    failure: Failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,7 @@ class Reply:
     """Answer these waiting clients: with ``report``, or ``forward`` to the successor."""
 
     tokens: tuple[int, ...]
-    report: dict[str, Any] | None = None
+    report: StopReport | None = None
     forward: bool = False
 
 
@@ -204,7 +205,7 @@ class Hook:
     """Run the job's hook for ``event`` and tell its notify URL (never waited for)."""
 
     event: str  # exit | failure | restart (stall and checkpoint_stale come from watchers)
-    cause: dict[str, Any]
+    cause: Cause
     notify: bool = True  # False: the hook only (a failed end notifies once, as `failure`)
 
 
@@ -236,18 +237,17 @@ class Life:
     user_stop: bool = False  # a user asked to stop this run: no relaunch, phase `stopped`
     stop_by: str = "stop"  # ... with this verb (the first one that asked)
     grace_s: float | None = None  # the grace of the stop that ran
-    history: tuple[dict[str, Any], ...] = ()  # the job's restarts so far: {run, at, cause}
+    history: tuple[RestartEntry, ...] = ()  # the job's restarts so far
     waiters: tuple[int, ...] = ()  # clients waiting for the stop's answer
     joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
-    report: dict[str, Any] | None = None  # the final answer, once the run has ended
+    report: StopReport | None = None  # the final answer, once the run has ended
     now: float = 0.0  # the time of the event being handled (set by the caller)
 
 
-CANCELLED = {
-    "ok": True,
-    "already_stopped": True,
-    "reason": "stop during restart backoff: restart cancelled",
-}
+CANCELLED = StopReport(
+    ok=True, already_stopped=True, reason="stop during restart backoff: restart cancelled"
+)
+NOTHING_TO_STOP = StopReport(ok=True, already_stopped=True)
 
 
 Outcome = tuple[Life, list[Action]]
@@ -275,13 +275,10 @@ def _timer(life: Life, ev: Stalled | BackoffElapsed, spec: Spec) -> Outcome:
         life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
         return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
-        cause = (life.report or {}).get("cause")
-        failure = {
-            "run": life.run,
-            "exit_code": life.main_code,
-            "reason": life.stop_reason,
-            "cause": cause,
-        }
+        cause = life.report.cause if life.report is not None else None
+        failure = Failure(
+            run=life.run, exit_code=life.main_code, reason=life.stop_reason, cause=cause
+        )
         return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
     return life, []
 
@@ -332,30 +329,41 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
         return joined, actions
     if stage is Stage.BACKOFF:
         ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
-        cause = causes.stopped(ev.verb, life.main_code).to_doc()
-        cause["summary"] += " during the restart backoff"
+        cause = causes.stopped(ev.verb, life.main_code)
+        cause = dataclasses.replace(cause, summary=f"{cause.summary} during the restart backoff")
         return ended, [
             CancelBackoff(),
             Persist(Phase.STOPPING),  # STARTING -> STOPPING -> STOPPED: the legal path
             Persist(Phase.STOPPED, {"restart_at": None, "last_stop": CANCELLED, "cause": cause}),
-            Log("restart_cancelled", {"cause": cause}),
+            Log("restart_cancelled", {"cause": cause.to_doc()}),
             Hook("exit", cause),
             Reply((ev.token,), CANCELLED),
         ]
     if stage is Stage.HANDED_OVER:
         return life, [Reply((ev.token,), forward=True)]
-    return life, [Reply((ev.token,), life.report or {"ok": True, "already_stopped": True})]
+    return life, [Reply((ev.token,), life.report or NOTHING_TO_STOP)]
 
 
-def _cause_of(life: Life, ev: StopFinished) -> dict[str, Any]:
+def _cause_of(life: Life, ev: StopFinished) -> Cause:
     """The run's cause: who stopped it, or the supervisor's analysis of its own end."""
     if life.user_stop:
-        return causes.stopped(life.stop_by, life.main_code, life.grace_s).to_doc()
+        return causes.stopped(life.stop_by, life.main_code, life.grace_s)
     if life.stop_reason == "stalled":
-        return causes.stopped("stall watchdog", life.main_code, life.grace_s).to_doc()
+        return causes.stopped("stall watchdog", life.main_code, life.grace_s)
     if ev.cause is not None:
         return ev.cause
-    return causes.ended_on_its_own(life.main_code, None, causes.Reason()).to_doc()
+    return causes.ended_on_its_own(life.main_code, None, causes.Reason())
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """What every end of a stop records, whatever follows it (a relaunch or the end)."""
+
+    report: StopReport  # with its reason (the run's cause is added once it is final)
+    cause: Cause
+    reason: str  # stop | main exited | stalled
+    verdict: Verdict
+    fields: dict[str, Any]  # the state's fields for the end of the run: exit code, when
 
 
 def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
@@ -363,117 +371,86 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     if life.stage is not Stage.STOPPING:
         return life, []
     reason = "stop" if life.user_stop else str(life.stop_reason)
-    report = {**ev.report, "reason": "stop" if life.user_stop else life.stop_reason}
+    report = dataclasses.replace(ev.report, reason=reason)
     cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
-    ended: dict[str, Any] = {
-        "exit_code": life.main_code,
-        "ended_at": life.now,
-        "last_stop": report,
-        "members": (),
-    }
     verdict = decide(
         spec,
         restarts=life.restarts,
         cause=cause,
-        cleaned_up=bool(report.get("ok")),
+        cleaned_up=report.ok,
         reason=reason,
         history=life.history,
         now=life.now,
     )
-    if verdict.relaunch:
-        life, actions = _schedule_relaunch(life, spec, ended, report, cause, reason, verdict)
-    else:
-        life, actions = _end(life, ended, report, cause, reason, verdict)
+    ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
+    end = _Ending(report, cause, reason, verdict, ended)
+    life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
     return life, [*leftover_log, *actions]
 
 
-def _with_leftovers(
-    life: Life, cause: dict[str, Any], report: dict[str, Any]
-) -> tuple[dict[str, Any], list[Action]]:
+def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause, list[Action]]:
     """Processes that outlived their main (the stale-download case this tool exists for):
     the cause counts them, and the log names a few."""
-    left = int(report.get("found") or 0) if life.stop_reason == "main exited" else 0
+    left = report.found if life.stop_reason == "main exited" else 0
     if not left or life.user_stop:
         return cause, []
-    cmds = [p.get("cmd", "") for p in report.get("sent") or []][:5]
-    cause = {
-        **cause,
-        "leftovers": left,
-        "summary": f"{cause.get('summary')}; {left} leftover process(es) stopped",
-    }
+    cmds = [p.cmd for p in report.sent][:5]
+    summary = f"{cause.summary}; {left} leftover process(es) stopped"
+    cause = dataclasses.replace(cause, leftovers=left, summary=summary)
     return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
 
 
-def _schedule_relaunch(
-    life: Life,
-    spec: Spec,
-    ended: dict[str, Any],
-    report: dict[str, Any],
-    cause: dict[str, Any],
-    reason: str,
-    verdict: Verdict,
-) -> Outcome:
+def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
     """The policy relaunches: record the failure and the restart, then wait the backoff.
 
     Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
     phase for a run that is about to be relaunched."""
     wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
-    failure = {
-        "run": life.run,
-        "exit_code": life.main_code,
-        "at": life.now,
-        "reason": reason,
-        "cause": cause,
-    }
-    entry = {
-        "run": life.run,
-        "at": life.now,
-        "cause": cause.get("summary"),
-        "kind": cause.get("kind"),
-        "matched": verdict.matched,
-    }
+    cause = end.cause
+    failure = Failure(
+        run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
+    )
+    entry = RestartEntry(
+        run=life.run, at=life.now, cause=cause.summary, kind=cause.kind, matched=end.verdict.matched
+    )
     history = (*life.history, entry)[-50:]
-    report["cause"] = cause
+    report = dataclasses.replace(end.report, cause=cause)
     fields = {
-        **ended,
+        **end.fields,
+        "last_stop": report,
         "restart_at": life.now + wait,
         "last_failure": failure,
         "cause": cause,
         "restart_history": history,
     }
+    logged = {"backoff_s": wait, "restarts": life.restarts, **failure.to_doc()}
     return _to(life, Stage.BACKOFF, report=report, history=history), [
         Persist(Phase.STARTING, fields),
-        Log("restart_scheduled", {"backoff_s": wait, "restarts": life.restarts, **failure}),
+        Log("restart_scheduled", logged),
         Hook("restart", cause),
         WaitBackoff(wait),
     ]
 
 
-def _end(
-    life: Life,
-    ended: dict[str, Any],
-    report: dict[str, Any],
-    cause: dict[str, Any],
-    reason: str,
-    verdict: Verdict,
-) -> Outcome:
+def _end(life: Life, end: _Ending) -> Outcome:
     """No relaunch: the run's final phase, its record, its hooks and every waiter's answer."""
-    if reason == "stop":
+    cause, verdict = end.cause, end.verdict
+    if end.reason == "stop":
         final = Phase.STOPPED
     else:
         # an adopted main's end is `exited`: its exit code is unknown, not a failure
-        final = Phase.EXITED if cause.get("kind") in ("clean", "unknown") else Phase.FAILED
+        final = Phase.EXITED if cause.kind in ("clean", "unknown") else Phase.FAILED
     if verdict.gave_up:
-        cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why).to_doc()
-    report["cause"] = cause
-    ended["cause"] = cause
+        cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why)
+    report = dataclasses.replace(end.report, cause=cause)
+    fields = {**end.fields, "last_stop": report, "cause": cause}
     actions: list[Action] = []
     if verdict.why:
         actions.append(Log("not_restarting", {"why": verdict.why}))
-        ended["error"] = verdict.why
+        fields["error"] = verdict.why
     actions += [
-        Persist(final, ended),
-        Log("ended", {"phase": str(final), "cause": cause}),
+        Persist(final, fields),
+        Log("ended", {"phase": str(final), "cause": cause.to_doc()}),
         Hook("exit", cause, notify=final is not Phase.FAILED),
     ]
     if final is Phase.FAILED:
@@ -489,16 +466,16 @@ def _relaunched(life: Life, ev: Relaunched) -> Outcome:
         # The successor owns the job now: a stop that waited here must ask it instead.
         return _to(life, Stage.HANDED_OVER, waiters=()), [Reply(life.waiters, forward=True)]
     failed = {"restart_at": None, "error": f"relaunch failed: {ev.error}"}
-    report = life.report or {"ok": True, "already_stopped": True}
+    report = life.report or NOTHING_TO_STOP
     actions: list[Action] = [Log("relaunch_failed", {"error": ev.error})]
     if life.user_stop:
-        cause = causes.stopped(life.stop_by, life.main_code).to_doc()
+        cause = causes.stopped(life.stop_by, life.main_code)
         actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, {**failed, "cause": cause})]
         actions.append(Hook("exit", cause))
     else:
-        last = dict(report.get("cause") or {"summary": "a failed run"})
+        last = report.cause or Cause(kind="unknown", summary="a failed run")
         why = f"relaunch failed: {ev.error}"
-        gave = causes.gave_up("relaunch-failed", last, life.restarts, why).to_doc()
+        gave = causes.gave_up("relaunch-failed", last, life.restarts, why)
         actions.append(Persist(Phase.FAILED, {**failed, "cause": gave}))
         actions += [Hook("exit", gave, notify=False), Hook("failure", gave)]
     actions.append(Reply(life.waiters, report))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .causes import matches
+from .reports import Cause, RestartEntry
 from .spec import Spec
 
 
@@ -23,17 +23,17 @@ def decide(
     spec: Spec,
     *,
     restarts: int,
-    cause: dict[str, Any],
+    cause: Cause,
     cleaned_up: bool,
     reason: str,
-    history: tuple[dict[str, Any], ...] = (),
+    history: tuple[RestartEntry, ...] = (),
     now: float = 0.0,
 ) -> Verdict:
     """Whether to relaunch after a run ended with ``cause``.
 
     ``reason``: "stop" (a user stopped it: never restarted), "main exited" (main ended on
     its own), "stalled" (the watchdog stopped it because ``on_stall = "restart"``).
-    ``history``: the restarts made so far ({at, ...}), for ``restart_window``.
+    ``history``: the restarts made so far (when each was made), for ``restart_window``.
     """
     r = spec.restart
     if reason == "stalled":
@@ -43,7 +43,7 @@ def decide(
     elif (
         reason != "main exited"
         or r.mode != "on-failure"
-        or cause.get("kind")
+        or cause.kind
         in (
             "clean",
             "stopped",
@@ -64,12 +64,12 @@ def decide(
 
 
 def _over_budget(
-    spec: Spec, restarts: int, history: tuple[dict[str, Any], ...], now: float
+    spec: Spec, restarts: int, history: tuple[RestartEntry, ...], now: float
 ) -> Verdict | None:
     """The crash-loop breaker (with restart_window), else the lifetime max_restarts."""
     r = spec.restart
     if r.window_s is not None:
-        recent = [h for h in history if now - float(h.get("at") or 0) <= r.window_s]
+        recent = [h for h in history if now - (h.at or 0.0) <= r.window_s]
         if len(recent) < r.max_restarts:
             return None
         return Verdict(
@@ -85,22 +85,22 @@ def _over_budget(
     )
 
 
-def _matched(spec: Spec, cause: dict[str, Any]) -> str | None:
+def _matched(spec: Spec, cause: Cause) -> str | None:
     codes = spec.restart.exit_codes
     if codes is not None:  # restart_exit_codes: the older spelling of exit:N entries
-        code = cause.get("exit_code")
+        code = cause.exit_code
         words = [w for w in spec.restart.on if w != "failure"]
         hit = matches(cause, words) if words else None
-        return hit or (f"exit:{code}" if cause.get("kind") == "exit" and code in codes else None)
+        return hit or (f"exit:{code}" if cause.kind == "exit" and code in codes else None)
     return matches(cause, spec.restart.on)
 
 
-def _not_listed(spec: Spec, cause: dict[str, Any]) -> str:
+def _not_listed(spec: Spec, cause: Cause) -> str:
     codes = spec.restart.exit_codes
-    if codes is not None and cause.get("kind") == "exit":
-        return f"exit code {cause.get('exit_code')} is not in restart_exit_codes {list(codes)}"
-    what = cause.get("reason_class") or cause.get("kind")
-    return f"{cause.get('summary') or what}: not in restart_on {list(spec.restart.on)}"
+    if codes is not None and cause.kind == "exit":
+        return f"exit code {cause.exit_code} is not in restart_exit_codes {list(codes)}"
+    what = cause.reason_class or cause.kind
+    return f"{cause.summary or what}: not in restart_on {list(spec.restart.on)}"
 
 
 def _span(seconds: float) -> str:
@@ -116,9 +116,9 @@ def backoff_s(spec: Spec, restarts: int) -> float:
     return float(min(spec.restart.backoff_s * 2**restarts, spec.restart.backoff_max_s))
 
 
-def count_in_window(spec: Spec, history: tuple[dict[str, Any], ...], now: float) -> int:
+def count_in_window(spec: Spec, history: tuple[RestartEntry, ...], now: float) -> int:
     """How many of the restarts made so far count against the budget now."""
     w = spec.restart.window_s
     if w is None:
         return len(history)
-    return sum(1 for h in history if now - float(h.get("at") or 0) <= w)
+    return sum(1 for h in history if now - (h.at or 0.0) <= w)

@@ -1,4 +1,5 @@
-"""The records of what a stop did and proved: a light module, read by every reader.
+"""The records of how a run ended and what a stop did and proved: a light module, read by
+every reader.
 
 The supervisor, the CLI's direct stop and a Slurm node agent write a :class:`StopReport`
 (through :mod:`.terminate` and :mod:`.stop`); `status` and `stop` read one back from
@@ -12,6 +13,7 @@ import signal
 from dataclasses import asdict, field
 from typing import Any
 
+from .phases import Phase
 from .records import record
 from .schema import build_document
 
@@ -43,6 +45,34 @@ class Cause:
     def to_doc(self) -> dict[str, Any]:
         """The JSON form (state.json, events, --json)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@record(frozen=True)
+class Failure:
+    """The run whose failure the restart policy answered (state.json ``last_failure``)."""
+
+    run: int | None = None
+    exit_code: int | None = None
+    at: float | None = None
+    reason: str | None = None  # why its stop ran: main exited | stalled
+    cause: Cause | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (events, the handover to the next run's supervisor)."""
+        doc = asdict(self)
+        doc["cause"] = None if self.cause is None else self.cause.to_doc()
+        return doc
+
+
+@record(frozen=True)
+class RestartEntry:
+    """One automatic restart: the run that failed, when, and why (state.json history)."""
+
+    run: int | None = None
+    at: float | None = None
+    cause: str | None = None  # the failed run's cause, as a line
+    kind: str | None = None
+    matched: str | None = None  # the restart_on entry it met
 
 
 def signal_name(num: int) -> str:
@@ -188,3 +218,52 @@ class StopReport:
     def unverified_gpus(self) -> list[GpuRelease]:
         """The GPUs whose release could not be checked (the driver could not say)."""
         return [g for g in self.gpus if not g.ok and g.error is not None]
+
+
+@record()
+class NodeStop:
+    """How one node of a Slurm job was proven stopped (or not)."""
+
+    node: str
+    ok: bool = False
+    found: int | None = None
+    killed: int | None = None
+    survivors: list[Survivor] = field(default_factory=list)
+    by: str | None = None  # its agent, a sweep job, or this host's sweep
+
+
+@record(frozen=True)
+class SlurmVerdict:
+    """Slurm's answer about one job: its state, why, where, and how it ended."""
+
+    state: str
+    phase: Phase
+    reason: str | None = None
+    nodes: str | None = None
+    exit_code: int | None = None
+
+
+@record()
+class SlurmStopReport:
+    """What a stop of a Slurm job did: the node agents' stops, Slurm's verdict, sweeps."""
+
+    slurm: SlurmVerdict
+    signal: str = ""
+    grace_s: float = 0.0
+    nodes: list[NodeStop] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    cancelled_after_grace: bool = False
+    local_leftovers: int = 0
+    sweep_jobs: list[str] = field(default_factory=list)
+    survivors: list[Survivor] = field(default_factory=list)
+    total_s: float = 0.0
+    ok: bool = False  # fails closed: only a report that proves the job gone says True
+    already_stopped: bool = False
+    mode: str = "slurm"
+    reason: str = "stop"
+    killed: int = 0  # the verdict line of `status` reads it from every kind of report
+    killed_procs: list[NamedProc] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return asdict(self)

@@ -116,8 +116,12 @@ def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return
-        (inner,) = [a for a in args if a is not type(None)]
-        _check(value, inner, where, path)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # records of several kinds (a local or a Slurm stop report)
+            kind = next((a for a in inner if isinstance(a, type) and isinstance(value, a)), None)
+            _need(kind is not None, value, "a record", where, path)
+            inner = [kind]
+        _check(value, inner[0], where, path)
     elif origin is dict:
         _need(isinstance(value, dict), value, "an object", where, path)
         for k, v in value.items():
@@ -125,6 +129,8 @@ def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -
             _check(v, args[1] if args else Any, where, f"{path}.{k}")
     elif origin in (tuple, list):
         _need(isinstance(value, tuple | list), value, "a list", where, path)
+        if origin is tuple and args and args[-1] is not Ellipsis:  # (pid, ticks): exactly
+            _need(len(value) == len(args), value, f"a list of {len(args)}", where, path)
         for i, item in enumerate(value):
             _check(item, args[0], where, f"{path}[{i}]")
     else:  # a nested dataclass (ProcRef, MemberSnap, GpuLease)

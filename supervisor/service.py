@@ -39,6 +39,7 @@ from .gpu.watch import GpuWatch
 from .launch import Handover, launch_supervisor
 from .logs import rotate_if_big
 from .proctree import Member, Target, alive, scan, scan_light, target_of
+from .reports import Cause, Failure
 from .roster import Roster, widen_fd_table
 from .spawn import Spawned, exit_code_of
 from .spec import Spec, StopOrder
@@ -271,7 +272,7 @@ class Supervisor:
             fields[name] = (*getattr(self.state, name), *lines)[-keep:]
         self._set(self.state.phase, durable=a.durable, **fields)
 
-    def _fire(self, event: str, cause: dict[str, Any], *, notify: bool = True) -> None:
+    def _fire(self, event: str, cause: Cause, *, notify: bool = True) -> None:
         """Hand the event to a hook runner, if the job has a hook or a URL for it."""
         step = self._sampled_step[1] if self._sampled_step else None
         if step is None:  # a job that reports through $TRAINCTL_PROGRESS (trainer.report)
@@ -295,9 +296,9 @@ class Supervisor:
                 retry=True, error="the job was just relaunched; ask its new supervisor"
             )
         else:
-            report = dict(a.report or {})
+            report = a.report or lc.NOTHING_TO_STOP
             if self.persist_error:
-                report["persist_error"] = self.persist_error
+                report = dataclasses.replace(report, persist_error=self.persist_error)
             msg = control.StopReply(
                 ok=True,
                 report=report,
@@ -629,13 +630,13 @@ class Supervisor:
                 self._watch_oom()  # the last kills, recorded before the group goes
                 memory.remove(self._memory_group(), self._target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
-        self.send(lc.StopFinished(report.to_doc(), cause))
+        self.send(lc.StopFinished(report, cause))
 
     def _memory_group(self) -> Path | None:
         group = self.state.memory_cgroup
         return Path(group) if group and memory.is_ours(Path(group)) else None
 
-    def _analyse_safely(self) -> dict[str, Any] | None:
+    def _analyse_safely(self) -> Cause | None:
         """The analysis, or None (the plain exit-code cause) if it breaks: a log or error
         file the job wrote must never cost the run its stop report or the supervisor."""
         try:
@@ -644,7 +645,7 @@ class Supervisor:
             self.log.warning("cause_analysis_failed", error=f"{type(e).__name__}: {e}")
             return None
 
-    def _analyse(self) -> dict[str, Any]:
+    def _analyse(self) -> Cause:
         """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason."""
         st, status = self.state, self.main_status
         code = self.life.main_code
@@ -663,7 +664,7 @@ class Supervisor:
             # a GPU that failed during the run is why it died, before the job's own words
             fault = st.gpu_faults[-1]
             cause = dataclasses.replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
-        return cause.to_doc()
+        return cause
 
     def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
         """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
@@ -696,9 +697,9 @@ class Supervisor:
 
     # ------------------------------------------------------------ restart policy
 
-    async def _relaunch(self, failure: dict[str, Any]) -> None:
+    async def _relaunch(self, failure: Failure) -> None:
         st = self.state
-        failure = {**failure, "at": time.time()}
+        failure = dataclasses.replace(failure, at=time.time())
         leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
         handover = Handover(
             run=st.run + 1,
@@ -757,10 +758,8 @@ class Supervisor:
         if first:
             self._observe(stalled_since=last)
             self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
-            self._fire(
-                "stall",
-                {"kind": "stalled", "summary": f"no progress and no output for {idle:.0f} s"},
-            )
+            idle_line = f"no progress and no output for {idle:.0f} s"
+            self._fire("stall", Cause(kind="stalled", summary=idle_line))
         if self.spec.watch.on_stall == "restart":
             self.send(lc.Stalled())
         return first
@@ -824,7 +823,7 @@ class Supervisor:
         what = "no checkpoint yet" if newest is None else "the newest checkpoint"
         summary = f"{what}: {age:.0f} s since {'start' if newest is None else 'it was written'}"
         self.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
-        self._fire("checkpoint_stale", {"kind": "checkpoint_stale", "summary": summary})
+        self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
 
     def _sample_steps(self) -> None:
         """Record (time, newest step) now and then, for an ETA over a recent window."""
@@ -929,8 +928,8 @@ class Supervisor:
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
             tg.start_soon(self._watch_gpus)
-            source = (self.state.adopted or {}).get("log_source")
-            if isinstance(source, str):
+            source = self.state.adopted.log_source if self.state.adopted else None
+            if source is not None:
                 tg.start_soon(self._copy_log, Path(source))
             if self.state.restarts == 0 and self.state.adopted is None:
                 self._fire("start", self._started(), notify=False)
@@ -946,11 +945,11 @@ class Supervisor:
                         await self._step(tg)
             tg.cancel_scope.cancel()
 
-    def _started(self) -> dict[str, Any]:
+    def _started(self) -> Cause:
         main = self.state.main.pid if self.state.main else None
         gpus = ",".join(str(g.index) for g in self.state.gpus)
         on = f" on GPU(s) {gpus}" if gpus else ""
-        return {"kind": "start", "summary": f"run {self.state.run} started{on}, main pid {main}"}
+        return Cause(kind="start", summary=f"run {self.state.run} started{on}, main pid {main}")
 
 
 EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doubling)

@@ -30,12 +30,19 @@ import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from . import procfs
 from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError, TrainctlError
+
+# re-exported (mypy's explicit form): every reader has always named them from here
+from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
+from .phases import TRANSITIONS as TRANSITIONS  # noqa: PLC0414
+from .phases import Phase as Phase  # noqa: PLC0414
+from .reports import Cause, Failure, RestartEntry, SlurmStopReport, StopReport
+from .schema import build_document, check_document
+from .sections import Adoption, CodeRecord, SlurmRecord
 from .spec import SCHEMA, Spec, spec_from_doc
 
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
@@ -54,33 +61,6 @@ ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 # always .fullmatch: with .match, "$" also matched before a final newline, so "nl\n" was
 # a name (the kernel then refused it as a cgroup name and the job ran uncontained)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-class Phase(StrEnum):
-    """Lifecycle phase of a job's current run."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"  # stopped by `trainctl stop`
-    EXITED = "exited"  # main exited with status 0 on its own
-    FAILED = "failed"  # main exited non-zero / by a signal, or never started
-    LOST = "lost"  # derived, never stored: supervisor gone while the run was live
-
-
-TERMINAL = frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED})
-
-# The legal moves. Anything else is a bug and raises.
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.STARTING: frozenset({Phase.RUNNING, Phase.FAILED, Phase.STOPPING}),
-    Phase.RUNNING: frozenset({Phase.STOPPING, Phase.EXITED, Phase.FAILED}),
-    # STOPPING -> STARTING: the restart policy relaunches after cleaning up a failed run
-    # (the run never shows a terminal phase then); STARTING -> STOPPING: stop during backoff
-    Phase.STOPPING: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED, Phase.STARTING}),
-    Phase.STOPPED: frozenset({Phase.STARTING}),
-    Phase.EXITED: frozenset({Phase.STARTING, Phase.STOPPED}),
-    Phase.FAILED: frozenset({Phase.STARTING, Phase.STOPPED}),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,17 +127,17 @@ class JobState:
     error: str | None = None
     members: tuple[MemberSnap, ...] = ()
     snapshot_at: float | None = None
-    last_stop: dict[str, Any] | None = None
+    last_stop: StopReport | SlurmStopReport | None = None
     gpus: tuple[GpuLease, ...] = ()
     restarts: int = 0  # automatic relaunches so far (restart policy)
-    last_failure: dict[str, Any] | None = None  # {run, exit_code, at, reason, cause}
-    # each automatic restart so far: {run, at, cause} (newest last, at most 50)
-    restart_history: tuple[dict[str, Any], ...] = ()
-    cause: dict[str, Any] | None = None  # why the run ended (supervisor/causes.py Cause)
+    last_failure: Failure | None = None  # the failed run the restart policy answered
+    # each automatic restart so far (newest last, at most 50)
+    restart_history: tuple[RestartEntry, ...] = ()
+    cause: Cause | None = None  # why the run ended (supervisor/causes.py)
     oom_kills: int = 0  # OOM kills the kernel counted in the job's memory group
     restart_at: float | None = None  # set while waiting out the restart backoff
     stalled_since: float | None = None  # stall watchdog: no progress nor output since
-    code: dict[str, Any] | None = None  # code version of cwd at start (drift detection)
+    code: CodeRecord | None = None  # code version of cwd at start (drift detection)
     # what changed on disk since then, kept current by the supervisor (status reads it)
     code_drift: tuple[str, ...] = ()
     # GPU faults seen during the run (Xid events, ECC errors, a lost GPU), newest last
@@ -168,14 +148,12 @@ class JobState:
     mounts_kept: tuple[str, ...] = ()
     drift_checked_at: float | None = None
     backend: str = "local"
-    slurm: dict[str, Any] | None = None  # job_id, script, submitted_at (Slurm backend)
+    slurm: SlurmRecord | None = None  # the Slurm job it was submitted as (Slurm backend)
     unit: str | None = None  # the run's systemd scope (systemd hosts), else None
     # /proc/sys/kernel/random/boot_id when the run started: pids and start times mean
     # nothing after a reboot, so a state from another boot is never acted on by pid
     boot_id: str | None = None
-    # `trainctl adopt`: {how, contained, contained_by, why_not, log_source, at, members}
-    # (None: started by trainctl)
-    adopted: dict[str, Any] | None = None
+    adopted: Adoption | None = None  # `trainctl adopt` (None: started by trainctl)
     schema: int = SCHEMA
 
     def from_other_boot(self) -> bool:
@@ -416,9 +394,35 @@ def read_spec(jdir: Path) -> Spec:
     return spec_from_doc(_read_doc(path, "spec"), str(path))
 
 
+# The sections of state.json that are records of their own, read back field by field.
+_SECTIONS: dict[str, type] = {
+    "last_failure": Failure,
+    "cause": Cause,
+    "code": CodeRecord,
+    "slurm": SlurmRecord,
+    "adopted": Adoption,
+}
+
+
 def state_to_doc(st: JobState) -> dict[str, Any]:
     """Serialise a JobState for state.json."""
     return dataclasses.asdict(st)
+
+
+def _build_sections(d: dict[str, Any], where: str) -> None:
+    """Turn the record sections of a state document into their records, in place."""
+    for key, cls in _SECTIONS.items():
+        if d.get(key) is not None:
+            d[key] = build_document(cls, d[key], f"{where}: {key}")
+    stop = d.get("last_stop")
+    if isinstance(stop, dict):  # the Slurm backend's stops are a record of their own
+        cls = SlurmStopReport if stop.get("mode") == "slurm" else StopReport
+        d["last_stop"] = build_document(cls, stop, f"{where}: last_stop")
+    if isinstance(d.get("restart_history"), list):
+        d["restart_history"] = tuple(
+            build_document(RestartEntry, h, f"{where}: restart_history[{i}]")
+            for i, h in enumerate(d["restart_history"])
+        )
 
 
 def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
@@ -432,14 +436,13 @@ def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
             MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
         )
         d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
-        for key in ("code_drift", "restart_history", "gpu_faults", "handed_off", "mounts_kept"):
+        for key in ("code_drift", "gpu_faults", "handed_off", "mounts_kept"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
+        _build_sections(d, where)
         st = JobState(**d)
     except (TypeError, KeyError, ValueError, AttributeError) as e:
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None
-    from .schema import check_document  # noqa: PLC0415  (imports typing machinery)
-
     check_document(st, where)
     if len(st.marker) < 16 or st.run < 1:
         raise StateError(f"{where} has no valid marker/run; refusing to act on it")
@@ -640,12 +643,3 @@ def current_boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def containment(adopted: dict[str, Any]) -> str:
-    """An adopted run's containment, in words (status, doctor and adopt say it alike)."""
-    if adopted.get("contained"):
-        by = " (moved by systemd)" if adopted.get("contained_by") == "systemd" else ""
-        return f"contained in its own cgroup{by}"
-    why = adopted.get("why_not")
-    return f"adopted, not contained: {why}" if why else "adopted, not contained"

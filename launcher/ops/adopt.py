@@ -22,8 +22,9 @@ from trainctl.launcher.gpus import gpu_views
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import ids, procfs, state
 from trainctl.supervisor.errors import ConfigError, GpuError
-from trainctl.supervisor.launch import Handover, launch_supervisor
+from trainctl.supervisor.launch import AdoptRequest, Handover, launch_supervisor
 from trainctl.supervisor.proctree import alive, scan, target_of
+from trainctl.supervisor.sections import Adoption
 from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, MemberSnap, Phase
 
 from .jobs import current_phase, existing_job
@@ -51,16 +52,16 @@ class Plan:
     panes: list[str] = field(default_factory=list)  # tmux pane ids, for pipe-pane
     tmux: list[str] = field(default_factory=list)  # the tmux command (socket) for them
 
-    def handover(self) -> dict[str, object]:
+    def handover(self) -> AdoptRequest:
         """What the new supervisor gets (boot.adopt): identities, group, session, log."""
-        return {
-            "how": self.how,
-            "main": [self.main.pid, self.main.start_ticks],
-            "members": [[m.pid, m.start_ticks] for m in self.members],
-            "pgid": self.pgid,
-            "sid": self.sid,
-            "log_source": self.log_source,
-        }
+        return AdoptRequest(
+            how=self.how,
+            main=(self.main.pid, self.main.start_ticks),
+            members=tuple((m.pid, m.start_ticks) for m in self.members),
+            pgid=self.pgid,
+            sid=self.sid,
+            log_source=self.log_source,
+        )
 
     def to_doc(self) -> dict[str, object]:
         """The JSON form (`adopt --json`, `--dry-run`)."""
@@ -374,10 +375,10 @@ class AdoptResult:
     @classmethod
     def of(cls, st: JobState, plan: Plan, mode: str, log_from: str | None) -> AdoptResult:
         """The result, read back from the state the new supervisor wrote."""
-        a = st.adopted or {}
+        a = st.adopted or Adoption()
         return cls(
             st.name, st.run, plan.main.pid, len(plan.members), mode,
-            bool(a.get("contained")), state.containment(a), log_from,
+            a.contained, a.containment(), log_from,
         )  # fmt: skip
 
     def to_doc(self) -> dict[str, object]:
@@ -454,7 +455,7 @@ def readopt_job(home: Path, name: str, plan: Plan, st: JobState, cfg: Config) ->
             restarts=st.restarts,
             last_failure=st.last_failure,
             restart_history=st.restart_history,
-            adopt={**plan.handover(), "cgroup": st.cgroup},
+            adopt=dataclasses.replace(plan.handover(), cgroup=st.cgroup),
         )
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     now = state.read_state(jdir)

@@ -97,9 +97,9 @@ def _adopted(home: Path) -> list[Check]:
     for name, st in _live_states(home):
         if st.adopted is None:
             continue
-        how = str(st.adopted.get("how", ""))
-        said = state.containment(st.adopted)
-        if st.adopted.get("contained"):
+        how = st.adopted.how
+        said = st.adopted.containment()
+        if st.adopted.contained:
             out.append(Check(f"job {name}", f"adopted ({how}), {said}", True))
             continue
         hint = (

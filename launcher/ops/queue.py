@@ -48,6 +48,7 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.records import record
+from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec, spec_to_doc
 from trainctl.supervisor.state import JobState, Phase
@@ -504,7 +505,7 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
             started_at=now,
             ended_at=now,
             error=why,
-            cause={"kind": kind, "summary": why},
+            cause=Cause(kind=kind, summary=why),
             boot_id=state.current_boot_id(),
         )
         state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))

@@ -370,11 +370,10 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
         ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
         if ended:
             lines = hooks.last_lines(state.log_path(jdir, run), 10)
-            relaunched = any(e.get("run") == run for e in st.restart_history)
+            relaunched = any(e.run == run for e in st.restart_history)
             if st.run > run and not relaunched:  # not the restart policy: a later restart
                 return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
-            cause = None if st.cause is None else build_document(Cause, st.cause, "cause")
-            return Health(window_s, died=True, cause=cause, last_lines=lines)
+            return Health(window_s, died=True, cause=st.cause, last_lines=lines)
         if time.monotonic() >= deadline:
             return Health(window_s)
         time.sleep(HEALTH_POLL_S)

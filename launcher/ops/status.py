@@ -18,19 +18,15 @@ from trainctl.launcher.results import (
     ENDED_STATES,
     Cause,
     CheckpointSeen,
-    Failure,
     JobSettings,
     MemoryView,
     Progress,
-    RestartEntry,
     Status,
-    last_stop_of,
 )
 from trainctl.supervisor import memory, mounts, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.records import record
-from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import Phase
 
@@ -94,7 +90,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     # cgroup.procs is cheap and complete unless root moved a process out; use it for the
     # frequent `status`, while `ps` and `stop` walk every net.
     scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
-    last = last_stop_of(st)
+    last = st.last_stop
     members = (
         scan_fn(target)
         if seen.members is None and (phase not in state.TERMINAL or last is None or not last.ok)
@@ -137,9 +133,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         handed_off=list(st.handed_off),
         mounts_not_kept=_mounts_not_kept(home, jdir, st, spec, live=sup_alive),
         restarts=st.restarts,
-        last_failure=None
-        if st.last_failure is None
-        else build_document(Failure, st.last_failure, f"job {st.name}: last_failure"),
+        last_failure=st.last_failure,
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
         stall_stacks=_stall_stacks(jdir, st),
@@ -149,10 +143,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         code_changed=training.code_changed,
         spec_changed=training.spec_changed,
         cause=cause_of(st, phase),
-        restart_history=[
-            build_document(RestartEntry, h, f"job {st.name}: restart_history")
-            for h in st.restart_history[-10:]
-        ],
+        restart_history=list(st.restart_history[-10:]),
         memory=_memory_view(st, spec, live=phase not in state.TERMINAL),
         stop_since=going.since if going else None,
         grace_left_s=round(max(0.0, going.grace_left_s), 1) if going else None,
@@ -221,7 +212,7 @@ def cause_of(st: state.JobState, phase: Phase) -> Cause | None:
         return LOST
     if st.cause is None or phase not in state.TERMINAL:
         return None
-    return build_document(Cause, st.cause, f"job {st.name}: cause")
+    return st.cause
 
 
 def _memory_view(st: state.JobState, spec: Spec | None, *, live: bool) -> MemoryView | None:
@@ -299,8 +290,8 @@ def _changes(st: state.JobState, spec: Spec, *, live: bool) -> tuple[list[str], 
 
 def _entry_edited_since(st: state.JobState) -> bool:
     """The entry script changed after the supervisor last compared (`scp` a moment ago)."""
-    entry = (st.code or {}).get("entry")
-    if not isinstance(entry, str) or st.drift_checked_at is None:
+    entry = st.code.entry if st.code is not None else None
+    if entry is None or st.drift_checked_at is None:
         return False
     return state.mtime(Path(entry)) > st.drift_checked_at
 

@@ -98,7 +98,7 @@ def finish_unclaimed(*, wait: bool) -> list[str]:
         except (control.ControlUnavailableError, StateError) as e:
             said = f"no report ({e})"
         else:
-            ok = report.get("ok") is True
+            ok = report.ok
             said = "nothing of it is left" if ok else "it did not prove the job gone; see `status`"
         out.append(f"the stop sent to {Path(jdir).name}'s supervisor ran: {said}")
     return out

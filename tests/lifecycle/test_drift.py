@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def test_drift_compares_content_not_commits(tmp_path: Path) -> None:
     (repo / "train.py").write_text("v2\n")  # the run starts with an uncommitted edit
     spec = Spec(name="t", argv=("python", "train.py"), cwd=str(repo), env={})
     at_start = code_version(spec)
-    assert at_start["dirty"] is True
+    assert at_start is not None
+    assert at_start.dirty is True
     assert drift(at_start, spec) == []
     subprocess.run([*git, "commit", "-qam", "the same bytes"], check=True)
     assert drift(at_start, spec) == []
@@ -60,9 +62,10 @@ def test_drift_compares_content_not_commits(tmp_path: Path) -> None:
     (repo / "train.py").write_text("v3\n")
     subprocess.run([*git, "commit", "-qam", "v3"], check=True)
     changes = drift(at_start, spec)
-    assert any(c.startswith(f"git HEAD {at_start['git_head'][:8]} -> ") for c in changes)
+    assert any(c.startswith(f"git HEAD {str(at_start.git_head)[:8]} -> ") for c in changes)
     assert "train.py edited" in changes
-    gone = {**at_start, "git_head": "0" * 40}  # a start commit the repository lost
+    gone = dataclasses.replace(at_start, git_head="0" * 40)  # a start commit the repository lost
     assert any(c.startswith("git HEAD 00000000 -> ") for c in drift(gone, spec))
-    odd = {**at_start, "git_head": "--output=/tmp/x"}  # never handed to git as an option
+    # never handed to git as an option
+    odd = dataclasses.replace(at_start, git_head="--output=/tmp/x")
     assert any(c.startswith("git HEAD --output -> ") for c in drift(odd, spec))

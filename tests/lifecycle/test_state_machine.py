@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from trainctl.supervisor import lifecycle as lc
+from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, Watch
 from trainctl.supervisor.state import Phase
 
@@ -18,7 +19,7 @@ SPEC = Spec(
     stop=StopPolicy(grace_s=5.0),
     restart=RestartPolicy(mode="on-failure", max_restarts=2, backoff_s=1.0),
 )
-CLEAN = {"ok": True, "killed": 0}
+CLEAN = StopReport(ok=True, killed=0)
 
 
 def run(events: list[lc.Event], spec: Spec = SPEC, life: lc.Life | None = None):  # type: ignore[no-untyped-def]
@@ -60,7 +61,7 @@ def test_user_stop_ends_stopped_and_answers_every_waiter() -> None:
     (reply,) = replies(actions)
     assert reply.tokens == (1, 2)
     assert reply.report is not None
-    assert reply.report["reason"] == "stop"
+    assert reply.report.reason == "stop"
 
 
 def test_main_failure_cleans_up_then_backs_off_then_relaunches() -> None:
@@ -131,7 +132,7 @@ def test_no_relaunch_when_the_policy_says_no(code: int, restarts: int, final: Ph
 
 
 def test_leftovers_that_survived_block_the_relaunch() -> None:
-    life, actions = run([lc.MainExited(3), lc.StopFinished({"ok": False})])
+    life, actions = run([lc.MainExited(3), lc.StopFinished(StopReport(ok=False))])
     assert life.stage is lc.Stage.ENDED
     assert persisted(actions)[-1] is Phase.FAILED
 
@@ -153,9 +154,10 @@ def test_a_stop_after_the_end_gets_the_final_report_at_once() -> None:
     assert kinds(actions) == ["Reply"]
     report = replies(actions)[0].report
     assert report is not None
-    assert {k: v for k, v in report.items() if k != "cause"} == {**CLEAN, "reason": "stop"}
-    assert report["cause"]["kind"] == "stopped"
-    assert report["cause"]["by"] == "stop"
+    assert dataclasses.replace(report, cause=None) == dataclasses.replace(CLEAN, reason="stop")
+    assert report.cause is not None
+    assert report.cause.kind == "stopped"
+    assert report.cause.by == "stop"
 
 
 def test_events_out_of_their_stage_change_nothing() -> None:
@@ -190,7 +192,7 @@ def test_every_stage_is_stored_as_its_phase_and_every_move_is_legal() -> None:
         lc.StopRequested(1, 2.0),
         lc.StopRequested(2, None),
         lc.StopFinished(CLEAN),
-        lc.StopFinished({"ok": False, "killed": 1}),
+        lc.StopFinished(StopReport(ok=False, killed=1)),
         lc.BackoffElapsed(),
         lc.Relaunched(),
         lc.Relaunched(error="exec failed"),

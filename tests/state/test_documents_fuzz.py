@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.state.test_state import sample
 from trainctl.launcher.config import _apply
 from trainctl.supervisor.errors import ConfigError, StateError
+from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, spec_from_doc, spec_to_doc
 from trainctl.supervisor.state import JobState, state_from_doc, state_to_doc
 
@@ -28,7 +29,7 @@ JSON = st.recursive(
     max_leaves=10,
 )
 
-STATE = state_to_doc(dataclasses.replace(sample(), last_stop={"ok": True}))
+STATE = state_to_doc(dataclasses.replace(sample(), last_stop=StopReport(ok=True)))
 SPEC = spec_to_doc(
     Spec(
         name="job",

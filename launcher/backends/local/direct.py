@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.backends import StopRequest
-from trainctl.launcher.results import StopResult, last_stop_of
+from trainctl.launcher.results import StopResult
 from trainctl.supervisor import memory, state
 from trainctl.supervisor.causes import stopped
 from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
@@ -29,7 +29,7 @@ from trainctl.supervisor.stop import run_stop
 def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the run recorded in state.json; the caller holds the job lock."""
     st = state.read_state(jdir)  # re-read under the lock: a concurrent stop may have finished
-    last = last_stop_of(st)
+    last = st.last_stop
     held = [g for g in getattr(last, "gpus", []) if not g.ok]
     if not alive(scan(target_of(st))):
         if held and st.phase in state.TERMINAL:
@@ -66,11 +66,11 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         cause = stopped(req.verb, st.exit_code)
         cause = dataclasses.replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
         report.cause = cause
-        changes["cause"] = cause.to_doc()
+        changes["cause"] = cause
     st = st.moved(
         st.phase,
         ended_at=st.ended_at or time.time(),
-        last_stop=report.to_doc(),
+        last_stop=report,
         members=(),
         restart_at=None,  # a backoff the dead supervisor was waiting out: no restart comes
         **changes,
@@ -99,8 +99,8 @@ def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> St
     """Re-run the GPU release check of an ended run whose last stop found GPUs held."""
     gpus = verify_release(st.gpus, st.marker, {}, gpu_policy_of(spec, req.gpu_timeout_s))
     ok = all(g.ok for g in gpus)
-    docs = [dataclasses.asdict(g) for g in gpus]
-    last = {**(st.last_stop or {}), "gpus": docs, "ok": ok, "survivors": []}
+    was = st.last_stop if isinstance(st.last_stop, StopReport) else StopReport()
+    last = dataclasses.replace(was, gpus=list(gpus), ok=ok, survivors=[])
     state.write_state(jdir, st.moved(st.phase, last_stop=last))
     msg = f"job {st.name} has no process left; its GPUs are " + (
         "released now" if ok else "still not released"
@@ -142,12 +142,13 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
             summary=f"lost: its supervisor and every process of the run {found}were gone when seen",
         )
         st = st.moved(Phase.STOPPING).moved(
-            Phase.STOPPED, ended_at=time.time(), members=(), cause=lost.to_doc(), restart_at=None
+            Phase.STOPPED, ended_at=time.time(), members=(), cause=lost, restart_at=None
         )
         write_best_effort(jdir, st)
-    elif st.last_stop is not None and st.last_stop.get("ok") is not True:
+    elif st.last_stop is not None and not st.last_stop.ok:
         # The survivors an earlier stop reported are gone now: say so from here on.
-        st = st.moved(st.phase, last_stop={**st.last_stop, "ok": True, "survivors": []})
+        last = dataclasses.replace(st.last_stop, ok=True, survivors=[])
+        st = st.moved(st.phase, last_stop=last)
         write_best_effort(jdir, st)
     if unproven:
         msg = f"job {st.name}: nothing of its run was found (phase lost); {unproven}"

@@ -16,7 +16,6 @@ from trainctl.launcher.results import StopResult
 from trainctl.supervisor import control, procfs, state
 from trainctl.supervisor.errors import JobConflictError, TrainctlError
 from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.spec import Spec
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
@@ -70,8 +69,7 @@ def _stop_via_supervisor(jdir: Path, req: StopRequest) -> StopResult | None:
         return None
     _wait_supervisor_exit(jdir, 5.0)
     st = state.read_state(jdir)
-    where = f"job {jdir.name}: the supervisor's stop report"
-    report = StopReport.from_doc(reply.report, where)
+    report = reply.report
     res = StopResult(jdir.name, st.run, "supervisor", report, reply.exit_code)
     if reply.joined:
         res.warnings.append("note: a stop of this job was already running; this one joined it")

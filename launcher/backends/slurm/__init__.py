@@ -35,6 +35,7 @@ from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import Target, alive, scan
 from trainctl.supervisor.reports import StopReport
+from trainctl.supervisor.sections import SlurmRecord
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.stop import run_stop
@@ -60,7 +61,7 @@ def _stop_slurm(
     """Ask the node agents to stop, else scancel; wait, escalate, verify (queue + node)."""
     t0 = time.monotonic()
     scancel_bin = tool("scancel")
-    job_id = str((st.slurm or {})["job_id"])
+    job_id = st.slurm.job_id if st.slurm is not None else ""
     info = query(st)
     ended = info.phase in state.TERMINAL or info.phase == Phase.LOST
     if ended and not _silent_nodes(jdir, st.run) and not alive(scan(local_target(st))):
@@ -224,8 +225,8 @@ class Slurm:
         and a forgotten job must stay `exited` or `failed`, not turn `lost`.
         """
         if st.phase in state.TERMINAL:
-            final = (st.slurm or {}).get("state", "ENDED")
-            info = SlurmVerdict(state=str(final), phase=st.phase, exit_code=st.exit_code)
+            final = (st.slurm.state if st.slurm is not None else None) or "ENDED"
+            info = SlurmVerdict(state=final, phase=st.phase, exit_code=st.exit_code)
         else:
             info = query(st)
         nodes = nf.read_records(jdir, st.run)
@@ -236,7 +237,7 @@ class Slurm:
         live = [n for n in nodes if n.stop is None and n.age_s < nf.STALE_S]
         running = info.phase not in state.TERMINAL and info.phase != Phase.LOST
         view = SlurmView(
-            job_id=(st.slurm or {}).get("job_id"),
+            job_id=st.slurm.job_id if st.slurm is not None else None,
             state=info.state,
             reason=info.reason,
             nodes=info.nodes,
@@ -291,7 +292,7 @@ class Slurm:
             mode="slurm",
             log=str(state.log_path(req.jdir, st.run)),
             elapsed_s=time.monotonic() - req.t0,
-            slurm_job_id=(st.slurm or {}).get("job_id"),
+            slurm_job_id=st.slurm.job_id if st.slurm is not None else None,
         )
 
     def stop(self, jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> StopResult:
@@ -307,8 +308,8 @@ class Slurm:
             phase=Phase.STOPPED,
             exit_code=final.exit_code,
             ended_at=time.time(),
-            last_stop=report.to_doc(),
-            slurm={**(st.slurm or {}), "state": final.state},
+            last_stop=report,
+            slurm=_with_state(st.slurm, final.state),
         )
         state.write_state(jdir, new)
         return StopResult(st.name, st.run, "slurm", report, final.exit_code)
@@ -345,8 +346,12 @@ def _row(node: str, p: nf.NodeProcess) -> PsRow:
 
 def _num_nodes(st: JobState) -> int:
     """The nodes the run was submitted for (recorded at submit; 1 for older records)."""
-    raw = (st.slurm or {}).get("num_nodes")
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 1
+    return max(st.slurm.num_nodes, 1) if st.slurm is not None else 1
+
+
+def _with_state(job: SlurmRecord | None, final: str) -> SlurmRecord | None:
+    """The Slurm record with Slurm's final word on the job."""
+    return None if job is None else dataclasses.replace(job, state=final)
 
 
 def _agents_verdict(nodes: list[nf.NodeRecord], want: int) -> SlurmVerdict | None:
@@ -381,6 +386,6 @@ def _record_final(jdir: Path, info: SlurmVerdict) -> None:
                 phase=info.phase,
                 exit_code=info.exit_code,
                 ended_at=time.time(),
-                slurm={**(now.slurm or {}), "state": info.state},
+                slurm=_with_state(now.slurm, info.state),
             )
             state.write_state(jdir, ended)

@@ -19,6 +19,7 @@ from trainctl.launcher.config import load_config
 from trainctl.launcher.results import SlurmVerdict
 from trainctl.supervisor import ids, state
 from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
+from trainctl.supervisor.sections import SlurmRecord
 from trainctl.supervisor.spec import Spec, spec_to_doc
 from trainctl.supervisor.state import JobState, Phase
 
@@ -162,12 +163,12 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
         marker=marker,
         started_at=time.time(),
         backend="slurm",
-        slurm={
-            "job_id": job_id,
-            "script": str(script),
-            "submitted_at": time.time(),
-            "num_nodes": int((spec.slurm or {}).get("nodes", 1)),
-        },
+        slurm=SlurmRecord(
+            job_id=job_id,
+            script=str(script),
+            submitted_at=time.time(),
+            num_nodes=int((spec.slurm or {}).get("nodes", 1)),
+        ),
     )
     state.write_state(jdir, new)
     state.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)
@@ -176,7 +177,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
 
 def query(st: JobState) -> SlurmVerdict:
     """Return Slurm's state, reason, nodes, exit code and our phase for the job's id."""
-    job_id = (st.slurm or {}).get("job_id")
+    job_id = st.slurm.job_id if st.slurm is not None else None
     if not job_id:
         raise ConfigError(f"job {st.name} has no Slurm job id")
     try:

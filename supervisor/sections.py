@@ -1,0 +1,58 @@
+"""The records a run's state carries beside its scalars: its code, its adoption, its Slurm job.
+
+Each is a section of state.json, written with the state and read back field by field
+(:func:`.schema.build_document`), so no reader has to guess at a dict's keys.
+"""
+
+from __future__ import annotations
+
+from .records import record
+
+
+@record(frozen=True)
+class CodeRecord:
+    """The code a run started with (drift detection compares the tree against it)."""
+
+    git_head: str | None = None  # the commit of the job's cwd, when it is a git work tree
+    dirty: bool | None = None  # `git diff HEAD` was not empty
+    diff_sha: str | None = None  # the hash of that diff (empty diff included)
+    entry: str | None = None  # the entry script argv names, when it names a file
+    entry_sha: str | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """Tell whether anything was recorded (neither a git tree nor an entry script:
+        nothing to compare against)."""
+        return self.git_head is not None or self.entry_sha is not None
+
+
+@record(frozen=True)
+class Adoption:
+    """How a run trainctl did not start was taken over (`trainctl adopt`)."""
+
+    how: str = ""  # "--pid 123", "--tmux train:0"
+    contained: bool = False  # moved into a job cgroup of its own
+    contained_by: str | None = None  # "kernel" (a direct move) or "systemd" (the user's manager)
+    why_not: str | None = None  # why it is not contained, in words (None: it is)
+    log_source: str | None = None  # the file behind main's stdout, copied into the run's log
+    at: float | None = None
+    members: int = 0
+
+    def containment(self) -> str:
+        """The containment, in words (status, doctor and adopt say it alike)."""
+        if self.contained:
+            by = " (moved by systemd)" if self.contained_by == "systemd" else ""
+            return f"contained in its own cgroup{by}"
+        why = f": {self.why_not}" if self.why_not else ""
+        return f"adopted, not contained{why}"
+
+
+@record(frozen=True)
+class SlurmRecord:
+    """The Slurm job a run was submitted as (the Slurm backend)."""
+
+    job_id: str
+    script: str = ""
+    submitted_at: float | None = None
+    num_nodes: int = 1
+    state: str | None = None  # Slurm's last word on it, once it has ended
