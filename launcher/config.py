@@ -12,7 +12,7 @@ import trainctl.conf
 from trainctl.supervisor import state
 from trainctl.supervisor.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import parse_order
+from trainctl.supervisor.spec import HOOK_EVENTS, parse_order
 
 from .inputs import check_duration, closest, parse_duration
 
@@ -103,17 +103,7 @@ def _load(text: str, where: str) -> dict[str, Any]:
 
 
 # [hooks] keys, as the spec file spells them (their values are checked like spec keys)
-HOOK_KEYS = (
-    "on_start",
-    "on_exit",
-    "on_failure",
-    "on_stall",
-    "on_restart",
-    "on_checkpoint_stale",
-    "checkpoint_stale",
-    "notify",
-    "hook_timeout",
-)
+HOOK_KEYS = (*(f"on_{e}" for e in HOOK_EVENTS), "checkpoint_stale", "notify", "hook_timeout")
 
 
 def _apply_hooks(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from trainctl.launcher.results import Progress
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, log_path, progress_path
-from trainctl.supervisor.steps import number, numbers, progress_of, steps_path, tail_lines
+from trainctl.supervisor.steps import number, numbers, progress_of, steps_path
+from trainctl.supervisor.tail import tail_lines
 
 TAIL_BYTES = 256 * 1024
 RATE_WINDOW = 20  # supervisor samples (about 15 s apart) in the ETA's window: ~5 min

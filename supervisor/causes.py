@@ -25,7 +25,6 @@ tail. Both are classified by a pattern table (:data:`CLASSES`), which config ext
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 from collections.abc import Iterable
@@ -34,6 +33,7 @@ from typing import Any
 
 from .records import record
 from .reports import Cause, signal_name
+from .tail import tail_text
 
 # Built-in pattern classes, tried in order after the config's own.
 CLASSES: tuple[tuple[str, str], ...] = (
@@ -90,18 +90,6 @@ def classify(text: str, classes: list[tuple[str, re.Pattern[str]]]) -> str | Non
         if rx.search(text):
             return name
     return None
-
-
-def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of a log, as text ('' if it is gone)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
@@ -215,7 +203,7 @@ def job_reason(
 ) -> Reason:
     """The job's own reason for a failed end: error file, else log tail; classified."""
     classes = compile_classes(extra)
-    tail = read_tail(log)
+    tail = tail_text(log, TAIL_BYTES)
     ef = read_error_file(error_file, started_at) if error_file is not None else None
     root = _ROOT_RANK.search(tail)
     root_rank = ef.rank if ef is not None and ef.rank is not None else None

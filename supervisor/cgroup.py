@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import time
 from pathlib import Path
+
+from .poll import poll_until
 
 SUBDIR = "trainctl"
 
@@ -123,12 +124,8 @@ def freeze(path: Path, timeout_s: float) -> bool:
         (path / "cgroup.freeze").write_text("1")
     except OSError:
         return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if "frozen 1" in _events(path):
-            return True
-        time.sleep(0.005)
-    return False
+    frozen = poll_until(lambda: True if "frozen 1" in _events(path) else None, timeout_s, 0.005)
+    return frozen is not None
 
 
 def kill(path: Path) -> bool:
@@ -158,12 +155,8 @@ def remove(path: Path) -> bool:
 def remove_when_empty(path: Path, timeout_s: float = 1.0) -> bool:
     """Remove the cgroup once the kernel has let go of its last task (a moment after the
     last exit); True once it is gone."""
-    deadline = time.monotonic() + timeout_s
-    while not remove(path) and path.exists():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    gone = poll_until(lambda: True if remove(path) or not path.exists() else None, timeout_s, 0.01)
+    return gone is not None
 
 
 def _events(path: Path) -> str:

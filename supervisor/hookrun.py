@@ -22,10 +22,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .causes import read_tail
 from .errors import StateError
 from .hooks import HookJob
 from .state import append_event, open_in, write_bytes_atomic
+from .tail import tail_text
 
 OUTPUT_CHARS = 2000  # what of a hook's output goes into its event line
 NOTIFY_TIMEOUT_S = 10.0
@@ -64,7 +64,7 @@ def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> dict[str,
         "ok": code == 0 and not timed_out,
         "exit_code": code,
         "duration_s": round(time.monotonic() - t0, 3),
-        "output": read_tail(out, OUTPUT_CHARS),
+        "output": tail_text(out, OUTPUT_CHARS),
         "output_file": str(out),
     }
     if timed_out:

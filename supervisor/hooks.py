@@ -29,16 +29,16 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
-from .causes import read_tail
 from .records import record
 from .reports import Cause
 from .schema import build_document
-from .spec import Spec
+from .spec import HOOK_EVENTS, Spec
 from .state import HELPER_VAR, TRAINCTL_VARS, JobState, log_path, write_json_atomic
+from .tail import latest_frame, tail_text
 
 LAST_LINES = 50
 LINE_CHARS = 500
-EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale")
+EVENTS = HOOK_EVENTS
 
 
 @record(frozen=True)
@@ -69,8 +69,8 @@ class HookJob:
 
 def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:
     """The last ``n`` lines of the log (each cut to LINE_CHARS), cheaply."""
-    text = read_tail(log, n * LINE_CHARS)
-    return [x.rsplit("\r", 1)[-1][:LINE_CHARS] for x in text.splitlines()][-n:]
+    text = tail_text(log, n * LINE_CHARS)
+    return [latest_frame(x)[:LINE_CHARS] for x in text.splitlines()][-n:]
 
 
 def document(

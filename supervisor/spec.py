@@ -89,6 +89,11 @@ class Watch:
     snapshot_interval_s: float = 3.0
 
 
+# The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and
+# config.toml's [hooks]; TRAINCTL_EVENT in a hook's environment): the one list of them.
+HOOK_EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale")
+
+
 @record(frozen=True)
 class Hooks:
     """Commands the supervisor runs, and the URL it tells, when something happens to a run.
@@ -108,7 +113,7 @@ class Hooks:
     timeout_s: float = 30.0
 
     def command(self, event: str) -> tuple[str, ...] | None:
-        """The command for ``event`` (start, exit, failure, stall, restart, checkpoint_stale)."""
+        """The command for ``event`` (one of HOOK_EVENTS)."""
         cmd: tuple[str, ...] | None = getattr(self, f"on_{event}")
         return cmd
 

@@ -40,6 +40,7 @@ from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError,
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
 from .phases import TRANSITIONS as TRANSITIONS  # noqa: PLC0414
 from .phases import Phase as Phase  # noqa: PLC0414
+from .poll import poll_until
 from .reports import Cause, Failure, RestartEntry, SlurmStopReport, StopReport
 from .schema import build_document, check_document
 from .sections import Adoption, CodeRecord, SlurmRecord
@@ -552,18 +553,20 @@ def flock_file(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
         except OSError:
             raise ConfigError(f"cannot lock {path}: {e.strerror}") from None
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise JobConflictError(f"{busy}; try again") from None
-                time.sleep(0.05)
+        if poll_until(functools.partial(_try_flock, fd), timeout_s, 0.05) is None:
+            raise JobConflictError(f"{busy}; try again")
         yield
     finally:
         os.close(fd)
+
+
+def _try_flock(fd: int) -> bool | None:
+    """Take the exclusive lock now if it is free (True), else None."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    return True
 
 
 def is_locked(jdir: Path, lockname: str) -> bool:

@@ -14,8 +14,8 @@ import os
 import re
 from pathlib import Path
 
-from .errors import StateError
 from .state import open_in
+from .tail import tail_lines
 
 TAIL_BYTES = 64 * 1024  # the newest step is near the end of the log
 
@@ -23,19 +23,6 @@ TAIL_BYTES = 64 * 1024  # the newest step is near the end of the log
 def steps_path(log: Path) -> Path:
     """Where the samples of the run whose log is ``log`` go."""
     return log.with_name(log.name.removesuffix(".log") + ".steps.jsonl")
-
-
-def tail_lines(path: Path, nbytes: int) -> list[str]:
-    """The whole lines within the last ``nbytes`` of ``path`` ([] when it cannot be read)."""
-    try:
-        fd = open_in(path, os.O_RDONLY)
-    except (OSError, StateError):
-        return []
-    with os.fdopen(fd, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - nbytes))
-        lines = f.read().decode(errors="replace").splitlines()
-    return lines[1:] if size > nbytes else lines  # the first one may be cut
 
 
 def number(value: object) -> float | None:

@@ -23,7 +23,7 @@ from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import ids, procfs, state
 from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.launch import AdoptRequest, Handover, launch_supervisor
-from trainctl.supervisor.proctree import alive, scan, target_of
+from trainctl.supervisor.proctree import alive, descendants, scan, target_of
 from trainctl.supervisor.sections import Adoption
 from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, MemberSnap, Phase
 
@@ -195,7 +195,7 @@ def _plan(
         if s.sid in sessions and s.pid not in found and s.state != "Z":
             found[s.pid] = "session"
     for pid in list(found):
-        for d in _descendants(children, pid):
+        for d in descendants(children, pid):
             found.setdefault(d, "descendant")
     members = [_found(stats[p], how_) for p, how_ in found.items() if p in stats]
     members = [m for m in members if stats[m.pid].state != "Z"]
@@ -228,15 +228,6 @@ def _plan(
 def _found(s: procfs.Stat, how: str) -> Found:
     found = Found.of(s, (how,))
     return found if found.cmd else dataclasses.replace(found, cmd=f"[{s.comm}]")
-
-
-def _descendants(children: dict[int, list[int]], root: int) -> list[int]:
-    out, stack = [], list(children.get(root, ()))
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(children.get(pid, ()))
-    return out
 
 
 def _callers_line() -> set[int]:

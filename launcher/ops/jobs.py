@@ -17,6 +17,7 @@ from trainctl.supervisor.errors import (
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import Member, alive, scan, target_of
 from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.tail import read_end
 
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
 
@@ -52,12 +53,7 @@ class StopUnderWay:
 def stop_under_way(jdir: Path) -> StopUnderWay | None:
     """The newest `stopping` (or `grace_shortened`) event, read from the end of the
     events: a few KiB, read only while a stop is on. None when there is none."""
-    try:
-        with open(jdir / "events.jsonl", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 65536))
-            raw = f.read()
-    except OSError:
-        return None
+    raw, _ = read_end(jdir / "events.jsonl", 65536)
     shortened: tuple[float, float] | None = None
     for line in reversed(raw.splitlines()):
         try:

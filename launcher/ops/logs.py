@@ -11,9 +11,10 @@ from pathlib import Path
 
 from trainctl.supervisor import nodefiles as nf
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.errors import ConfigError, StateError
 from trainctl.supervisor.proctree import scan, target_of
 from trainctl.supervisor.state import Phase
+from trainctl.supervisor.tail import last_lines_bytes
 
 from .jobs import current_phase, existing_job
 
@@ -34,10 +35,14 @@ def log_lines(
     path = state.log_path(jdir, run)
     if node is not None:
         path = _node_log(jdir, run, node)
+    if path.is_symlink():  # trainctl writes its logs itself: a link is someone's trap
+        raise StateError(f"{path} is a symlink; refusing to follow it")
     try:
-        data = path.read_bytes() if tail is None else _tail_bytes(path, tail)
+        data = path.read_bytes() if tail is None else last_lines_bytes(path, tail)
     except FileNotFoundError:
         data = b""
+    except OSError as e:
+        raise StateError(f"cannot read {path}: {e.strerror}") from None
     lines = data.decode(errors="replace").splitlines(keepends=True)
     if tail is None:
         return path, lines
@@ -62,26 +67,6 @@ def _node_log(jdir: Path, run: int, node: str) -> Path:
         known = ", ".join(sorted(records)) or "none reported yet"
         raise ConfigError(f"run {run} of job {jdir.name} has no node {node!r} (nodes: {known})")
     return nf.node_log_path(jdir, run, node, first=nf.first_node(records[node]))
-
-
-def _tail_bytes(path: Path, lines: int, block: int = 1 << 16) -> bytes:
-    """The end of ``path`` holding its last ``lines`` lines, read backwards block by block.
-
-    `logs -n 5` on a 500 MiB log reads a few KiB, not the file: its cost does not grow
-    with the log.
-    """
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        pos, chunks, newlines = end, [], 0
-        while pos > 0 and newlines <= lines:
-            step = min(block, pos)
-            pos -= step
-            f.seek(pos)
-            chunk = f.read(step)
-            chunks.append(chunk)
-            # a final line without its newline still counts as a line
-            newlines += chunk.count(b"\n")
-        return b"".join(reversed(chunks))
 
 
 def reader_gone(fd: int = 1) -> bool:

@@ -169,12 +169,7 @@ def _hooks(d: SpecDraft, cfg: Config) -> Hooks:
         return tuple(value) if isinstance(value, list) else None
 
     return Hooks(
-        on_start=cmd("on_start"),
-        on_exit=cmd("on_exit"),
-        on_failure=cmd("on_failure"),
-        on_stall=cmd("on_stall"),
-        on_restart=cmd("on_restart"),
-        on_checkpoint_stale=cmd("on_checkpoint_stale"),
+        **{f"on_{e}": cmd(f"on_{e}") for e in HOOK_EVENTS},
         checkpoint_stale_s=keys.get("checkpoint_stale"),
         notify=keys.get("notify"),
         timeout_s=float(keys.get("hook_timeout", 30.0)),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from dataclasses import field
 from pathlib import Path
@@ -29,6 +28,7 @@ from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
 from trainctl.supervisor.records import record
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import Phase
+from trainctl.supervisor.tail import last_line
 
 from . import queue
 from .jobs import existing_job, stop_under_way
@@ -41,25 +41,6 @@ def status_exit_code(s: Status) -> int:
     if s.state == Phase.LOST:
         return ExitCode.STATE_UNKNOWN
     return ExitCode.OK if s.state in RUNNING_PHASES or s.state == "queued" else ExitCode.NOT_RUNNING
-
-
-def last_line(path: Path) -> str:
-    """Return the last non-empty line of a file, cheaply (reads at most 8 KiB)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return ""
-    for raw in reversed(lines):
-        text = raw.decode(errors="replace").strip()
-        # progress bars rewrite one line with \r: show its latest frame
-        text = text.rsplit("\r", 1)[-1].strip()
-        if text:
-            return text[:200]
-    return ""
 
 
 def job_status(home: Path, name: str, *, brief: bool = False) -> Status:

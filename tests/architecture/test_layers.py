@@ -314,3 +314,50 @@ def test_every_package_is_in_the_distribution() -> None:
             package = ".".join((name, *rel))
             assert package in listed, f"{package} is not in pyproject.toml's packages"
             assert tool["package-dir"][package] == "/".join((top, *rel))
+
+
+def _source_hits(pattern: str) -> list[str]:
+    """Where the product's source (supervisor/ and launcher/) contains ``pattern``."""
+    return [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("supervisor", "launcher")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern in line
+    ]
+
+
+def test_one_reader_of_a_files_end() -> None:
+    """issue 34: the log-tail readers were five; supervisor/tail.py is the one now."""
+    seeks = _source_hits("SEEK_END") + _source_hits("seek(0, 2)")
+    assert all(h.startswith("supervisor/tail.py:") for h in seeks), seeks
+
+
+def test_one_list_of_hook_events() -> None:
+    """Each hook event has its ``on_<event>`` in the spec's Hooks, the spec file's keys
+    and config.toml's [hooks], all made from spec.HOOK_EVENTS."""
+    import dataclasses  # noqa: PLC0415  (only this test)
+
+    from trainctl.launcher.config import HOOK_KEYS  # noqa: PLC0415
+    from trainctl.launcher.specfile import KEYS, SpecDraft  # noqa: PLC0415
+    from trainctl.supervisor import hooks  # noqa: PLC0415
+    from trainctl.supervisor.spec import HOOK_EVENTS, Hooks  # noqa: PLC0415
+
+    assert hooks.EVENTS is HOOK_EVENTS
+    wanted = {f"on_{e}" for e in HOOK_EVENTS}
+    assert wanted <= {f.name for f in dataclasses.fields(Hooks)}
+    assert wanted <= {f.name for f in dataclasses.fields(SpecDraft)}
+    assert wanted <= set(KEYS)
+    assert wanted <= set(HOOK_KEYS)
+    on = {k for k in KEYS if k.startswith("on_")}
+    assert on == wanted, on ^ wanted  # no hook key the events do not name
+
+
+def test_repeated_helpers_are_written_once() -> None:
+    """The descendants of a pid, a cgroup's freeze and removal waits and the flock wait:
+    one definition each (proctree.descendants; poll.poll_until for the waits)."""
+    where = [h.split(":")[0] for h in _source_hits("def descendants(")]
+    assert where == ["supervisor/proctree.py"], where
+    assert _source_hits("def _descendants(") == []
+    for path in ("supervisor/cgroup.py", "supervisor/state.py"):
+        assert "time.sleep(" not in (ROOT / path).read_text(), path

@@ -1,0 +1,81 @@
+"""The end of a file, cheaply: the one reader behind every "last lines of the log".
+
+Logs grow for days; none of these readers costs more than the bytes it returns (a seek to
+the end, then one read, or a few blocks backwards for a number of lines). Each opens the
+file without following a symlink at its last component, so a job cannot point its log
+at someone else's file and have trainctl read it out.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BLOCK = 1 << 16
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def read_end(path: Path, nbytes: int) -> tuple[bytes, bool]:
+    """The last ``nbytes`` of ``path`` and whether the file holds more before them
+    (``b""`` when it cannot be read)."""
+    try:
+        fd = _open(path)
+    except OSError:
+        return b"", False
+    with os.fdopen(fd, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - nbytes))
+        return f.read(), size > nbytes
+
+
+def tail_text(path: Path, nbytes: int) -> str:
+    """The last ``nbytes`` of a file as text ('' if it is gone)."""
+    return read_end(path, nbytes)[0].decode(errors="replace")
+
+
+def tail_lines(path: Path, nbytes: int) -> list[str]:
+    """The whole lines within the last ``nbytes`` of ``path`` ([] when it cannot be read)."""
+    data, cut = read_end(path, nbytes)
+    lines = data.decode(errors="replace").splitlines()
+    return lines[1:] if cut else lines  # the first one may be cut
+
+
+def latest_frame(line: str) -> str:
+    """A progress bar rewrites one line with carriage returns: its latest frame."""
+    return line.rsplit("\r", 1)[-1]
+
+
+def last_line(path: Path, nbytes: int = 8192, width: int = 200) -> str:
+    """The last non-empty line of a file (its latest frame), cut to ``width``.
+
+    The first line read is kept even when cut: a progress bar that never prints a
+    newline makes the whole log one line, and its latest frame is what there is to show.
+    """
+    for raw in reversed(tail_text(path, nbytes).splitlines()):
+        text = latest_frame(raw.strip()).strip()
+        if text:
+            return text[:width]
+    return ""
+
+
+def last_lines_bytes(path: Path, lines: int, block: int = BLOCK) -> bytes:
+    """The end of ``path`` holding its last ``lines`` lines, read backwards block by block.
+
+    `logs -n 5` on a 500 MiB log reads a few KiB, not the file: its cost does not grow
+    with the log. FileNotFoundError (and other OSErrors) reach the caller.
+    """
+    with os.fdopen(_open(path), "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, chunks, newlines = end, [], 0
+        while pos > 0 and newlines <= lines:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            chunks.append(chunk)
+            # a final line without its newline still counts as a line
+            newlines += chunk.count(b"\n")
+        return b"".join(reversed(chunks))
