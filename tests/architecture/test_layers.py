@@ -286,12 +286,15 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
         for path in sorted(sup.rglob("*.py"))
         if (fns := _calls_by_function(path, "write_state")) and path.name != "state.py"
     }
-    assert set(writers) == {"boot.py", "service.py"}, writers
-    assert writers["service.py"] == {"_set"}, writers
-    assert _calls_by_function(sup / "service.py", "_set") == {"_write"}
+    assert set(writers) == {"boot.py", "core.py"}, writers
+    assert writers["core.py"] == {"_set"}, writers
+    parts = ("core.py", "server.py", "watchers.py", "service.py")  # the supervisor's class
+    setters = {p: fns for p in parts if (fns := _calls_by_function(sup / p, "_set"))}
+    assert setters == {"service.py": {"_write"}}, setters  # the lifecycle owner's writes
     assign = [
         fn.name
-        for fn in ast.walk(ast.parse((sup / "service.py").read_text()))
+        for part in parts
+        for fn in ast.walk(ast.parse((sup / part).read_text()))
         if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
         for node in ast.walk(fn)
         if isinstance(node, ast.Assign)

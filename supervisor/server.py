@@ -1,0 +1,102 @@
+"""The supervisor's control server: the job's control socket, its requests, its rebinding.
+
+Each request becomes an event for the lifecycle owner (a stop, a checkpoint ask); the
+answer goes back on the same connection once the owner has one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from . import control
+from . import lifecycle as lc
+from .core import SupervisorCore
+from .errors import StateError
+from .spec import StopOrder
+
+
+class ControlServer(SupervisorCore):
+    """Serves control.sock: one task per connection, each answered by the owner."""
+
+    def _rebind(self, why: str) -> None:
+        """Bind control.sock again if it is gone (a tmp cleaner, a careless rm)."""
+        if self.life.stage not in (lc.Stage.RUNNING, lc.Stage.STOPPING, lc.Stage.BACKOFF):
+            return  # a successor binds it (or the run is over)
+        path = self.jdir / control.SOCK_NAME
+        try:
+            if os.stat(path).st_ino == self._sock_ino:
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        try:
+            sock = control.bind(self.jdir)
+            self._sock_ino = os.stat(path).st_ino
+        except (OSError, StateError) as e:
+            self.log.warning("control_socket_rebind_failed", error=str(e), why=why)
+            return
+        self.log.warning("control_socket_rebound", why=why)
+        if self._tg is not None:
+            self._tg.start_soon(self._serve_socket, sock)
+
+    async def _serve(self) -> None:
+        await self._serve_socket(self.listener)
+
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+        async with listener:
+            await listener.serve(self._handle)
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        self.handlers += 1
+        try:
+            await self._handle_one(stream)
+        finally:
+            self.handlers -= 1
+
+    async def _handle_one(self, stream: anyio.abc.SocketStream) -> None:
+        with contextlib.suppress(
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.DelimiterNotFound,
+            ValueError,
+        ):
+            async with stream:
+                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610
+                if control.peer_uid(raw) != os.geteuid():
+                    await stream.send(control.encode({"ok": False, "error": "permission denied"}))
+                    return
+                line = await BufferedByteReceiveStream(stream).receive_until(
+                    b"\n", control.MAX_LINE
+                )
+                reply = await self._dispatch(control.decode(line))
+                await stream.send(control.encode(reply))
+
+    async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
+        if op == "stop":
+            try:
+                ask = control.StopAsk.from_doc(req)
+            except StateError as e:
+                return control.StopReply(error=str(e)).to_doc()
+            token = next(self.tokens)
+            done = self.replies[token] = anyio.Event()
+            order = ask.order if ask.order in tuple(StopOrder) else None
+            self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s, ask.verb))
+            await done.wait()
+            del self.replies[token]
+            return self.answers.pop(token)
+        return {"ok": False, "error": f"unknown op {op!r}"}

@@ -1,0 +1,353 @@
+"""The supervisor's watchers: what they look at while the run lives, and what they send.
+
+Member snapshots, escapes handed to a foreign tmux, code drift, GPU faults and memory,
+the stall watchdog, OOM kills, the checkpoint's age and the progress samples. Watchers
+only look: what they see goes to the lifecycle owner as an ``Observed`` event (or a
+``Stalled`` one), and the owner records it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+
+from . import handoff, memory, procfs, steps
+from . import lifecycle as lc
+from .drift import drift, fingerprint
+from .errors import GpuError, TrainctlError
+from .gpu.watch import GpuWatch
+from .logs import rotate_if_big
+from .proctree import Member, alive, scan, scan_light
+from .reports import Cause
+from .server import ControlServer
+from .stacks import stacks_writer
+from .state import (
+    MemberSnap,
+    ProcRef,
+    log_path,
+    mtime,
+    progress_path,
+)
+
+# How often the supervisor walks every /proc entry (and environ) for members that left
+# both the cgroup and the tree, e.g. a process moved out of the cgroup by root.
+FULL_SCAN_S = 60.0
+
+
+# How often, at most, the checkpoint's age is looked at (on_checkpoint_stale).
+STALE_CHECK_S = 30.0
+
+
+# How often, at most, the newest step of a log-reported progress is sampled for the ETA.
+STEP_SAMPLE_S = 15.0
+
+
+EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doubling)
+
+
+XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
+
+
+GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
+
+
+def _newest_mtime(cwd: str, pattern: str) -> float | None:
+    """The newest modification time among files matching ``pattern`` under ``cwd``."""
+    best: float | None = None
+    for path in glob.iglob(os.path.join(cwd, pattern), recursive=True):
+        t = mtime(Path(path))
+        if t and (best is None or t > best):
+            best = t
+    return best
+
+
+class Watchers(ControlServer):
+    """The looks taken while the run lives (the snapshot loop drives most of them)."""
+
+    async def _snapshots(self) -> None:
+        """Keep state.json's member snapshot current, at a cost that follows the job's size.
+
+        Each tick reads the job's own processes only (cgroup.procs, or the tree below us:
+        see proctree.scan_light); the full scan of every /proc entry and environ, which
+        costs as much as the host has processes, runs every FULL_SCAN_S as a safety net.
+        """
+        last_full = time.monotonic()
+        # The first ticks come early (0.25, 0.5, 1 s, … up to the interval): a helper
+        # that escapes at start-up (setsid, double fork, scrubbed environment) is on
+        # record within a moment, so a supervisor that dies soon after does not take
+        # the only knowledge of it along.
+        pause = min(EARLY_SNAPSHOT_S, self.spec.watch.snapshot_interval_s)
+        while True:
+            await anyio.sleep(pause)
+            pause = min(pause * 2, self.spec.watch.snapshot_interval_s)
+            self.reap()
+            self._rebind(why="the socket file was gone")
+            if self._check_stall():
+                await self._write_stall_stacks()
+            self._sample_steps()
+            self._bound_log()
+            if self.life.stage is not lc.Stage.RUNNING:
+                continue
+            self._watch_oom()
+            await self._watch_checkpoint_age()
+            await self._check_drift()
+            full = time.monotonic() - last_full >= FULL_SCAN_S
+            if full:
+                last_full = time.monotonic()
+            roster = self.roster()
+            light = (
+                roster.refresh
+                if roster is not None
+                else functools.partial(scan_light, self._target())
+            )
+            if full:
+                if roster is not None:  # kept current for a stop, whichever scan runs
+                    await anyio.to_thread.run_sync(roster.refresh)
+                members = await anyio.to_thread.run_sync(scan, self._target())
+            else:
+                members = await anyio.to_thread.run_sync(light)
+                self._keep_known(members)
+            live = {pid: m for pid, m in members.items() if m.alive}
+            await self._look_for_handoffs(live)
+            # Rewrite (and fsync) only when the member set changed: a quiet job costs
+            # nothing, not even a read of each member's command line.
+            if {m.ref for m in live.values()} != {
+                ProcRef(s.pid, s.start_ticks) for s in self.state.members
+            } and self.life.stage is lc.Stage.RUNNING:
+                snap = tuple(
+                    MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
+                )
+                self._observe(members=snap, snapshot_at=time.time())
+
+    async def _look_for_handoffs(self, live: dict[int, Member]) -> None:
+        """Record a member that is a tmux client of a server outside the job.
+
+        Each member's executable is read once, when it is first seen (one readlink); the
+        sockets are looked at only when a member runs tmux.
+        """
+        refs = {m.ref for m in live.values()}
+        new = refs - self._exe_checked
+        self._exe_checked = refs
+        if not any(handoff.is_tmux(r.pid) for r in new):
+            return
+        found = await anyio.to_thread.run_sync(handoff.find_handoffs, set(live))
+        lines = [h.line() for h in found if h.line() not in self.state.handed_off]
+        if lines:
+            for line in lines:
+                self.log.warning("handed_off", what=line)
+            self._observe(add=(("handed_off", tuple(lines), 10),))
+
+    async def _check_drift(self) -> None:
+        """Recompute the code drift when git or the entry script changed, else once a minute.
+
+        `status` then reads the result from state.json instead of running `git diff` on
+        every call, so its cost does not grow with the repository.
+        """
+        if not self.state.code:
+            return
+        now = time.monotonic()
+        mark = await anyio.to_thread.run_sync(fingerprint, self.spec)
+        if mark == self.drift_mark and now - self.drift_at < FULL_SCAN_S:
+            return
+        self.drift_mark, self.drift_at = mark, now
+        changes = tuple(await anyio.to_thread.run_sync(drift, self.state.code, self.spec))
+        if changes != self.state.code_drift or self.state.drift_checked_at is None:
+            self._observe(code_drift=changes, drift_checked_at=time.time())
+
+    def _keep_known(self, members: dict[int, Member]) -> None:
+        """Between full scans, keep the snapshot's members that still live (same start time).
+
+        The light scan cannot see a member that left both the cgroup and our tree (only
+        the marker finds it); it must not drop out of the snapshot until the next full scan.
+        """
+        for snap in self.state.members:
+            if snap.pid in members:
+                continue
+            st = procfs.read_stat(snap.pid)
+            if st is not None and st.start_ticks == snap.start_ticks and st.state != "Z":
+                members[snap.pid] = Member(st, set(snap.nets))
+
+    async def _watch_gpus(self) -> None:
+        """Look at the run's GPUs for its whole life: memory, Xid events, ECC errors.
+
+        NVML is opened once, in a thread, after the run started: never on the stop path.
+        The Xid wait blocks in the driver, in a daemon thread of its own (an anyio worker
+        would hold up the supervisor's exit until its wait returns); memory and ECC are
+        read every ``GPU_SAMPLE_S``. At rest that is one wake-up a minute.
+        """
+        if not self.state.gpus:
+            return
+        try:
+            self._gpu = await anyio.to_thread.run_sync(GpuWatch.open, self.state.gpus)
+        except GpuError as e:
+            self.log.warning("gpu_watch_unavailable", error=str(e))
+            return
+        watch = self._gpu
+        info = watch.backend.driver()
+        self.log.info(
+            "gpu_watch",
+            gpus=[g.label for g in self.state.gpus],
+            xid_events=watch.xids is not None,
+            driver=info.driver_version,
+        )
+        if watch.xids is not None:
+            token = anyio.lowlevel.current_token()
+            threading.Thread(
+                target=self._wait_xids, args=(watch, token), name="xid-watch", daemon=True
+            ).start()
+        while True:
+            await anyio.sleep(GPU_SAMPLE_S)
+            try:
+                faults = await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
+            except GpuError as e:
+                self.log.warning("gpu_watch_failed", error=str(e))
+                continue
+            for fault in faults:
+                self._gpu_fault(fault)
+
+    def _wait_xids(self, watch: GpuWatch, token: anyio.lowlevel.EventLoopToken) -> None:
+        """The Xid wait (a daemon thread): each fault is handed to the event loop."""
+        while True:
+            try:
+                faults = watch.wait_xid(XID_WAIT_S)
+            except GpuError as e:
+                faults = [f"the Xid watch stopped: {e}"]
+                watch.xids = None
+            for fault in faults:
+                try:
+                    anyio.from_thread.run_sync(self._gpu_fault, fault, token=token)
+                except RuntimeError:  # the loop has ended: the supervisor is exiting
+                    return
+            if watch.xids is None:
+                return
+
+    def _gpu_fault(self, fault: str) -> None:
+        """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
+        self.log.warning("gpu_fault", fault=fault)
+        self._observe(add=(("gpu_faults", (fault,), 20),))
+
+    def _bound_log(self) -> None:
+        log = log_path(self.jdir, self.state.run)
+        try:
+            size = rotate_if_big(log, self.spec.logs.max_bytes, self.spec.logs.keep)
+        except OSError as e:
+            self.log.warning("log_rotation_failed", error=e.strerror)
+            return
+        if size:
+            self.log.info("log_rotated", bytes=size, keep=self.spec.logs.keep)
+
+    def _check_stall(self) -> bool:
+        """Mark or clear STALLED; True the moment a stall is first seen."""
+        timeout = self.spec.watch.stall_timeout_s
+        if not timeout or self.life.stage is not lc.Stage.RUNNING:
+            return False
+        st = self.state
+        progress = progress_path(self.jdir, st.run)
+        last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
+        idle = time.time() - last
+        if idle < timeout:
+            if st.stalled_since is not None:
+                self._observe(stalled_since=None)
+                self.log.info("unstalled")
+            return False
+        first = st.stalled_since is None
+        if first:
+            self._observe(stalled_since=last)
+            self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
+            idle_line = f"no progress and no output for {idle:.0f} s"
+            self._fire("stall", Cause(kind="stalled", summary=idle_line))
+        if self.spec.watch.on_stall == "restart":
+            self.send(lc.Stalled())
+        return first
+
+    async def _write_stall_stacks(self) -> None:
+        """Where every process of the stalled run stands, read once, off the event loop."""
+        refs = [m.ref for m in alive(scan_light(self._target())).values()]
+        write = stacks_writer(self.jdir, self.state.run, "stall", self.state.marker)
+        path = await anyio.to_thread.run_sync(write, refs)
+        if path:
+            self.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
+
+    def _watch_oom(self) -> None:
+        """Name each OOM kill in the job's memory group as it happens (one small read)."""
+        group = self._memory_group()
+        if group is None:
+            return
+        kills = memory.oom_kills(group)
+        if kills <= self.state.oom_kills:
+            return
+        cmds = {m.pid: m.cmd for m in self.state.members}
+        self.log.warning(
+            "oom_kill",
+            oom_kills=kills,
+            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self._oom_victims()],
+            cap_bytes=self.spec.memory.max_bytes,
+        )
+        self._observe(oom_kills=kills)
+
+    def _oom_victims(self) -> list[memory.Victim]:
+        """The kernel log's OOM kills of this run: its members' pids, or its group's name."""
+        st = self.state
+        pids = {m.pid for m in st.members} | ({st.main.pid} if st.main else set())
+        return memory.oom_victims(pids, Path(st.cgroup).name if st.cgroup else None)
+
+    async def _watch_checkpoint_age(self) -> None:
+        """Fire on_checkpoint_stale once the newest checkpoint is older than allowed.
+
+        Looked at every STALE_CHECK_S at most (a glob may walk a big folder; more often
+        for a short limit), off the loop;
+        fired once, and armed again when a newer checkpoint appears.
+        """
+        limit = self.spec.hooks.checkpoint_stale_s
+        pattern = self.spec.watch.checkpoint
+        now = time.time()
+        if (
+            limit is None
+            or not pattern
+            or now - self._stale_checked < min(STALE_CHECK_S, limit / 4)
+        ):
+            return
+        self._stale_checked = now
+        newest = await anyio.to_thread.run_sync(_newest_mtime, self.spec.cwd, pattern)
+        age = now - max(newest or 0.0, self.state.started_at)
+        if age < limit:
+            self._stale_fired = False
+            return
+        if self._stale_fired:
+            return
+        self._stale_fired = True
+        what = "no checkpoint yet" if newest is None else "the newest checkpoint"
+        summary = f"{what}: {age:.0f} s since {'start' if newest is None else 'it was written'}"
+        self.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
+        self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
+
+    def _sample_steps(self) -> None:
+        """Record (time, newest step) now and then, for an ETA over a recent window."""
+        regex = self.spec.watch.progress_regex
+        if not regex or self.life.stage is not lc.Stage.RUNNING:
+            return
+        now = time.time()
+        every = self.spec.watch.snapshot_interval_s
+        if now - self._sampled_at < max(min(STEP_SAMPLE_S, 5 * every), every):
+            return
+        log = log_path(self.jdir, self.state.run)
+        written = mtime(log)
+        if written <= self._sampled_at:
+            return  # nothing new since the last sample
+        self._sampled_at = now
+        step = steps.newest_step(log, re.compile(regex))
+        if step is not None and (self.state.run, step) != self._sampled_step:
+            self._sampled_step = (self.state.run, step)
+            with contextlib.suppress(OSError, TrainctlError):  # a full disk costs the ETA only
+                steps.append_sample(log, written, step)
