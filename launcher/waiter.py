@@ -1,7 +1,7 @@
 """A queued job's waiter: ``python -m trainctl.launcher.waiter HOME NAME TOKEN``.
 
-Started, detached, by `trainctl start` when it queues a job (launcher/ops/queue.py says
-how the queue works). Until it becomes the home's dispatcher it imports nothing of
+Started, detached, by `trainctl start` when it queues a job (launcher/ops/queue/entries.py
+says how the queue works). Until it becomes the home's dispatcher it imports nothing of
 trainctl and does nothing but sleep: one thread blocks in ``flock`` on the home's
 ``dispatch.lock``; the main thread looks once a second whether its entry is still queued
 (a `stop` dequeues it; the dispatcher may have started it) and exits when it is not.
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     while not got.wait(LOOK_S):
         if not _same(entry, inode):
             return 0
-    from trainctl.launcher.ops.dispatch import dispatch_loop  # noqa: PLC0415  (light until it dispatches)
+    from trainctl.launcher.ops.queue.dispatch import dispatch_loop  # noqa: PLC0415  (light until it dispatches)
 
     return dispatch_loop(home, name, token)
 

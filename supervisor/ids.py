@@ -18,3 +18,8 @@ def new_marker() -> str:
 def short_id() -> str:
     """8 hex digits: a temporary name's suffix (a probe cgroup), not an identity."""
     return os.urandom(4).hex()
+
+
+def temp_name(name: str) -> str:
+    """The hidden, unpredictable name a file is written under before its rename."""
+    return f".{name}.{os.getpid()}.{short_id()}.tmp"

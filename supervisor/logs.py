@@ -14,6 +14,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from . import ids
 from .errors import StateError
 from .state import open_in
 
@@ -46,7 +47,7 @@ def rotate_if_big(path: Path, max_bytes: int, keep: int) -> int:
 
 
 def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+    return path.with_name(ids.temp_name(path.name))
 
 
 def _copy_aside(path: Path) -> Path:

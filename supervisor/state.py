@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import procfs
+from . import ids, procfs
 from .errors import ConfigError, JobConflictError, JobNotFoundError, StateError, TrainctlError
 
 # re-exported (mypy's explicit form): every reader has always named them from here
@@ -346,7 +346,7 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     file or symlink is never written through; a failed write (a full disk) leaves no
     temporary file behind and the old file intact.
     """
-    tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp = ids.temp_name(path.name)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with dir_fd(path.parent) as dfd:
         fd = os.open(tmp, flags, 0o600, dir_fd=dfd)

@@ -26,7 +26,9 @@ def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
     jdir = state.check_not_symlink(state.job_dir(home, name))
     if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
-        if (home / "queue" / f"{name}.json").exists():  # ops/queue.py's entry
+        if (
+            home / "queue" / f"{name}.json"
+        ).exists():  # ops/queue/entries.py's entry_path (imported here it would be a cycle)
             raise JobNotFoundError(
                 f"job {name!r} is queued and has not run yet: `trainctl status {name}` says "
                 "what it waits for"

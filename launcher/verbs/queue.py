@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops import dispatch, queue
+from trainctl.launcher.ops import queue
+from trainctl.launcher.ops.queue import dispatch
 from trainctl.launcher.ops.status import queued_status
 
 from . import Invocation

@@ -10,8 +10,7 @@ from pathlib import Path
 from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
-from trainctl.launcher.ops import dispatch
-from trainctl.launcher.ops.queue import QueueAsk
+from trainctl.launcher.ops.queue import QueueAsk, dispatch
 from trainctl.launcher.ops.start import resolve_spec
 from trainctl.launcher.results import GpuRequest, Queued
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets

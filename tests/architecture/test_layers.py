@@ -222,6 +222,7 @@ def test_status_verb_loads_no_heavy_module() -> None:
         "trainctl.launcher.cli",
         "trainctl.launcher.backends.slurm",
         "trainctl.launcher.ops.ps",
+        "trainctl.launcher.ops.queue.dispatch",  # starts jobs and waiters: not for status
     ):
         assert m not in loaded, m
 

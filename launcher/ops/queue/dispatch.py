@@ -1,7 +1,7 @@
 """Queueing a start, and dispatching the queue: the half of the queue that starts things.
 
-launcher/ops/queue.py holds the queue itself (entries, what each waits for, the views
-`status` reads) and imports nothing heavy; this module starts jobs (ops/start.py) and
+entries.py and policy.py hold the queue itself (entries, what each waits for, the views
+`status` reads) and import nothing heavy; this module starts jobs (ops/start.py) and
 waiters (subprocess), so only `start`, `queue` and the dispatcher load it.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from trainctl.launcher import backends
 from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.gpus import check_request
+from trainctl.launcher.ops.start import refuse_if_live, start_job
 from trainctl.launcher.results import GpuRequest, Queued, StartResult
 from trainctl.supervisor import ids, state, systemd
 from trainctl.supervisor.errors import (
@@ -31,15 +32,12 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.spec import Spec, spec_from_doc, spec_to_doc
 
-from .queue import (
+from .entries import (
     GPU_POLL_S,
     TICK_S,
     After,
     Entry,
     HomeView,
-    QueueAsk,
-    blockers,
-    check_ask,
     entries,
     entry_path,
     next_run,
@@ -52,7 +50,7 @@ from .queue import (
     singleton_key,
     waiter_alive,
 )
-from .start import refuse_if_live, start_job
+from .policy import QueueAsk, blockers, check_ask
 
 
 def _targets(
