@@ -7,16 +7,14 @@ refused unless ``--force``, naming those processes. ``--gpus N`` picks only free
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from trainctl.launcher.results import GpuInventory, GpuView
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import (
     MIB,
-    PERSISTENCE_OFF,
-    DriverInfo,
     Gpu,
     GpuBackend,
     NoDriverError,
@@ -246,59 +244,6 @@ def gpu_env(leases: list[GpuLease]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- `trainctl gpus`
-
-
-@dataclass(slots=True)
-class GpuView:
-    """One GPU (or MIG instance) as `trainctl gpus` shows it."""
-
-    index: int
-    name: str
-    uuid: str
-    memory_used_bytes: int
-    memory_total_bytes: int
-    utilization_pct: int | None
-    leased_by: str | None
-    processes: list[GpuHolder] = field(default_factory=list)
-    label: str = ""
-    mig: int | None = None
-    mig_mode: bool | None = None
-    persistence: bool | None = None
-    ecc_uncorrected: int | None = None
-    error: str | None = None  # this GPU could not be read (lost, a failing call)
-
-    def to_doc(self) -> dict[str, Any]:
-        """Return the JSON form (each process without its marker)."""
-        doc = asdict(self)
-        doc["processes"] = [p.to_view() for p in self.processes]
-        return doc
-
-
-@dataclass(slots=True)
-class GpuInventory:
-    """`trainctl gpus`: the driver, then every GPU."""
-
-    driver: DriverInfo
-    views: list[GpuView]
-
-    @property
-    def warnings(self) -> list[str]:
-        """What the user should know: persistence mode off, a driver without calls."""
-        off = [v.label for v in self.views if v.persistence is False]
-        out = []
-        if off:
-            out.append(f"persistence mode is off on GPU(s) {', '.join(off)}: {PERSISTENCE_OFF}")
-        if self.driver.note:
-            out.append(self.driver.note)
-        return out
-
-    def to_doc(self) -> list[dict[str, Any]]:
-        """The JSON form of `gpus --json`: a GPU a row, each with the driver's versions."""
-        versions = {
-            "driver_version": self.driver.driver_version,
-            "nvml_version": self.driver.nvml_version,
-        }
-        return [v.to_doc() | versions for v in self.views]
 
 
 def gpu_inventory(home: Path) -> GpuInventory:

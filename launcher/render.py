@@ -41,8 +41,11 @@ from .results import (
 )
 
 if TYPE_CHECKING:
-    from .gpus import GpuInventory
+    from trainctl.supervisor.reports import GpuHolder
+
     from .remote import HostRow
+    from .results import GpuInventory
+    from .results.ops import Check, Health
 
 
 def line(text: str) -> None:
@@ -634,7 +637,7 @@ def gpu_line(g: GpuRelease) -> str:
     )
 
 
-def _holder_text(h: Any) -> str:
+def _holder_text(h: GpuHolder) -> str:
     if h.cmd is None:  # NVML's pid, not confirmed here: never read, never signalled
         return f"pid {h.pid} ({h.owner or 'not visible here'})"
     return f"pid {h.pid} ({h.owner or 'foreign'}) {h.cmd}"
@@ -692,8 +695,8 @@ def hosts(rows: list[HostRow]) -> None:
         print(line)
 
 
-def health(name: str, run: int, h: Any) -> None:
-    """The health window's verdict on a restarted run (``h``: ops.start.Health)."""
+def health(name: str, run: int, h: Health) -> None:
+    """The health window's verdict on a restarted run."""
     if not h.died:
         print(f"{name} run {run} is up after its {h.window_s:g} s health window")
         return
@@ -833,7 +836,7 @@ def _status_details(s: Status) -> None:
         print(f"  note {clean(s.error)}")
 
 
-def doctor(checks: list[Any], *, as_json: bool) -> None:
+def doctor(checks: list[Check], *, as_json: bool) -> None:
     """Render `trainctl doctor`: one line per check, a hint under what needs action."""
     if as_json:
         emit_json([dataclasses.asdict(ch) for ch in checks])

@@ -14,18 +14,17 @@ import os
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.launcher.config import Config
 from trainctl.launcher.gpus import gpu_views
+from trainctl.launcher.results.ops import AdoptResult, Found, Plan
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor import ids, procfs, state
 from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.launch import AdoptRequest, Handover, launch_supervisor
 from trainctl.supervisor.proctree import alive, descendants, scan, target_of
-from trainctl.supervisor.sections import Adoption
-from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, MemberSnap, Phase
+from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Phase
 
 from .jobs import current_phase, existing_job
 from .start import refuse_if_live, resolve_spec
@@ -33,50 +32,16 @@ from .start import refuse_if_live, resolve_spec
 MARKER_VAR = b"TRAINCTL_JOB="
 
 
-# One process to adopt: its identity (pid + start time), parent, group, session, command,
-# and how it was found ("root", "session", "descendant"; a lost job's: its nets), the
-# same record as a member of the job's snapshot.
-Found = MemberSnap
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What `adopt` would take over, before anything is changed."""
-
-    how: str  # "--pid 123", "--tmux train:0"
-    main: Found  # the oldest root: the run's main process (session leader where taken)
-    members: list[Found]
-    pgid: int | None  # recorded only when the whole process group is adopted
-    sid: int | None  # ... and the whole session
-    log_source: str | None  # a regular file behind main's stdout, read from adoption on
-    panes: list[str] = field(default_factory=list)  # tmux pane ids, for pipe-pane
-    tmux: list[str] = field(default_factory=list)  # the tmux command (socket) for them
-
-    def handover(self) -> AdoptRequest:
-        """What the new supervisor gets (boot.adopt): identities, group, session, log."""
-        return AdoptRequest(
-            how=self.how,
-            main=(self.main.pid, self.main.start_ticks),
-            members=tuple((m.pid, m.start_ticks) for m in self.members),
-            pgid=self.pgid,
-            sid=self.sid,
-            log_source=self.log_source,
-        )
-
-    def to_doc(self) -> dict[str, object]:
-        """The JSON form (`adopt --json`, `--dry-run`)."""
-        return {
-            "how": self.how,
-            "main": self.main.pid,
-            "members": [
-                {"pid": m.pid, "ppid": m.ppid, "cmd": m.cmd, "how": "+".join(m.nets)}
-                for m in self.members
-            ],
-            "process_group": self.pgid,
-            "session": self.sid,
-            "log_source": self.log_source,
-            "panes": self.panes,
-        }
+def _handover(plan: Plan) -> AdoptRequest:
+    """What the new supervisor gets (boot.adopt): identities, group, session, log."""
+    return AdoptRequest(
+        how=plan.how,
+        main=(plan.main.pid, plan.main.start_ticks),
+        members=tuple((m.pid, m.start_ticks) for m in plan.members),
+        pgid=plan.pgid,
+        sid=plan.sid,
+        log_source=plan.log_source,
+    )
 
 
 def plan_pid(pid: int) -> Plan:
@@ -337,7 +302,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
                 ids.new_marker(),
                 gpus=gpu_leases(home, {m.pid for m in plan.members}),
                 restarts=0,
-                adopt=plan.handover(),
+                adopt=_handover(plan),
             )
             reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
             piped = _pipe_panes(plan, log)
@@ -348,33 +313,6 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
     st = state.read_state(jdir)
     source = plan.log_source if plan.log_source else ("tmux pipe-pane" if piped else None)
     return AdoptResult.of(st, plan, reply.mode, source)
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptResult:
-    """What `adopt` did: the run, its main, how many members, whether it is contained."""
-
-    name: str
-    run: int
-    main_pid: int
-    members: int
-    mode: str
-    contained: bool
-    containment: str  # in words: contained (by whom), or not and why
-    log_from: str | None  # where the run's log is copied from (None: nothing to copy)
-
-    @classmethod
-    def of(cls, st: JobState, plan: Plan, mode: str, log_from: str | None) -> AdoptResult:
-        """The result, read back from the state the new supervisor wrote."""
-        a = st.adopted or Adoption()
-        return cls(
-            st.name, st.run, plan.main.pid, len(plan.members), mode,
-            a.contained, a.containment(), log_from,
-        )  # fmt: skip
-
-    def to_doc(self) -> dict[str, object]:
-        """The JSON form."""
-        return dataclasses.asdict(self)
 
 
 def _pipe_panes(plan: Plan, log: Path) -> bool:
@@ -446,7 +384,7 @@ def readopt_job(home: Path, name: str, plan: Plan, st: JobState, cfg: Config) ->
             restarts=st.restarts,
             last_failure=st.last_failure,
             restart_history=st.restart_history,
-            adopt=dataclasses.replace(plan.handover(), cgroup=st.cgroup),
+            adopt=dataclasses.replace(_handover(plan), cgroup=st.cgroup),
         )
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     now = state.read_state(jdir)

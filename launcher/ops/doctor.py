@@ -6,22 +6,12 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from trainctl.launcher.results.ops import Check
 from trainctl.supervisor import cgroup, ids, mounts, stacks, state, systemd
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, NoDriverError, open_backend
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One line of the report: what was looked at, what was found, and whether it is fine."""
-
-    name: str
-    value: str
-    ok: bool
-    hint: str = ""
 
 
 def run_doctor(home: Path) -> list[Check]:

@@ -6,14 +6,14 @@ import dataclasses
 import os
 import shutil
 import time
-from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
 
 from trainctl.launcher import backends
 from trainctl.launcher.config import HOOK_KEYS, Config
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
-from trainctl.launcher.results import Cause, GpuRequest, StartResult, StopResult
+from trainctl.launcher.results import GpuRequest, StartResult, StopResult
+from trainctl.launcher.results.ops import Health
 from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor import hooks, state
 from trainctl.supervisor.causes import check_restart_on
@@ -21,7 +21,6 @@ from trainctl.supervisor.cgroup import find_mount
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.memory import find_home as memory_home
-from trainctl.supervisor.records import record
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import (
     SLURM_KEYS,
@@ -331,25 +330,6 @@ def restart_job(
 
 
 HEALTH_POLL_S = 0.05
-
-
-@record(frozen=True)
-class Health:
-    """What the new run did in its first seconds: ``died`` with its cause, or it lives."""
-
-    window_s: float
-    died: bool = False
-    cause: Cause | None = None
-    last_lines: list[str] = field(default_factory=list)
-    superseded_by: int | None = None  # another restart (or start) replaced it: that run
-
-    @property
-    def ok(self) -> bool:
-        """Alive at the end of the window, ended cleanly within it, or ended by trainctl
-        (another restart replaced it, a user stopped it): none of which is a failure."""
-        if not self.died or self.superseded_by is not None:
-            return True
-        return self.cause is not None and self.cause.kind in ("clean", "stopped")
 
 
 def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:

@@ -6,7 +6,6 @@ from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm
 from trainctl.launcher.ops.adopt import (
-    Plan,
     adopt_job,
     plan_gpu,
     plan_lost,
@@ -14,6 +13,7 @@ from trainctl.launcher.ops.adopt import (
     plan_tmux,
     readopt_job,
 )
+from trainctl.launcher.results.ops import Plan
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.state import JobState

@@ -9,13 +9,15 @@ nothing here prints. A dict appears only where a JSON document is read or writte
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
 from trainctl.supervisor.records import record
 from trainctl.supervisor.reports import (
     Cause,
     Failure,
+    GpuHolder,
     GpuRelease,
     NamedProc,
     NodeStop,
@@ -35,8 +37,10 @@ __all__ = [
     "CheckpointSeen",
     "Failure",
     "Frame",
+    "GpuInventory",
     "GpuRelease",
     "GpuRequest",
+    "GpuView",
     "MemoryView",
     "NamedProc",
     "NodeStop",
@@ -456,3 +460,56 @@ class PsRow:
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form."""
         return asdict(self)
+
+
+@dataclass(slots=True)
+class GpuView:
+    """One GPU (or MIG instance) as `trainctl gpus` shows it."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_pct: int | None
+    leased_by: str | None
+    processes: list[GpuHolder] = field(default_factory=list)
+    label: str = ""
+    mig: int | None = None
+    mig_mode: bool | None = None
+    persistence: bool | None = None
+    ecc_uncorrected: int | None = None
+    error: str | None = None  # this GPU could not be read (lost, a failing call)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form (each process without its marker)."""
+        doc = asdict(self)
+        doc["processes"] = [p.to_view() for p in self.processes]
+        return doc
+
+
+@dataclass(slots=True)
+class GpuInventory:
+    """`trainctl gpus`: the driver, then every GPU."""
+
+    driver: DriverInfo
+    views: list[GpuView]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know: persistence mode off, a driver without calls."""
+        off = [v.label for v in self.views if v.persistence is False]
+        out = []
+        if off:
+            out.append(f"persistence mode is off on GPU(s) {', '.join(off)}: {PERSISTENCE_OFF}")
+        if self.driver.note:
+            out.append(self.driver.note)
+        return out
+
+    def to_doc(self) -> list[dict[str, Any]]:
+        """The JSON form of `gpus --json`: a GPU a row, each with the driver's versions."""
+        versions = {
+            "driver_version": self.driver.driver_version,
+            "nvml_version": self.driver.nvml_version,
+        }
+        return [v.to_doc() | versions for v in self.views]
