@@ -25,7 +25,7 @@ from . import cgroup as cg
 from . import control, memory, procfs, systemd
 from .drift import code_version
 from .errors import SpawnError, TrainctlError
-from .launch import Handover, Ready
+from .launch import AdoptRequest, Handover, Ready
 from .sections import Adoption
 from .spawn import Spawned, job_env, spawn_main
 from .spec import Spec, spec_from_doc, spec_to_doc
@@ -116,38 +116,50 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     finally:
         _close_all(procs_fds)
     _fault("exit-after-spawn")
+    try:
+        state = _record_main(jdir, starting, spawned)
+    except (OSError, SpawnError) as e:
+        _abort_main(spawned, cgroup)
+        _restore(jdir, before, cgroup, mem)  # main is gone again: the start changed nothing
+        if isinstance(e, SpawnError):
+            raise
+        raise SpawnError(
+            f"cannot record the job in {jdir}: {e.strerror}; nothing was left running"
+        ) from None
+    with contextlib.suppress(OSError):  # the run is recorded; an event line is a nicety
+        append_event(jdir, "started", **_started(spec, state, ho))
+    return state, spawned, cgroup
+
+
+def _started(spec: Spec, state: JobState, ho: Handover) -> dict[str, object]:
+    """The `started` event's fields."""
+    main = state.main.pid if state.main else None
+    return {
+        "job": spec.name,
+        "run": state.run,
+        "main_pid": main,
+        "argv": list(spec.argv),
+        "cwd": spec.cwd,
+        "mode": state.mode,
+        "cgroup": state.cgroup,
+        "gpus": [g.index for g in ho.gpus],
+    }
+
+
+def _record_main(jdir: Path, starting: JobState, spawned: Spawned) -> JobState:
+    """The run with its main process, on disk (OSError: it could not be written)."""
     st = procfs.read_stat(spawned.pid)
     if st is None:  # cannot happen: an unreaped child keeps its /proc entry
-        raise SpawnError(f"{spec.argv[0]} vanished right after exec")
+        raise SpawnError(f"pid {spawned.pid} vanished right after exec")
     state = starting.moved(
         Phase.RUNNING,
         main=ProcRef(spawned.pid, st.start_ticks),
         pgid=spawned.pid,
         sid=spawned.pid,
     )
-    try:
-        _fault("enospc-recording-main")
-        write_state(jdir, state)
-    except OSError as e:
-        _abort_main(spawned, cgroup)
-        _restore(jdir, before, cgroup, mem)  # main is gone again: the start changed nothing
-        raise SpawnError(
-            f"cannot record the job in {jdir}: {e.strerror}; nothing was left running"
-        ) from None
-    with contextlib.suppress(OSError):  # the run is recorded; an event line is a nicety
-        append_event(
-            jdir,
-            "started",
-            job=spec.name,
-            run=run,
-            main_pid=spawned.pid,
-            argv=list(spec.argv),
-            cwd=spec.cwd,
-            mode=state.mode,
-            cgroup=state.cgroup,
-            gpus=[g.index for g in ho.gpus],
-        )
-    return state, spawned, cgroup
+    _fault("enospc-recording-main")
+    write_state(jdir, state)
+    return state
 
 
 def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Spawned, Path | None]:
@@ -163,15 +175,7 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     if a is None:
         raise SpawnError("nothing to adopt was handed over")
     main = ProcRef(*a.main)
-    gone = f"pid {main.pid} exited before it could be adopted; nothing changed"
-    try:
-        pidfd = os.pidfd_open(main.pid)
-    except OSError:
-        raise SpawnError(gone) from None
-    st = procfs.read_stat(main.pid)
-    if st is None or st.start_ticks != main.start_ticks or st.state == "Z":
-        os.close(pidfd)
-        raise SpawnError(gone)
+    pidfd = _hold(main)
     refs = [ProcRef(p, t) for p, t in a.members]
     live = [r for r in refs if procfs.is_alive(r.pid, r.start_ticks)]
     kept = Path(a.cgroup) if a.cgroup is not None else None
@@ -182,30 +186,7 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
     cgroup, by, why = _contain(cgroup, main, live, spec.isolation.cgroup)
     try:
         starting = _record_starting(jdir, spec, ho, cgroup, None)
-        snap = tuple(
-            MemberSnap.of(s, ("adopted",))
-            for r in live
-            if (s := procfs.read_stat(r.pid)) is not None and s.start_ticks == r.start_ticks
-        )
-        adopted = Adoption(
-            how=a.how,
-            contained=cgroup is not None,
-            contained_by=by,
-            why_not=why,
-            log_source=a.log_source,
-            at=time.time(),
-            members=len(snap),
-        )
-        state = starting.moved(
-            Phase.RUNNING,
-            started_at=min(time.time(), procfs.ticks_to_epoch(main.start_ticks)),  # its age
-            main=main,
-            pgid=a.pgid,
-            sid=a.sid,
-            members=snap,
-            snapshot_at=time.time(),
-            adopted=adopted,
-        )
+        state = _adopted(starting, a, live, cgroup is not None, by, why)
         write_state(jdir, state)
     except (OSError, SpawnError) as e:
         os.close(pidfd)
@@ -219,9 +200,59 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
             job=spec.name,
             run=ho.run,
             main_pid=main.pid,
-            **dataclasses.asdict(adopted),
+            **dataclasses.asdict(state.adopted or Adoption()),
         )
     return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
+
+
+def _hold(main: ProcRef) -> int:
+    """A pidfd on the main process to adopt, once it is checked to be that very process."""
+    gone = f"pid {main.pid} exited before it could be adopted; nothing changed"
+    try:
+        pidfd = os.pidfd_open(main.pid)
+    except OSError:
+        raise SpawnError(gone) from None
+    st = procfs.read_stat(main.pid)
+    if st is None or st.start_ticks != main.start_ticks or st.state == "Z":
+        os.close(pidfd)
+        raise SpawnError(gone)
+    return pidfd
+
+
+def _adopted(
+    starting: JobState,
+    a: AdoptRequest,
+    live: list[ProcRef],
+    contained: bool,
+    by: str | None,
+    why: str | None,
+) -> JobState:
+    """The adopted run as it is now: its main, its live members and how it is held."""
+    main = ProcRef(*a.main)
+    snap = tuple(
+        MemberSnap.of(s, ("adopted",))
+        for r in live
+        if (s := procfs.read_stat(r.pid)) is not None and s.start_ticks == r.start_ticks
+    )
+    adopted = Adoption(
+        how=a.how,
+        contained=contained,
+        contained_by=by,  # "kernel" (a direct move) or "systemd" (the user's manager)
+        why_not=why,
+        log_source=a.log_source,
+        at=time.time(),
+        members=len(snap),
+    )
+    return starting.moved(
+        Phase.RUNNING,
+        started_at=min(time.time(), procfs.ticks_to_epoch(main.start_ticks)),  # its age
+        main=main,
+        pgid=a.pgid,
+        sid=a.sid,
+        members=snap,
+        snapshot_at=time.time(),
+        adopted=adopted,
+    )
 
 
 def _contain(

@@ -161,15 +161,25 @@ def fire(
         doc=doc,
         last_lines=lines,
     )
+    try:
+        _start_runner(jdir, job, st.marker)
+    except OSError as e:
+        return f"cannot start the {event} hook: {e.strerror}"
+    return None
+
+
+def _start_runner(jdir: Path, job: HookJob, marker: str) -> None:
+    """Write the job to its file and start the runner on it, in a session of its own
+    (reaped by the supervisor's reaper like any child). OSError: nothing is left."""
     folder = jdir / "hooks"
-    path = folder / f"run-{st.run}.{event}.json"
+    path = folder / f"run-{job.run}.{job.event}.json"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         write_json_atomic(path, job.to_doc(), durable=False)
         with open(path, "rb") as stdin:
             env = {k: v for k, v in os.environ.items() if k not in TRAINCTL_VARS}
-            env[HELPER_VAR] = st.marker
-            subprocess.Popen(  # reaped by the supervisor's reaper like any child
+            env[HELPER_VAR] = marker
+            subprocess.Popen(
                 [sys.executable, "-m", "trainctl.supervisor.hookrun"],
                 stdin=stdin,
                 stdout=subprocess.DEVNULL,
@@ -179,8 +189,7 @@ def fire(
                 start_new_session=True,
                 close_fds=True,
             )
-    except OSError as e:
+    except OSError:
         with contextlib.suppress(OSError):
             path.unlink()
-        return f"cannot start the {event} hook: {e.strerror}"
-    return None
+        raise

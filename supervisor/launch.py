@@ -13,7 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import control, systemd
 from .errors import SpawnError
@@ -95,22 +95,9 @@ def launch_supervisor(
     keep = written_dirs(home, jdir, spec)
     if sd is not None and not sd.user:  # recorded: `status` names what is not kept
         handover = dataclasses.replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
-    argv = [
-        *(systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []),
-        sys.executable,
-        "-m",
-        "trainctl.supervisor",
-        "--home",
-        str(home),
-        "--name",
-        spec.name,
-        "--fd",
-        str(theirs.fileno()),
-    ]
-    pass_fds = [theirs.fileno()]
-    if lock_fd is not None:
-        argv += ["--lock-fd", str(lock_fd)]
-        pass_fds.append(lock_fd)
+    scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
+    argv = [*scope, *_supervisor_argv(home, spec, theirs.fileno(), lock_fd)]
+    pass_fds = [theirs.fileno(), *([lock_fd] if lock_fd is not None else [])]
     try:
         proc = subprocess.Popen(
             argv,
@@ -132,21 +119,31 @@ def launch_supervisor(
         ours.close()
         theirs.close()
     if reply is None or not reply.ok or reply.main_pid is None:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
-            proc.wait()
-        if reply is None:
-            raise SpawnError(
-                f"the supervisor of {spec.name} failed to start (see {jdir / 'events.jsonl'})"
-            )
-        raise SpawnError(str(reply.error))
+        _refused(proc, reply, f"the supervisor of {spec.name} failed to start", jdir)
     # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
     proc.returncode = 0
     if sd is not None and sd.warning:
         reply = dataclasses.replace(reply, warning=sd.warning)
     return reply
+
+
+def _supervisor_argv(home: Path, spec: Spec, fd: int, lock_fd: int | None) -> list[str]:
+    """The supervisor's command line (its handshake socket, the lock it is handed)."""
+    argv = [sys.executable, "-m", "trainctl.supervisor", "--home", str(home)]
+    argv += ["--name", spec.name, "--fd", str(fd)]
+    return argv + (["--lock-fd", str(lock_fd)] if lock_fd is not None else [])
+
+
+def _refused(proc: subprocess.Popen[bytes], reply: Ready | None, what: str, jdir: Path) -> NoReturn:
+    """The supervisor did not start main: reap it (our own child) and say why."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
+        proc.wait()
+    if reply is None:
+        raise SpawnError(f"{what} (see {jdir / 'events.jsonl'})")
+    raise SpawnError(str(reply.error))
 
 
 def _stop_budget(spec: Spec) -> float:

@@ -25,6 +25,7 @@ from . import procfs, state
 from .boot import set_subreaper
 from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
+from .reports import StopReport
 from .spawn import exit_code_of, job_env, spawn_main
 from .spec import Spec, StopOrder
 from .state import NODE_VAR, ProcRef, job_dir, mtime, progress_path, read_spec
@@ -66,8 +67,7 @@ def slurm_task_env(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    """Run the job on this node until it ends or is stopped; exit with its exit code."""
+def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trainctl-node")
     p.add_argument("--home", required=True)
     p.add_argument("--name", required=True)
@@ -78,7 +78,12 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="run nothing: stop what carries the marker on this node, report, exit",
     )
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    """Run the job on this node until it ends or is stopped; exit with its exit code."""
+    args = _args(argv)
     jdir = job_dir(Path(args.home), args.name)
     spec = read_spec(jdir)
     if args.sweep:
@@ -87,59 +92,71 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _on_stop)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
     set_subreaper()
-    progress = progress_path(jdir, args.run)
-    env = {**job_env(spec, jdir, args.marker, args.run, progress), **slurm_task_env(os.environ)}
+    target, pid = _start_here(jdir, spec, args.run, args.marker)
+    _record(jdir, args.run, target)
+    status = _supervise(jdir, spec.watch.checkpoint_signal, target, pid, args.run)
+    started = time.monotonic()
+    # main ended (or we were told to stop): nothing of the job may outlive this step
+    # the request is type-checked (a NaN or negative grace is refused): else the job's own
+    asked = nf.read_stop_request(jdir) if _stop["by_request"] else None
+    order = asked.order if asked is not None and asked.order in tuple(StopOrder) else None
+    grace_s = asked.grace_s if asked is not None else spec.stop.grace_s
+    report = run_stop(
+        target,
+        spec,
+        grace_s=grace_s,
+        order=None if order is None else StopOrder(order),
+        reason="stop" if _stop["asked"] else "node done",
+    )
+    _reap_all()
+    if status is None:
+        status = _wait_main(pid)
+    code = exit_code_of(status) if status is not None else 143
+    _report(jdir, args.run, target, report, code)
+    if _stop["asked"]:
+        # srun --kill-on-bad-exit ends the whole step when one agent exits non-zero: an
+        # agent that finished its node's stop first would have Slurm kill the nodes still
+        # in their graceful phase, loaders before ranks. Every node's stop ends first.
+        budget = grace_s + spec.stop.kill_wait_s
+        _wait_other_nodes(jdir, args.run, started + budget + BARRIER_SLACK_S)
+    return code
+
+
+def _start_here(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[Target, int]:
+    """Start this node's share of the job; the target a stop of it works on, and main."""
+    progress = progress_path(jdir, run)
+    env = {**job_env(spec, jdir, marker, run, progress), **slurm_task_env(os.environ)}
     env.pop("TRAINCTL_MASTER_ADDR", None)
     env[NODE_VAR] = node_name()  # the marker net of this agent takes this node's only
-    spawned = spawn_main(spec, env, node_log(jdir, args.run), [])
+    spawned = spawn_main(spec, env, node_log(jdir, run), [])
     me, st = procfs.read_stat(os.getpid()), procfs.read_stat(spawned.pid)
     if me is None or st is None:  # cannot happen: an unreaped child keeps its /proc entry
         raise SystemExit(f"trainctl-node: {spec.argv[0]} vanished right after exec")
     target = Target(
-        marker=args.marker,
+        marker=marker,
         main=ProcRef(spawned.pid, st.start_ticks),
         supervisor=ProcRef(me.pid, me.start_ticks),
         pgid=spawned.pid,
         sid=spawned.pid,
         node=node_name(),
     )
-    _record(jdir, args.run, target)
-    status = _supervise(jdir, spec.watch.checkpoint_signal, target, spawned.pid, args.run)
-    started = time.monotonic()
-    # main ended (or we were told to stop): nothing of the job may outlive this step
-    # the request is type-checked (a NaN or negative grace is refused): else the job's own
-    asked = nf.read_stop_request(jdir) if _stop["by_request"] else None
-    order = asked.order if asked is not None and asked.order in tuple(StopOrder) else None
-    report = run_stop(
-        target,
-        spec,
-        grace_s=asked.grace_s if asked is not None else spec.stop.grace_s,
-        order=None if order is None else StopOrder(order),
-        reason="stop" if _stop["asked"] else "node done",
-    )
-    _reap_all()
-    if status is None:
-        status = _wait_main(spawned.pid)
-    code = exit_code_of(status) if status is not None else 143
-    _record(jdir, args.run, target, stop=report.to_doc(), exit_code=code, stopped=_stop["asked"])
+    return target, spawned.pid
+
+
+def _report(jdir: Path, run: int, target: Target, report: StopReport, code: int) -> None:
+    """This node's end: its record (the stop's report, the exit code) and an event."""
+    _record(jdir, run, target, stop=report.to_doc(), exit_code=code, stopped=_stop["asked"])
     state.append_event(
         jdir,
         "node_done",
         node=node_name(),
-        run=args.run,
+        run=run,
         found=report.found,
         killed=report.killed,
         ok=report.ok,
         exit_code=code,
         survivors=[dataclasses.asdict(sv) for sv in report.survivors],
     )
-    if _stop["asked"]:
-        # srun --kill-on-bad-exit ends the whole step when one agent exits non-zero: an
-        # agent that finished its node's stop first would have Slurm kill the nodes still
-        # in their graceful phase, loaders before ranks. Every node's stop ends first.
-        budget = (asked.grace_s if asked is not None else spec.stop.grace_s) + spec.stop.kill_wait_s
-        _wait_other_nodes(jdir, args.run, started + budget + BARRIER_SLACK_S)
-    return code
 
 
 def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:

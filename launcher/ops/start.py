@@ -94,37 +94,15 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
     full_env = {k: v for k, v in os.environ.items() if k not in inherited}
     full_env.update(d.env or {})
     workdir = d.cwd or os.getcwd()
-    backoff = _or(d.restart_backoff, 5.0)
     given = d.given()
     spec = Spec(
         name=d.name,
         argv=tuple(argv),
         cwd=workdir,
         env=full_env,
-        stop=StopPolicy(
-            signal=d.stop_signal or parse_signal(cfg.stop_signal),
-            grace_s=_or(d.grace, cfg.grace_s),
-            kill_wait_s=_or(d.kill_wait, cfg.kill_wait_s),
-            order=_or(d.stop_order, cfg.stop_order),
-        ),
-        restart=RestartPolicy(
-            mode=_restart_mode(d),
-            max_restarts=_or(d.max_restarts, 3),
-            backoff_s=backoff,
-            backoff_max_s=max(backoff, _or(d.restart_backoff_max, 300.0)),
-            exit_codes=None if d.restart_exit_codes is None else tuple(d.restart_exit_codes),
-            on=tuple(d.restart_on or ("failure",)),
-            window_s=d.restart_window,
-        ),
-        watch=Watch(
-            checkpoint=d.checkpoint,
-            checkpoint_signal=_or(d.checkpoint_signal, "SIGUSR2"),
-            progress_regex=d.progress_regex,
-            total_steps=d.total_steps,
-            stall_timeout_s=d.stall_timeout,
-            on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
-            snapshot_interval_s=cfg.snapshot_interval_s,
-        ),
+        stop=_stop_policy(d, cfg),
+        restart=_restart_policy(d),
+        watch=_watch(d, cfg),
         logs=LogPolicy(
             max_bytes=_or(d.log_max_size, cfg.log_max_mib << 20),
             keep=_or(d.log_keep, cfg.log_keep),
@@ -144,6 +122,40 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
     _check_command(argv, workdir, full_env)
     check_keeper(spec, cfg)
     return spec
+
+
+def _stop_policy(d: SpecDraft, cfg: Config) -> StopPolicy:
+    return StopPolicy(
+        signal=d.stop_signal or parse_signal(cfg.stop_signal),
+        grace_s=_or(d.grace, cfg.grace_s),
+        kill_wait_s=_or(d.kill_wait, cfg.kill_wait_s),
+        order=_or(d.stop_order, cfg.stop_order),
+    )
+
+
+def _restart_policy(d: SpecDraft) -> RestartPolicy:
+    backoff = _or(d.restart_backoff, 5.0)
+    return RestartPolicy(
+        mode=_restart_mode(d),
+        max_restarts=_or(d.max_restarts, 3),
+        backoff_s=backoff,
+        backoff_max_s=max(backoff, _or(d.restart_backoff_max, 300.0)),
+        exit_codes=None if d.restart_exit_codes is None else tuple(d.restart_exit_codes),
+        on=tuple(d.restart_on or ("failure",)),
+        window_s=d.restart_window,
+    )
+
+
+def _watch(d: SpecDraft, cfg: Config) -> Watch:
+    return Watch(
+        checkpoint=d.checkpoint,
+        checkpoint_signal=_or(d.checkpoint_signal, "SIGUSR2"),
+        progress_regex=d.progress_regex,
+        total_steps=d.total_steps,
+        stall_timeout_s=d.stall_timeout,
+        on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
+        snapshot_interval_s=cfg.snapshot_interval_s,
+    )
 
 
 def _restart_mode(d: SpecDraft) -> str:

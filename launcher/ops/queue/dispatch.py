@@ -140,24 +140,7 @@ def enqueue_or_start(
         deps = _targets(home, spec.name, ask.after, queued)
         if not ask.singleton:
             _refuse_live_name(home, spec.name)
-        key = (
-            singleton_key(spec, by_spec=ask.singleton_spec)
-            if ask.singleton or ask.singleton_spec
-            else None
-        )
-        e = Entry(
-            name=spec.name,
-            token=ids.new_marker(),
-            seq=time.time_ns(),
-            queued_at=time.time(),
-            spec=spec_to_doc(spec),
-            gpus=None if gpus is None else str(gpus.spec),
-            share=bool(gpus and gpus.share),
-            force=bool(gpus and gpus.force),
-            after=deps,
-            singleton=key,
-            backfill=ask.backfill,
-        )
+        e = _entry(spec, gpus, ask, deps)
         # Without --queue the GPUs are not waited for: `start` refuses busy ones, as ever.
         h = HomeView(home)
         blocked = blockers(h, e, list(queued.values()), set(queued), gpus_too=ask.queue)
@@ -179,18 +162,45 @@ def enqueue_or_start(
                 blocked.waits.append(str(err))  # busy after all (foreign use): say how
         if not blocked.waits and ahead and not ask.backfill and gpus is not None:
             blocked.waits.append(f"first in, first out: behind {ahead[0]}")
-        path = entry_path(home, spec.name)
-        try:
-            state.write_json_atomic(path, dataclasses.asdict(e))
-            pid = _spawn_waiter(home, e, spec)
-        except OSError as err:  # a full or read-only disk: the old state stays as it was
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise SpawnError(
-                f"cannot queue {spec.name}: {err.strerror or err} ({path}); nothing queued"
-            ) from None
+        pid = _write_entry(home, e, spec)
         position = 1 + sum(1 for q in queued.values() if q.seq < e.seq)
         return Queued(spec.name, position, blocked.waits or ["GPUs"], pid)
+
+
+def _entry(spec: Spec, gpus: GpuRequest | None, ask: QueueAsk, deps: list[After]) -> Entry:
+    """The queue entry of a start: its spec, GPUs, dependencies and singleton key."""
+    key = (
+        singleton_key(spec, by_spec=ask.singleton_spec)
+        if ask.singleton or ask.singleton_spec
+        else None
+    )
+    return Entry(
+        name=spec.name,
+        token=ids.new_marker(),
+        seq=time.time_ns(),
+        queued_at=time.time(),
+        spec=spec_to_doc(spec),
+        gpus=None if gpus is None else str(gpus.spec),
+        share=bool(gpus and gpus.share),
+        force=bool(gpus and gpus.force),
+        after=deps,
+        singleton=key,
+        backfill=ask.backfill,
+    )
+
+
+def _write_entry(home: Path, e: Entry, spec: Spec) -> int | None:
+    """Write the entry and start its waiter (its pid); on a failure, nothing is queued."""
+    path = entry_path(home, spec.name)
+    try:
+        state.write_json_atomic(path, dataclasses.asdict(e))
+        return _spawn_waiter(home, e, spec)
+    except OSError as err:  # a full or read-only disk: the old state stays as it was
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise SpawnError(
+            f"cannot queue {spec.name}: {err.strerror or err} ({path}); nothing queued"
+        ) from None
 
 
 def _refuse_live_name(home: Path, name: str) -> None:
