@@ -395,6 +395,91 @@ def restart(
 
 
 @cli.command()
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option(
+    "--at",
+    type=click.Choice(["checkpoint", "now"]),
+    help="When to stop the old run: after a fresh checkpoint (the default when the job "
+    "names a checkpoint glob) or now.",
+)
+@click.option(
+    "--health",
+    metavar="DURATION",
+    help="The gate's limit: the new run must make progress within it (default 10m).",
+)
+@click.option(
+    "--rollback",
+    type=click.Choice(["auto", "never"]),
+    default="auto",
+    show_default=True,
+    help="On a failed gate, start the previous code again (needs snapshot = git|copy).",
+)
+@click.option("--reload", is_flag=True, help="Take the spec file as it is now, too.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--force", is_flag=True, help="Deploy even when the code has not changed.")
+@click.option(
+    "--checkpoint-timeout",
+    metavar="DURATION",
+    default="5m",
+    show_default=True,
+    help="How long to wait for the checkpoint; none within it: nothing is stopped.",
+)
+@click.option("--grace", metavar="SECONDS", help="Override the job's grace for the stop.")
+@click.option(
+    "--rolling", is_flag=True, help="Several jobs, one at a time; stop at the first failure."
+)
+@json_opt
+@pass_ctx
+def deploy(
+    c: Invocation,
+    names: tuple[str, ...],
+    at: str | None,
+    health: str | None,
+    rollback: str,
+    reload: bool,
+    dry_run: bool,
+    force: bool,
+    checkpoint_timeout: str,
+    grace: str | None,
+    rolling: bool,
+    as_json: bool,
+) -> int:
+    """Bring the code on disk into running job NAME, checkpoint-gated, with a way back.
+
+    Asks for a checkpoint and waits for it, stops the run (verified), starts the new
+    code resuming from that checkpoint ($TRAINCTL_RESUME_FROM), and gates it: the new run
+    must make progress within --health. If it does not, the previous code (its snapshot)
+    starts again from the same checkpoint. The deploy runs in a process of its own: a
+    closed terminal changes nothing. `trainctl history NAME` shows the lineage.
+    """
+    return int(
+        verbs.load("deploy").run(
+            c,
+            list(names),
+            at=at,
+            health=health,
+            rollback=rollback,
+            reload=reload,
+            dry_run=dry_run,
+            force=force,
+            checkpoint_timeout=checkpoint_timeout,
+            grace=grace,
+            rolling=rolling,
+            as_json=as_json,
+        )
+    )
+
+
+@cli.command()
+@click.argument("name")
+@json_opt
+@pass_ctx
+def history(c: Invocation, name: str, as_json: bool) -> int:
+    """One row per run of job NAME: when, how long, its code, how it ended, deploys."""
+    return int(verbs.load("history").run(c, name, as_json=as_json))
+
+
+@cli.command()
 @click.argument("name", required=False)
 @json_opt
 @pass_ctx

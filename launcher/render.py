@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from .remote import HostRow
     from .results import GpuInventory
-    from .results.ops import Check, Health
+    from .results.ops import Check, DeployPlan, DeployReport, DeployStep, Health, HistoryRow
 
 
 def line(text: str) -> None:
@@ -724,11 +724,15 @@ def health(name: str, run: int, h: Health) -> None:
 
 
 def _changed_lines(s: Status) -> None:
-    """What changed on disk since the run started: its code, its spec file."""
+    """The run's code, and what changed on disk since it started: code, spec file."""
+    if s.code is not None and s.state not in ("queued",):
+        untracked = len(s.code.untracked) + s.code.untracked_more
+        more = f", {untracked} untracked file(s) not in it" if untracked else ""
+        print(f"  code {s.code.line()}{more}")
     if s.code_changed:
         print(
             f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
-            f"`trainctl restart {s.name}` to run it"
+            f"`trainctl deploy {s.name}` to run it"
         )
     if s.spec_changed:
         edited = os.path.basename(s.spec_file or "") or "the spec file"
@@ -846,3 +850,67 @@ def doctor(checks: list[Check], *, as_json: bool) -> None:
         print(f"{'ok  ' if ch.ok else 'FIX '} {ch.name:<{width}}  {ch.value}")
         if ch.hint:
             print(f"     {'':<{width}}  -> {ch.hint}")
+
+
+# ---------------------------------------------------------------- deploy, history
+
+
+def deploy_plan(p: DeployPlan) -> None:
+    """`deploy --dry-run`: every step it would take, and what it would touch."""
+    old = p.from_code.line() if p.from_code else "not recorded"
+    new = p.to_code.line() if p.to_code else "not recorded"
+    print(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
+    print(f"  changes     {clean('; '.join(p.changes))}")
+    if p.at == "checkpoint":
+        seen = (
+            "none yet"
+            if p.newest_checkpoint is None
+            else (f"{p.newest_checkpoint}, {age(p.newest_age_s or 0.0)} old")
+        )
+        print(
+            f"  checkpoint  ask for one ({p.checkpoint_signal}), wait at most "
+            f"{human_duration(p.checkpoint_timeout_s)}; newest now: {seen}"
+        )
+    else:
+        print("  checkpoint  none asked for (--at now)")
+    gpus = f" on GPU(s) {', '.join(p.gpus)}" if p.gpus else ""
+    print(f"  stop        run {p.from_run}: main pid {p.main_pid}, {p.members} member(s){gpus}")
+    print(f"  gate        progress past its first step within {human_duration(p.health_s)}")
+    back = p.rollback_to if p.rollback_to else f"none ({p.no_rollback_why})"
+    print(f"  rollback    {p.rollback}: {back}")
+
+
+def deploy_step(step: DeployStep) -> None:
+    """One step of a deploy, as it happens."""
+    left = f" ({human_duration(step.left_s)} at most)" if step.left_s else ""
+    print(f"  [{step.step}] {clean(step.line)}{left}", flush=True)
+
+
+def deploy_report(r: DeployReport) -> None:
+    """How a deploy ended (on stderr as well when it did not deploy)."""
+    line = f"deploy {r.name}: {r.outcome}: {clean(r.summary)}"
+    if r.ok:
+        print(line)
+        return
+    sys.stderr.write(f"trainctl: {line}\n")
+    for text in r.last_lines[-10:]:
+        sys.stderr.write(f"  | {clean(text)}\n")
+
+
+def history(name: str, rows: list[HistoryRow]) -> None:
+    """`trainctl history NAME`: a run a row, oldest first."""
+    print(f"{'RUN':>4}  {'STARTED':<19}  {'TOOK':>8}  {'CODE':<28}  {'STEPS':>8}  END")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
+        took = duration(r.duration_s) if r.duration_s is not None else "-"
+        steps = f"{r.steps:g}" if r.steps is not None else "-"
+        end = r.phase or "running"
+        if r.cause:
+            end += f": {r.cause}"
+        marks = f"  [{'; '.join(r.marks)}]" if r.marks else ""
+        print(
+            f"{r.run:>4}  {when:<19}  {took:>8}  {clean(r.code or '-'):<28}  {steps:>8}  "
+            f"{term.middle(clean(end + marks), max(20, term.width() - 78))}"
+        )
+    if not rows:
+        print(f"job {name} has no recorded run yet")

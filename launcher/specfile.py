@@ -231,11 +231,16 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "on_stall": _on_stall,
     "on_restart": _hook,
     "on_checkpoint_stale": _hook,
+    "on_deploy_failed": _hook,
     "checkpoint_stale": parse_duration,
     "notify": _url,
     "hook_timeout": parse_duration,
     "memory_max": _memory,
     "memory_high": _memory,
+    "snapshot": _choice("none", "git", "copy"),
+    "snapshot_keep": _int,
+    "snapshot_max": _size,
+    "snapshot_exclude": _strlist,
 }
 
 
@@ -286,11 +291,16 @@ class SpecDraft:
     on_stall: str | list[str] | None = None  # "mark"/"restart" (the action) or a hook
     on_restart: list[str] | None = None
     on_checkpoint_stale: list[str] | None = None
+    on_deploy_failed: list[str] | None = None
     checkpoint_stale: float | None = None
     notify: str | None = None
     hook_timeout: float | None = None
     memory_max: int | None = None
     memory_high: int | None = None
+    snapshot: str | None = None
+    snapshot_keep: int | None = None
+    snapshot_max: int | None = None
+    snapshot_exclude: list[str] | None = None
 
     def merged(self, later: SpecDraft) -> SpecDraft:
         """This draft with every key ``later`` gives; ``env`` is merged, later winning."""

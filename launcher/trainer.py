@@ -3,6 +3,7 @@
     from trainctl.launcher import trainer
 
     trainer.install_handlers()              # SIGTERM/SIGINT -> stop; SIGUSR2 -> checkpoint
+    start = load(trainer.resume_from())     # the checkpoint a `trainctl deploy` resumes from
     for step in range(start, total):
         loss = train_step()
         trainer.report(step=step, loss=loss, tokens_per_s=tps)   # -> status, ETA
@@ -87,3 +88,10 @@ def report(step: int, **metrics: Any) -> None:
 def run_number() -> int:
     """The run number (1 for the first run, +1 per restart); 0 outside trainctl."""
     return int(os.environ.get("TRAINCTL_RUN", "0"))
+
+
+def resume_from() -> str | None:
+    """The checkpoint this run should resume from, when `trainctl deploy` started it
+    (``$TRAINCTL_RESUME_FROM``: the checkpoint the deploy waited for); else None."""
+    return os.environ.get("TRAINCTL_RESUME_FROM") or None
+

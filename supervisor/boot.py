@@ -433,9 +433,13 @@ def main(argv: list[str]) -> int:
         _reply(sock, ready.to_doc())
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
-    state = dataclasses.replace(state, code=code_version(spec))
+    code = code_version(spec, diff_to=jdir / "code" / f"run-{state.run}.diff")
+    state = dataclasses.replace(state, code=code)
     with contextlib.suppress(OSError):  # a full disk must not cost the job its supervisor
         write_state(jdir, state)
+        # each run's code, for `trainctl history` (state.json holds the current run's only)
+        code_doc = {} if code is None else dataclasses.asdict(code)
+        append_event(jdir, "code", run=state.run, cwd=spec.cwd, source=spec.source, **code_doc)
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
     return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

@@ -42,7 +42,7 @@ class StopAsk:
     gpu_timeout_s: float | None = None
     order: str | None = None  # a StopOrder value
     grace_s: float | None = None
-    verb: str = "stop"  # the verb that asked (stop, restart, rm): the run's cause names it
+    verb: str = "stop"  # the verb that asked (stop, restart, rm, deploy): the run's cause names it
 
     def to_doc(self) -> dict[str, Any]:
         """The request on the wire."""
@@ -61,7 +61,7 @@ class StopAsk:
         """Read a request (``main_only`` is the older spelling of order ``main``)."""
         values = {k: doc.get(k) for k in ("gpu_timeout_s", "order", "grace_s")}
         verb = doc.get("verb", "stop")
-        values["verb"] = verb if verb in ("stop", "restart", "rm") else "stop"
+        values["verb"] = verb if verb in ("stop", "restart", "rm", "deploy") else "stop"
         if values["order"] is None and doc.get("main_only") is True:
             values["order"] = "main"
         ask = build_document(cls, values, "stop request")

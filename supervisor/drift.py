@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import subprocess
+from pathlib import Path
 
 from .sections import CodeRecord
 from .spec import Spec
@@ -113,18 +114,77 @@ def _git_head_fast(cwd: str) -> str | None:
     return None
 
 
-def code_version(spec: Spec) -> CodeRecord | None:
+MAX_DIFF_KEPT = 1 << 20  # the uncommitted diff kept with a run, at most
+MAX_UNTRACKED = 50
+LOCK_FILES = ("uv.lock", "poetry.lock", "requirements.txt")
+
+
+def code_version(spec: Spec, diff_to: Path | None = None) -> CodeRecord | None:
     """Return the code version of the job's cwd and entry script, as it is now (None:
-    neither a git work tree nor an entry script, nothing to compare against later)."""
+    neither a git work tree nor an entry script, nothing to compare against later).
+
+    ``diff_to``: where to keep the uncommitted diff itself, when it is at most
+    MAX_DIFF_KEPT (its hash is always recorded).
+    """
     entry, entry_sha = code_version_entry(spec)
-    code = CodeRecord(entry=entry, entry_sha=entry_sha)
+    lock = _lock_file(spec.cwd)
+    code = CodeRecord(
+        entry=entry,
+        entry_sha=entry_sha,
+        lock_file=lock,
+        lock_sha=_file_sha(lock) if lock else None,
+        snapshot=None if spec.snapshot.mode == "none" else spec.snapshot.mode,
+    )
     head = _git(spec.cwd, "rev-parse", "HEAD")
     if head is not None:
         diff = _git(spec.cwd, "diff", "HEAD") or ""
+        # untracked files are in no commit, so never in a git snapshot: named from the source
+        where = spec.source or spec.cwd
+        others = (_git(where, "ls-files", "--others", "--exclude-standard") or "").split("\n")
+        others = [o for o in others if o]
         code = dataclasses.replace(
-            code, git_head=head.strip(), dirty=bool(diff), diff_sha=_sha(diff.encode())
+            code,
+            git_head=head.strip(),
+            dirty=bool(diff),
+            diff_sha=_sha(diff.encode()),
+            untracked=tuple(others[:MAX_UNTRACKED]),
+            untracked_more=max(0, len(others) - MAX_UNTRACKED),
+            diff_file=_keep_diff(diff, diff_to),
         )
     return code if code.recorded else None
+
+
+def _keep_diff(diff: str, path: Path | None) -> str | None:
+    if not diff or path is None or len(diff) > MAX_DIFF_KEPT:
+        return None
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.write_text(diff)
+    except OSError:
+        return None
+    return str(path)
+
+
+def _lock_file(cwd: str) -> str | None:
+    """The dependency lock of the job's directory: uv.lock, poetry.lock, requirements*.txt."""
+    for name in LOCK_FILES:
+        if os.path.isfile(os.path.join(cwd, name)):
+            return os.path.join(cwd, name)
+    try:
+        reqs = sorted(
+            n for n in os.listdir(cwd) if n.startswith("requirements") and n.endswith(".txt")
+        )
+    except OSError:
+        return None
+    return os.path.join(cwd, reqs[0]) if reqs else None
+
+
+def _file_sha(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return _sha(f.read())
+    except OSError:
+        return None
 
 
 def code_version_entry(spec: Spec) -> tuple[str | None, str | None]:
@@ -149,6 +209,8 @@ def drift(recorded: CodeRecord | None, spec: Spec) -> list[str]:
     """
     if recorded is None or not recorded.recorded:
         return []
+    if spec.source is not None:  # it runs from a snapshot: the source is what may change
+        spec = dataclasses.replace(spec, cwd=spec.source)
     changes = []
     if recorded.git_head is not None:
         head = _git_head_fast(spec.cwd) or (_git(spec.cwd, "rev-parse", "HEAD") or "").strip()
@@ -173,6 +235,8 @@ def fingerprint(spec: Spec) -> tuple[int, ...]:
     and of the entry script. A commit, checkout, pull, `git add` or an edit of the entry
     script changes one of them; the supervisor recomputes the drift only then (and once a
     minute, for edits of other tracked files, which touch no file under .git)."""
+    if spec.source is not None:
+        spec = dataclasses.replace(spec, cwd=spec.source)
     paths = [entry_script(spec) or ""]
     d = os.path.abspath(spec.cwd)
     while True:

@@ -450,7 +450,7 @@ def _end(life: Life, end: _Ending) -> Outcome:
         fields["error"] = verdict.why
     actions += [
         Persist(final, fields),
-        Log("ended", {"phase": str(final), "cause": cause.to_doc()}),
+        Log("ended", {"run": life.run, "phase": str(final), "cause": cause.to_doc()}),
         Hook("exit", cause, notify=final is not Phase.FAILED),
     ]
     if final is Phase.FAILED:

@@ -6,6 +6,8 @@ Each is a section of state.json, written with the state and read back field by f
 
 from __future__ import annotations
 
+import os
+
 from .records import record
 
 
@@ -18,6 +20,24 @@ class CodeRecord:
     diff_sha: str | None = None  # the hash of that diff (empty diff included)
     entry: str | None = None  # the entry script argv names, when it names a file
     entry_sha: str | None = None
+    untracked: tuple[str, ...] = ()  # untracked files (not in the commit), the first 50
+    untracked_more: int = 0  # ... and how many more there were
+    lock_file: str | None = None  # uv.lock, poetry.lock or requirements*.txt, if any
+    lock_sha: str | None = None
+    diff_file: str | None = None  # the uncommitted diff, kept with the run (under a cap)
+    snapshot: str | None = None  # git | copy: the run executes from its own copy of the code
+
+    def line(self) -> str:
+        """The code in one line: ``3f2a9c1e (dirty, snapshot git)``."""
+        what = [self.git_head[:8]] if self.git_head else []
+        if not what and self.entry_sha:
+            what.append(f"{os.path.basename(self.entry or '?')} {self.entry_sha[:8]}")
+        notes = [
+            n
+            for n in ("dirty" if self.dirty else "", self.snapshot and f"snapshot {self.snapshot}")
+            if n
+        ]
+        return " ".join(what) + (f" ({', '.join(notes)})" if notes else "") or "?"
 
     @property
     def recorded(self) -> bool:

@@ -91,7 +91,7 @@ class Watch:
 
 # The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and
 # config.toml's [hooks]; TRAINCTL_EVENT in a hook's environment): the one list of them.
-HOOK_EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale")
+HOOK_EVENTS = ("start", "exit", "failure", "stall", "restart", "checkpoint_stale", "deploy_failed")
 
 
 @record(frozen=True)
@@ -108,6 +108,7 @@ class Hooks:
     on_stall: tuple[str, ...] | None = None  # the stall watchdog saw the run stall
     on_restart: tuple[str, ...] | None = None  # a failed run is about to be relaunched
     on_checkpoint_stale: tuple[str, ...] | None = None  # newest checkpoint too old
+    on_deploy_failed: tuple[str, ...] | None = None  # a deploy failed its gate (rolled back)
     checkpoint_stale_s: float | None = None  # ... older than this
     notify: str | None = None  # http(s) URL: one JSON POST per event above
     timeout_s: float = 30.0
@@ -156,6 +157,24 @@ class GpuBinding:
     tolerance_mib: int = 512
 
 
+SNAPSHOT_MODES = ("none", "git", "copy")
+
+
+@record(frozen=True)
+class SnapshotPolicy:
+    """Where each run's code is kept, so that a deploy has a way back (launcher/ops/snapshot.py).
+
+    ``git``: a worktree of the commit plus its uncommitted diff; ``copy``: a copy of the
+    directory (``exclude`` globs left out, refused over ``max_bytes``); ``none``: the run
+    executes in place (nothing to roll back to).
+    """
+
+    mode: str = "none"
+    keep: int = 3  # snapshots kept per job (older ones go at the next start and on prune)
+    max_bytes: int = 2 << 30  # copy: refuse a tree larger than this
+    exclude: tuple[str, ...] = (".git", "__pycache__", "*.pyc", ".venv", "venv", "node_modules")
+
+
 @record(frozen=True)
 class Spec:
     """What to run; the resolved form that `restart` reuses."""
@@ -172,6 +191,10 @@ class Spec:
     gpu: GpuBinding = field(default_factory=GpuBinding)
     hooks: Hooks = field(default_factory=Hooks)
     memory: MemoryCap = field(default_factory=MemoryCap)
+    snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    # the directory the code was snapshotted from, when the run executes from a snapshot
+    # under the job's directory (cwd is then the snapshot): drift and deploy look here
+    source: str | None = None
     # pattern classes added by config ([causes] name = "regex"), tried before the built-in
     causes: dict[str, str] = field(default_factory=dict)
     backend: str = "local"  # "local" | "slurm" (see launcher/backends/)
@@ -199,6 +222,7 @@ _SECTIONS: dict[str, type] = {
     "gpu": GpuBinding,
     "hooks": Hooks,
     "memory": MemoryCap,
+    "snapshot": SnapshotPolicy,
 }
 
 

@@ -41,6 +41,7 @@ class StartRequest:
     gpus: GpuRequest | None
     prev: JobState | None  # the job's previous run, if it had one
     t0: float  # monotonic time the command began (StartResult.elapsed_s counts from it)
+    keep_cwd: bool = False  # run in spec.cwd as it is: no new snapshot (a deploy's rollback)
 
 
 @dataclass(frozen=True, slots=True)

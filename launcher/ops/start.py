@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +31,7 @@ from trainctl.supervisor.spec import (
     LogPolicy,
     MemoryCap,
     RestartPolicy,
+    SnapshotPolicy,
     Spec,
     StopPolicy,
     Watch,
@@ -114,6 +116,7 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
         ),
         hooks=_hooks(d, cfg),
         memory=MemoryCap(max_bytes=d.memory_max, high_bytes=d.memory_high),
+        snapshot=_snapshot_policy(d),
         causes=dict(cfg.causes),
         backend=_or(d.backend, "local"),
         slurm={k: given[k] for k in sorted(SLURM_KEYS) if k in given} or None,
@@ -122,6 +125,18 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
     _check_command(argv, workdir, full_env)
     check_keeper(spec, cfg)
     return spec
+
+
+def _snapshot_policy(d: SpecDraft) -> SnapshotPolicy:
+    base = SnapshotPolicy()
+    if d.snapshot_keep is not None and d.snapshot_keep < 1:
+        raise ConfigError("snapshot_keep must be at least 1 (the running run's own snapshot)")
+    return SnapshotPolicy(
+        mode=_or(d.snapshot, base.mode),
+        keep=_or(d.snapshot_keep, base.keep),
+        max_bytes=_or(d.snapshot_max, base.max_bytes),
+        exclude=base.exclude if d.snapshot_exclude is None else tuple(d.snapshot_exclude),
+    )
 
 
 def _stop_policy(d: SpecDraft, cfg: Config) -> StopPolicy:
@@ -248,14 +263,20 @@ def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = Non
 
 
 def start_locked(
-    home: Path, jdir: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    cfg: Config,
+    gpus: GpuRequest | None = None,
+    *,
+    keep_cwd: bool = False,
 ) -> StartResult:
     """Start a run; the caller holds the job lock."""
     t0 = time.monotonic()
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         refuse_if_live(jdir, prev)
-    req = backends.StartRequest(home, jdir, spec, cfg, gpus, prev, t0)
+    req = backends.StartRequest(home, jdir, spec, cfg, gpus, prev, t0, keep_cwd=keep_cwd)
     return backends.backend(spec.backend).start(req)
 
 
@@ -308,18 +329,31 @@ def reloaded_spec(spec: Spec, cfg: Config) -> Spec:
 
 
 def restart_job(
-    home: Path, name: str, cfg: Config, *, grace_s: float | None = None, reload: bool = False
+    home: Path,
+    name: str,
+    cfg: Config,
+    *,
+    grace_s: float | None = None,
+    reload: bool = False,
+    verb: str = "restart",
+    respec: Callable[[Spec], Spec] | None = None,
+    keep_cwd: bool = False,
 ) -> tuple[StopResult, StartResult]:
     """Stop the job (verified), then start its recorded spec again (new code on disk).
 
-    ``reload``: take the spec file as it is now (see :func:`reloaded_spec`).
+    ``reload``: take the spec file as it is now (see :func:`reloaded_spec`). ``respec``:
+    the spec the new run takes, made from that one (a deploy's resume point, a rollback's
+    old code). ``keep_cwd``: run where the spec says, taking no new snapshot (a rollback
+    into the previous run's snapshot).
     """
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
     if reload:
         spec = reloaded_spec(spec, cfg)
+    if respec is not None:
+        spec = respec(spec)
     with state.job_lock(jdir, 30.0):
-        stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb="restart")
+        stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb=verb)
         st = state.read_state(jdir)
         left = live_members(st)
         if left or not stopped.ok:
@@ -337,7 +371,8 @@ def restart_job(
             GpuRequest(spec.gpu.indices + ",") if spec.gpu.indices else None
         )
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
-        started = start_locked(home, jdir, dataclasses.replace(spec, env=env), cfg, gpus)
+        new = dataclasses.replace(spec, env=env)
+        started = start_locked(home, jdir, new, cfg, gpus, keep_cwd=keep_cwd)
     return stopped, started
 
 

@@ -122,6 +122,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         checkpoint=training.checkpoint,
         progress=training.progress,
         code_changed=training.code_changed,
+        code=st.code,
         spec_changed=training.spec_changed,
         cause=cause_of(st, phase),
         restart_history=list(st.restart_history[-10:]),

@@ -27,7 +27,7 @@ from trainctl.supervisor.reports import (
     StopReport,
     Survivor,
 )
-from trainctl.supervisor.sections import Adoption
+from trainctl.supervisor.sections import Adoption, CodeRecord
 from trainctl.supervisor.state import Phase
 
 __all__ = [
@@ -366,6 +366,7 @@ class Status:
     checkpoint: CheckpointSeen | None = None  # the newest one
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
+    code: CodeRecord | None = None  # the code the run started with (and where it runs from)
     spec_changed: list[str] = field(default_factory=list)  # spec file keys edited since start
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents
     cause: Cause | None = None  # why the run ended (None while it runs)

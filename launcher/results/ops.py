@@ -9,11 +9,12 @@ alone, and each record defined there costs their start-up (issue 34 §4).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from trainctl.supervisor.records import record
 from trainctl.supervisor.reports import Cause
-from trainctl.supervisor.sections import Adoption
+from trainctl.supervisor.sections import Adoption, CodeRecord
 from trainctl.supervisor.state import JobState, MemberSnap
 
 
@@ -106,3 +107,100 @@ class AdoptResult:
     def to_doc(self) -> dict[str, object]:
         """The JSON form."""
         return dataclasses.asdict(self)
+
+
+@record(frozen=True)
+class DeployPlan:
+    """What `deploy` will do, decided and checked before anything is touched."""
+
+    id: str  # this deploy's own id (its files under <job>/deploys/)
+    name: str
+    from_run: int
+    from_code: CodeRecord | None
+    to_code: CodeRecord | None
+    changes: list[str]  # what changed, in words (drift's lines)
+    at: str  # "checkpoint" (ask for one and wait for it) | "now"
+    checkpoint_glob: str | None = None
+    checkpoint_signal: str = "SIGUSR2"
+    newest_checkpoint: str | None = None
+    newest_age_s: float | None = None
+    checkpoint_timeout_s: float = 300.0
+    main_pid: int | None = None
+    members: int = 0
+    gpus: list[str] = field(default_factory=list)
+    health_s: float = 600.0  # the gate's limit
+    rollback: str = "auto"  # auto | never
+    rollback_to: str | None = None  # the previous run's snapshot (None: no way back)
+    no_rollback_why: str | None = None
+    snapshot: str = "none"
+    reload: bool = False
+    grace_s: float | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (`deploy --dry-run --json`, the plan file)."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class DeployStep:
+    """One line of a deploy's progress, as the deployer wrote it."""
+
+    step: str  # checkpoint | stop | start | gate | rollback | done
+    line: str
+    at: float = 0.0
+    left_s: float | None = None  # a wait's time left when it was written
+
+
+@record(frozen=True)
+class DeployReport:
+    """How a deploy ended: deployed, rolled back, failed (nothing rolled back) or cancelled."""
+
+    id: str
+    name: str
+    outcome: str  # deployed | rolled-back | failed | cancelled | refused
+    step: str  # the step it ended in
+    summary: str
+    from_run: int | None = None
+    to_run: int | None = None
+    rollback_run: int | None = None
+    from_commit: str | None = None
+    to_commit: str | None = None
+    checkpoint: str | None = None  # what the new run (and a rollback) resumed from
+    resumed_step: float | None = None  # the first step the new run reported
+    reached_step: float | None = None
+    cause: str | None = None  # why the gate failed
+    last_lines: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """The new code runs and passed its gate."""
+        return self.outcome == "deployed"
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (the report file, `deploy --json`)."""
+        return {**asdict(self), "ok": self.ok}
+
+
+@record(frozen=True)
+class HistoryRow:
+    """One run of a job, for `trainctl history`."""
+
+    run: int
+    started_at: float | None = None
+    ended_at: float | None = None
+    duration_s: float | None = None
+    code: str | None = None  # the commit (or the entry script's hash), dirty, snapshot
+    commit: str | None = None
+    dirty: bool | None = None
+    snapshot: str | None = None
+    phase: str | None = None  # how it ended (None: it runs)
+    cause: str | None = None
+    steps: float | None = None  # the newest step it reported
+    checkpoint: str | None = None  # the checkpoint a deploy took at its end
+    marks: list[str] = field(default_factory=list)  # "deploy 3f2a9c1e -> 9b1c...", "rollback"
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form."""
+        return asdict(self)

@@ -28,6 +28,8 @@ VERBS: dict[str, Verb] = {
     "start": Verb("start", "Start a job detached, in its own session, on the GPUs given."),
     "stop": Verb("stop", "Stop every process of a job and nothing else; prove it."),
     "restart": Verb("restart", "Stop a job (verified), then start its spec again."),
+    "deploy": Verb("deploy", "Bring new code into a running job: checkpoint, gate, rollback."),
+    "history": Verb("history", "One row per run of a job: code, end, deploys, rollbacks."),
     "status": Verb("status", "Show one job's phase, pids, members and last log line."),
     "list": Verb("list_", "List the jobs: phase, run, main pid, members, last log line."),
     "ps": Verb("ps", "Show a job's live process tree."),

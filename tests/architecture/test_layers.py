@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("operations", {"ops"}),
     ("presentation", {"render", "live", "top", "api"}),
     ("verbs", {"verbs"}),
-    ("entry", {"cli", "main", "__main__", "entry", "waiter"}),
+    ("entry", {"cli", "main", "__main__", "entry", "waiter", "deployer"}),
 ]
 MAX_FUNCTION_IMPORTS = 17  # 16th: a queued job's waiter stays light until it dispatches;
 # 17th: the console script imports the CLI only after a plain stop's request is out

@@ -17,6 +17,7 @@ from trainctl.supervisor.launch import Handover, launch_supervisor
 from trainctl.supervisor.spec import Spec, StopOrder
 from trainctl.supervisor.state import Phase
 
+from . import snapshot
 from .stop import stop_once
 
 
@@ -24,11 +25,19 @@ def start_run(req: StartRequest) -> StartResult:
     """Hand the next run to a new supervisor; undo everything if that fails."""
     run = req.prev.run + 1 if req.prev else 1
     marker = ids.new_marker()
+    if req.spec.snapshot.mode != "none" and not req.keep_cwd:  # its own copy of the code
+        req = dataclasses.replace(req, spec=snapshot.make(req.jdir, req.spec, run))
     try:
-        return _launch(req, Handover(run, marker))
+        started = _launch(req, Handover(run, marker))
     except SpawnError as e:
         _undo_failed_start(req.jdir, req.spec, marker, str(e))
         raise
+    if req.spec.snapshot.mode != "none":
+        with contextlib.suppress(OSError):  # an old snapshot left behind costs disk only
+            # never the previous run's (a deploy's way back) nor the one this run uses
+            in_use = {run, req.prev.run if req.prev else run, snapshot.run_of(req.spec, req.jdir)}
+            snapshot.prune(req.jdir, req.spec.snapshot.keep, {r for r in in_use if r})
+    return started
 
 
 def _launch(req: StartRequest, ho: Handover) -> StartResult:

@@ -1,0 +1,182 @@
+"""A run's code, kept under the job's directory so that a deploy has a way back.
+
+``snapshot = "git"``: ``git worktree add --detach`` of the source's commit under
+``<job>/snapshots/run-N``, then the source's uncommitted diff applied to it (untracked
+files are not part of a commit and are not copied: the code record names them). The run
+executes there, in the same subdirectory of the repository as its cwd.
+
+``snapshot = "copy"``: a copy of the source directory, leaving out ``snapshot_exclude``;
+a tree over ``snapshot_max`` is refused before anything is stopped or started.
+
+``snapshot = "none"`` (the default): the run executes in place; nothing is kept, so a
+deploy cannot roll back (it says so, and ``--rollback never`` is then implied). The default
+stays "none" because a snapshot changes where the job runs: relative paths to data or
+checkpoints outside the repository keep working, but a job that writes into its own tree
+writes into the snapshot. A user asks for it, once, in the spec.
+
+The newest ``snapshot_keep`` snapshots are kept per job (the running run's always); older
+ones go at the next start and on ``trainctl prune``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from trainctl.supervisor.errors import ConfigError, SpawnError
+from trainctl.supervisor.spec import Spec
+
+GIT_TIMEOUT_S = 120.0
+
+
+def source_of(spec: Spec) -> str:
+    """The directory whose code a new run takes: the snapshot's source, else the cwd."""
+    return spec.source or spec.cwd
+
+
+def snapshots_dir(jdir: Path) -> Path:
+    return jdir / "snapshots"
+
+
+def snapshot_path(jdir: Path, run: int) -> Path:
+    return snapshots_dir(jdir) / f"run-{run}"
+
+
+def _git(cwd: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "-C", cwd, *args],
+        input=stdin,
+        capture_output=True,
+        timeout=GIT_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _toplevel(cwd: str) -> str | None:
+    if shutil.which("git") is None:
+        return None
+    res = _git(cwd, "rev-parse", "--show-toplevel")
+    return res.stdout.decode().strip() or None if res.returncode == 0 else None
+
+
+def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def tree_size(root: str, exclude: tuple[str, ...], cap: int) -> int:
+    """Bytes in ``root`` without the excluded names; stops counting past ``cap``."""
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not _excluded(d, exclude)]
+        for f in files:
+            if _excluded(f, exclude):
+                continue
+            try:
+                total += os.lstat(os.path.join(folder, f)).st_size
+            except OSError:
+                continue
+            if total > cap:
+                return total
+    return total
+
+
+def check(spec: Spec) -> None:
+    """Refuse, in one line, a snapshot that cannot be taken (before anything is touched)."""
+    policy, src = spec.snapshot, source_of(spec)
+    if policy.mode == "git":
+        if shutil.which("git") is None:
+            raise ConfigError("snapshot = git: git is not installed here")
+        if _toplevel(src) is None:
+            raise ConfigError(f"snapshot = git: {src} is not in a git work tree (use copy)")
+        if _git(src, "rev-parse", "--verify", "HEAD").returncode != 0:
+            raise ConfigError(f"snapshot = git: the repository of {src} has no commit yet")
+    elif policy.mode == "copy":
+        size = tree_size(src, policy.exclude, policy.max_bytes)
+        if size > policy.max_bytes:
+            raise ConfigError(
+                f"snapshot = copy: {src} holds more than {policy.max_bytes >> 20} MiB "
+                "(snapshot_max); exclude what is not code (snapshot_exclude) or raise "
+                "snapshot_max; nothing was changed"
+            )
+
+
+def make(jdir: Path, spec: Spec, run: int) -> Spec:
+    """Take run ``run``'s snapshot; the spec that runs from it (``source`` set)."""
+    policy, src = spec.snapshot, source_of(spec)
+    if policy.mode == "none":
+        return spec
+    check(spec)
+    dest = snapshot_path(jdir, run)
+    snapshots_dir(jdir).mkdir(mode=0o700, exist_ok=True)
+    _remove(dest)
+    if policy.mode == "git":
+        top = _toplevel(src) or src
+        _worktree(top, dest)
+        cwd = dest / os.path.relpath(os.path.realpath(src), os.path.realpath(top))
+    else:
+        ignore = shutil.ignore_patterns(*policy.exclude)
+        shutil.copytree(src, dest, symlinks=True, ignore=ignore)
+        cwd = dest
+    return dataclasses.replace(spec, cwd=str(cwd.resolve()), source=src)
+
+
+def _worktree(top: str, dest: Path) -> None:
+    """A detached worktree of HEAD at ``dest``, with the uncommitted diff applied."""
+    res = _git(top, "worktree", "add", "--detach", "--quiet", str(dest), "HEAD")
+    if res.returncode != 0:
+        why = res.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        raise SpawnError(f"snapshot = git: git worktree add failed: {why[0]}")
+    diff = _git(top, "diff", "HEAD", "--binary").stdout
+    if diff:
+        applied = _git(str(dest), "apply", "--whitespace=nowarn", stdin=diff)
+        if applied.returncode != 0:
+            _remove(dest)
+            said = applied.stderr.decode(errors="replace").strip()[:200]
+            raise SpawnError(f"snapshot = git: the uncommitted diff does not apply: {said}")
+
+
+def _remove(path: Path) -> None:
+    """Remove a snapshot directory (a git worktree is unregistered as well)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    git_file = path / ".git"
+    if git_file.is_file():  # a worktree: tell its repository, then remove it
+        common = _git(str(path), "rev-parse", "--git-common-dir").stdout.decode().strip()
+        shutil.rmtree(path, ignore_errors=True)
+        if common:
+            _git(str(Path(path, common).resolve().parent), "worktree", "prune")
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(jdir: Path, keep: int, in_use: set[int]) -> list[int]:
+    """Remove all but the newest ``keep`` snapshots (never one in ``in_use``); the runs removed."""
+    try:
+        runs = sorted(
+            int(p.name[4:])
+            for p in snapshots_dir(jdir).iterdir()
+            if p.name.startswith("run-") and p.name[4:].isdigit()
+        )
+    except FileNotFoundError:
+        return []
+    kept = set(runs[-keep:]) | in_use if keep > 0 else set(in_use)
+    gone = [r for r in runs if r not in kept]
+    for r in gone:
+        _remove(snapshot_path(jdir, r))
+    return gone
+
+
+def run_of(spec: Spec, jdir: Path) -> int | None:
+    """The run whose snapshot ``spec`` executes from (None: it runs in place)."""
+    if spec.source is None:
+        return None
+    try:
+        rel = Path(spec.cwd).resolve().relative_to(snapshots_dir(jdir).resolve())
+    except ValueError:
+        return None
+    head = rel.parts[0] if rel.parts else ""
+    return int(head[4:]) if head.startswith("run-") and head[4:].isdigit() else None

@@ -1,0 +1,421 @@
+"""`trainctl deploy`: a code change into a running run, checkpoint-gated, with a way back.
+
+The verb plans and checks (:func:`plan_deploy`: nothing is touched), then hands the deploy
+to a detached deployer process (launcher/deployer.py, :func:`execute`), which holds
+``<job>/deploy.lock`` for its whole life and writes each step to
+``<job>/deploys/<id>.steps.jsonl`` and its outcome to ``<id>.report.json``. The verb only
+follows those files: a closed terminal, a Ctrl-C after the stop began, or a SIGKILLed
+CLI changes nothing about the outcome (the supervisor could not hold the gate: it is
+replaced along with the run it supervises).
+
+The steps, in order:
+
+1. ``--at checkpoint`` (the default when the job names a ``checkpoint`` glob): ask for a
+   checkpoint through the job's own channel, as ``stop --checkpoint`` does, and wait
+   until one newer than the request is complete. None within ``--checkpoint-timeout``:
+   nothing is stopped, the deploy fails.
+2. A Ctrl-C of the verb before this point cancels the deploy; nothing changed.
+3. The verified stop and the GPU release proof (``restart``'s), then the new run with the
+   code on disk (a new snapshot of it, with ``snapshot = git|copy``);
+   ``TRAINCTL_RESUME_FROM`` names the checkpoint (``trainer.resume_from()`` reads it).
+4. The gate: the new run must report a step past the first one it reports (it resumed
+   and advanced), or write a checkpoint, within ``--health`` (10 min at most by
+   default). It fails when the run ends with a failure, or when nothing comes.
+5. On failure, with ``--rollback auto`` and a snapshot of the previous run: that code
+   starts again, from the same checkpoint; ``on_deploy_failed`` and ``notify`` are told
+   both commits and the cause. Without a snapshot there is no way back: the report says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainctl.launcher.backends.local import snapshot
+from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.config import Config
+from trainctl.launcher.progress import read_progress
+from trainctl.launcher.results import Checkpoint
+from trainctl.launcher.results.ops import DeployPlan, DeployReport, DeployStep
+from trainctl.supervisor import hooks, ids, state
+from trainctl.supervisor.drift import code_version, drift
+from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
+from trainctl.supervisor.reports import Cause
+from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.tail import tail_lines
+
+from . import queue
+from .jobs import current_phase, existing_job, live_members
+from .start import reloaded_spec, restart_job
+from .stop import ask_checkpoint
+
+LOCK = "deploy.lock"
+RESUME_VAR = "TRAINCTL_RESUME_FROM"
+DEPLOY_VAR = "TRAINCTL_DEPLOY"  # the deploy's id, in the new run's environment
+DEFAULT_HEALTH_S = 600.0
+GATE_POLL_S = 0.2
+
+
+def deploys_dir(jdir: Path) -> Path:
+    return jdir / "deploys"
+
+
+def plan_path(jdir: Path, did: str) -> Path:
+    return deploys_dir(jdir) / f"{did}.plan.json"
+
+
+def steps_path(jdir: Path, did: str) -> Path:
+    return deploys_dir(jdir) / f"{did}.steps.jsonl"
+
+
+def report_path(jdir: Path, did: str) -> Path:
+    return deploys_dir(jdir) / f"{did}.report.json"
+
+
+def cancel_path(jdir: Path, did: str) -> Path:
+    return deploys_dir(jdir) / f"{did}.cancel"
+
+
+# ---------------------------------------------------------------- the plan (the verb)
+
+
+def plan_deploy(
+    home: Path,
+    name: str,
+    cfg: Config,
+    *,
+    at: str | None,
+    health_s: float | None,
+    rollback: str,
+    reload: bool,
+    force: bool,
+    checkpoint_timeout_s: float,
+    grace_s: float | None = None,
+) -> DeployPlan:
+    """Check that ``name`` can take a deploy now, and decide every step; change nothing."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    phase = current_phase(jdir, st)
+    _refuse_unless_running(name, st, phase, home)
+    if state.is_locked(jdir, LOCK):
+        raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+    spec = state.read_spec(jdir)
+    new_spec = reloaded_spec(spec, cfg) if reload else spec
+    source = dataclasses.replace(new_spec, cwd=snapshot.source_of(new_spec))
+    to_code = code_version(source)
+    changes = drift(st.code, spec)
+    if not changes and not force and not reload:
+        raise ConfigError(
+            f"job {name}: its code has not changed since run {st.run} started "
+            f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
+        )
+    snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
+    if at is None:
+        at = "checkpoint" if spec.watch.checkpoint else "now"
+    if at == "checkpoint" and not spec.watch.checkpoint:
+        raise ConfigError(
+            f"job {name} names no `checkpoint` glob: --at checkpoint cannot tell when one "
+            "is written (use --at now, or set checkpoint in the spec)"
+        )
+    back = _rollback_target(jdir, spec, rollback)
+    ck = newest_checkpoint(spec)
+    return DeployPlan(
+        id=f"{int(time.time())}-{ids.short_id()}",
+        name=name,
+        from_run=st.run,
+        from_code=st.code,
+        to_code=to_code,
+        changes=changes or (["--reload: the spec file as it is now"] if reload else ["--force"]),
+        at=at,
+        checkpoint_glob=spec.watch.checkpoint,
+        checkpoint_signal=spec.watch.checkpoint_signal,
+        newest_checkpoint=ck.path if ck else None,
+        newest_age_s=round(ck.age_s, 1) if ck else None,
+        checkpoint_timeout_s=checkpoint_timeout_s,
+        main_pid=st.main.pid if st.main else None,
+        members=len(live_members(st)),
+        gpus=[g.label for g in st.gpus],
+        health_s=DEFAULT_HEALTH_S if health_s is None else health_s,
+        rollback=rollback if back[0] is not None else "never",
+        rollback_to=back[0],
+        no_rollback_why=back[1],
+        snapshot=spec.snapshot.mode,
+        reload=reload,
+        grace_s=grace_s,
+    )
+
+
+def _refuse_unless_running(name: str, st: JobState, phase: Phase, home: Path) -> None:
+    if queue.read_entry(home, name) is not None and phase in state.TERMINAL:
+        raise JobConflictError(
+            f"job {name} is queued, not running: nothing to deploy into (its queued start "
+            "takes the code on disk when it starts)"
+        )
+    if phase == Phase.LOST:
+        raise JobConflictError(
+            f"job {name} is lost (its supervisor is gone): `trainctl stop {name}` first, "
+            f"then `trainctl start`"
+        )
+    if phase in state.TERMINAL or phase == Phase.STOPPING:
+        raise JobConflictError(
+            f"job {name} is not running ({phase}): nothing to deploy into; "
+            f"`trainctl restart {name}` starts it with the code on disk"
+        )
+    if st.restart_at is not None:
+        raise JobConflictError(
+            f"job {name} is waiting out a restart backoff: deploy once its run is up"
+        )
+
+
+def _rollback_target(jdir: Path, spec: Spec, rollback: str) -> tuple[str | None, str | None]:
+    """The previous code to go back to: (its directory, None) or (None, why there is none)."""
+    if rollback == "never":
+        return None, "--rollback never"
+    if spec.source is None or snapshot.run_of(spec, jdir) is None:
+        return None, (
+            "snapshot = none: the running code is not kept, so there is no way back "
+            '(set snapshot = "git" or "copy" in the spec)'
+        )
+    if not Path(spec.cwd).is_dir():
+        return None, f"the running run's snapshot {spec.cwd} is gone"
+    return spec.cwd, None
+
+
+def write_plan(jdir: Path, plan: DeployPlan) -> Path:
+    deploys_dir(jdir).mkdir(mode=0o700, exist_ok=True)
+    path = plan_path(jdir, plan.id)
+    state.write_json_atomic(path, plan.to_doc())
+    return path
+
+
+def spawn_deployer(home: Path, name: str, did: str) -> subprocess.Popen[bytes]:
+    """Start the detached deployer (its own session; the verb only follows its files)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainctl.launcher.deployer", str(home), name, did],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        cwd="/",
+    )
+
+
+def read_report(jdir: Path, did: str) -> DeployReport | None:
+    path = report_path(jdir, did)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise StateError(f"{path} is not valid JSON") from None
+    doc.pop("ok", None)
+    return build_document(DeployReport, doc, str(path))
+
+
+def read_steps(jdir: Path, did: str, seen: int) -> list[DeployStep]:
+    """The steps written after the first ``seen``."""
+    try:
+        lines = steps_path(jdir, did).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines[seen:]:
+        with contextlib.suppress(ValueError, StateError):
+            out.append(build_document(DeployStep, json.loads(line), "deploy step"))
+    return out
+
+
+# ---------------------------------------------------------------- the deployer
+
+
+@dataclasses.dataclass
+class _Deploy:
+    """The deployer's working state for one deploy."""
+
+    home: Path
+    jdir: Path
+    plan: DeployPlan
+    cfg: Config
+    previous: Spec  # the running run's spec: a rollback starts it again, in its snapshot
+    started_at: float = dataclasses.field(default_factory=time.time)
+    checkpoint: Checkpoint | None = None
+    step: str = "checkpoint"
+
+    def say(self, step: str, line: str, left_s: float | None = None) -> None:
+        self.step = step
+        doc = dataclasses.asdict(DeployStep(step, line, time.time(), left_s))
+        with contextlib.suppress(OSError), open(steps_path(self.jdir, self.plan.id), "a") as f:
+            f.write(json.dumps(doc) + "\n")
+
+    def report(self, outcome: str, summary: str, **more: object) -> DeployReport:
+        p = self.plan
+        rep = DeployReport(
+            id=p.id,
+            name=p.name,
+            outcome=outcome,
+            step=self.step,
+            summary=summary,
+            from_run=p.from_run,
+            from_commit=_commit(p.from_code),
+            to_commit=_commit(p.to_code),
+            checkpoint=self.checkpoint.path if self.checkpoint else None,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            **more,  # type: ignore[arg-type]
+        )
+        state.write_json_atomic(report_path(self.jdir, p.id), rep.to_doc())
+        with contextlib.suppress(OSError):
+            state.append_event(self.jdir, "deploy", **rep.to_doc())
+        return rep
+
+
+def _commit(code: object) -> str | None:
+    head = getattr(code, "git_head", None)
+    sha = getattr(code, "entry_sha", None)
+    return (head or sha or None) and str(head or sha)[:12]
+
+
+def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:
+    """Run deploy ``did`` of job ``name`` to its end; the report is also on disk."""
+    jdir = existing_job(home, name)
+    doc = json.loads(plan_path(jdir, did).read_text())
+    plan = build_document(DeployPlan, doc, str(plan_path(jdir, did)))
+    d = _Deploy(home, jdir, plan, cfg, state.read_spec(jdir))
+    try:
+        with state.flock_file(jdir / LOCK, 0.0, f"a deploy of {name} is already running"):
+            return _run(d)
+    except JobConflictError as e:
+        return d.report("refused", str(e))
+
+
+def _run(d: _Deploy) -> DeployReport:
+    p, spec = d.plan, d.previous
+    if p.at == "checkpoint":
+        d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",
+              p.checkpoint_timeout_s)  # fmt: skip
+        try:
+            d.checkpoint = ask_checkpoint(d.home, p.name, spec, p.checkpoint_timeout_s, _none)
+        except (TrainctlError, TimeoutError) as e:
+            return d.report("failed", f"no checkpoint: {e}; nothing was stopped")
+        if d.checkpoint is None:
+            return d.report("failed", f"job {p.name} is not running any more; nothing stopped")
+        d.say("checkpoint", f"checkpoint {d.checkpoint.path} written")
+    else:
+        d.checkpoint = newest_checkpoint(spec)
+    if cancel_path(d.jdir, p.id).exists():
+        return d.report("cancelled", "cancelled before the stop; nothing changed")
+    d.say("stop", f"stopping run {p.from_run} (verified), then starting the new code")
+    resume = d.checkpoint.path if d.checkpoint else None
+    try:
+        _, started = restart_job(
+            d.home, p.name, d.cfg, grace_s=p.grace_s, reload=p.reload, verb="deploy",
+            respec=lambda s: _resuming(s, resume, p.id),
+        )  # fmt: skip
+    except TrainctlError as e:
+        return d.report("failed", f"the stop or the start failed: {e}")
+    d.say("start", f"run {started.run} started (main pid {started.main_pid})")
+    gate = _gate(d, started.run)
+    if gate.ok:
+        d.say("done", f"run {started.run} passed its gate: {gate.why}")
+        return d.report(
+            "deployed", f"run {started.run} runs the new code: {gate.why}",
+            to_run=started.run, resumed_step=gate.first, reached_step=gate.step,
+        )  # fmt: skip
+    return _rollback(d, started.run, gate, resume)
+
+
+def _none() -> None:
+    return None
+
+
+def _resuming(spec: Spec, resume: str | None, did: str) -> Spec:
+    env = {**spec.env, DEPLOY_VAR: did}
+    env.pop(RESUME_VAR, None)
+    if resume is not None:
+        env[RESUME_VAR] = resume
+    return dataclasses.replace(spec, env=env)
+
+
+@dataclasses.dataclass
+class _Gate:
+    ok: bool
+    why: str
+    first: float | None = None
+    step: float | None = None
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+
+def _gate(d: _Deploy, run: int) -> _Gate:
+    """Wait for the new run to show progress past its first step (or a checkpoint)."""
+    limit = d.plan.health_s
+    t0 = time.time()
+    d.say("gate", f"waiting for run {run} to make progress", limit)
+    first: float | None = None
+    step: float | None = None
+    while True:
+        st = state.read_state(d.jdir)
+        spec = state.read_spec(d.jdir)
+        ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
+        if ended:
+            lines = [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
+            if st.run == run and st.phase == Phase.EXITED and not st.exit_code:
+                return _Gate(True, "it finished cleanly within the gate", first, step)
+            why = st.cause.summary if st.cause is not None and st.run == run else "it ended"
+            return _Gate(False, f"run {run} ended: {why}", first, step, lines)
+        prog = read_progress(d.jdir, st, spec)
+        if prog is not None and prog.step is not None:
+            first = prog.step if first is None else first
+            step = prog.step
+            if step > first:
+                return _Gate(True, f"step {step:g}, past step {first:g}", first, step)
+        ck = newest_checkpoint(spec)
+        if ck is not None and ck.mtime > t0:
+            return _Gate(True, f"it wrote checkpoint {ck.path}", first, step)
+        if time.time() - t0 >= limit:
+            seen = "no progress" if first is None else f"no step past {first:g}"
+            lines = [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
+            return _Gate(False, f"{seen} within {limit:g} s", first, step, lines)
+        time.sleep(GATE_POLL_S)
+
+
+def _rollback(d: _Deploy, run: int, gate: _Gate, resume: str | None) -> DeployReport:
+    p = d.plan
+    old, new = _commit(p.from_code) or "?", _commit(p.to_code) or "?"
+    more = {"to_run": run, "cause": gate.why, "last_lines": gate.lines,
+            "resumed_step": gate.first, "reached_step": gate.step}  # fmt: skip
+    if p.rollback != "auto" or p.rollback_to is None:
+        why = p.no_rollback_why or "--rollback never"
+        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
+                       f"not rolled back ({why})"))  # fmt: skip
+        return d.report("failed", f"the new code failed its gate ({gate.why}); "
+                        f"not rolled back: {why}", **more)  # fmt: skip
+    d.say("rollback", f"{gate.why}: rolling back to run {p.from_run}'s code ({old})")
+    try:
+        _, back = restart_job(
+            d.home, p.name, d.cfg, grace_s=p.grace_s, verb="deploy", keep_cwd=True,
+            respec=lambda _new: _resuming(d.previous, resume, p.id),
+        )  # fmt: skip
+    except TrainctlError as e:
+        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
+                       f"the rollback to {old} failed too: {e}"))  # fmt: skip
+        return d.report("failed", f"{gate.why}; the rollback failed: {e}", **more)
+    summary = f"deploy of {new} failed: {gate.why}; rolled back to {old} (run {back.run})"
+    _tell(d, Cause(kind="deploy_failed", summary=summary))
+    d.say("done", f"run {back.run} runs the previous code ({old})")
+    return d.report("rolled-back", summary, rollback_run=back.run, **more)
+
+
+def _tell(d: _Deploy, cause: Cause) -> None:
+    """on_deploy_failed and notify: both commits and the cause, in the summary."""
+    with contextlib.suppress(TrainctlError, OSError):
+        spec = state.read_spec(d.jdir)
+        st = state.read_state(d.jdir)
+        hooks.fire("deploy_failed", spec, d.jdir, st, cause)

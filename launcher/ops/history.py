@@ -1,0 +1,129 @@
+"""`trainctl history NAME`: the lineage of a job, a run a row, from its events.
+
+Each run's start (``started``), its code (``code``, written by its supervisor once main
+has exec'd), its end (``ended``; a relaunch's ``restart_scheduled``) and the deploys that
+touched it (``deploy``) are lines of ``events.jsonl``; the state file says how the
+newest run stands now. The steps come from each run's progress file (or log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.progress import read_progress
+from trainctl.launcher.results.ops import HistoryRow
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import TrainctlError
+
+from .jobs import current_phase, existing_job
+
+
+def _events(jdir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(jdir / "events.jsonl", "rb") as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and isinstance(ev.get("event"), str):
+                    out.append(ev)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _code_line(ev: dict[str, Any]) -> str:
+    head = ev.get("git_head") or ""
+    sha = str(ev.get("entry_sha") or "")[:8]
+    what = str(head)[:8] if head else (f"entry {sha}" if sha else "?")
+    notes = [n for n in ("dirty" if ev.get("dirty") else "", ev.get("snapshot") or "") if n]
+    return what + (f" ({', '.join(str(n) for n in notes)})" if notes else "")
+
+
+def job_history(home: Path, name: str) -> list[HistoryRow]:
+    """Every recorded run of job ``name``, oldest first."""
+    jdir = existing_job(home, name)
+    rows: dict[int, HistoryRow] = {}
+    current: int | None = None
+
+    def row(run: int) -> HistoryRow:
+        return rows.setdefault(run, HistoryRow(run=run))
+
+    for ev in _events(jdir):
+        kind, run = ev["event"], ev.get("run")
+        if kind == "started" and isinstance(run, int):
+            current = run
+            rows[run] = dataclasses.replace(row(run), started_at=_num(ev.get("ts")))
+        elif kind == "code" and isinstance(run, int):
+            rows[run] = dataclasses.replace(
+                row(run), code=_code_line(ev), commit=ev.get("git_head"),
+                dirty=ev.get("dirty"), snapshot=ev.get("snapshot"),
+            )  # fmt: skip
+        elif kind in ("ended", "restart_scheduled"):
+            r = run if isinstance(run, int) else current
+            if r is None:
+                continue
+            cause = ev.get("cause")
+            summary = cause.get("summary") if isinstance(cause, dict) else None
+            phase = ev.get("phase") if kind == "ended" else "failed (restarted)"
+            rows[r] = dataclasses.replace(
+                row(r), ended_at=_num(ev.get("ts")), phase=phase, cause=summary
+            )
+        elif kind == "deploy":
+            _mark_deploy(rows, ev)
+    return _finish(jdir, rows)
+
+
+def _mark_deploy(rows: dict[int, HistoryRow], ev: dict[str, Any]) -> None:
+    """A deploy marks the run it left, the run it started and the run it rolled back to."""
+    old, new = ev.get("from_commit") or "?", ev.get("to_commit") or "?"
+    outcome = ev.get("outcome")
+    for key, mark in (
+        ("from_run", f"deploy out: {str(old)[:8]} -> {str(new)[:8]}, {outcome}"),
+        ("to_run", f"deploy in: {outcome}"),
+        ("rollback_run", f"rollback from run {ev.get('to_run')}"),
+    ):
+        r = ev.get(key)
+        if isinstance(r, int):
+            was = rows.setdefault(r, HistoryRow(run=r))
+            ck = ev.get("checkpoint") if key == "from_run" else was.checkpoint
+            rows[r] = dataclasses.replace(was, marks=[*was.marks, mark], checkpoint=ck)
+
+
+def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:
+    """Durations, steps, and the newest run as its state says it stands."""
+    try:
+        st = state.read_state(jdir)
+        spec = state.read_spec(jdir)
+    except TrainctlError:
+        return [rows[r] for r in sorted(rows)]
+    phase = current_phase(jdir, st)
+    if st.run in rows or not rows:
+        r = rows.get(st.run, HistoryRow(run=st.run, started_at=st.started_at))
+        ended = st.ended_at if phase in state.TERMINAL else None
+        cause = st.cause.summary if st.cause is not None and ended else r.cause
+        rows[st.run] = dataclasses.replace(
+            r,
+            started_at=r.started_at or st.started_at,
+            ended_at=ended or r.ended_at,
+            phase=str(phase) if phase in state.TERMINAL or str(phase) == "lost" else None,
+            cause=cause,
+            code=r.code or (st.code.line() if st.code else None),
+        )
+    out = []
+    for run in sorted(rows):
+        r = rows[run]
+        prog = read_progress(jdir, dataclasses.replace(st, run=run), spec)
+        end = r.ended_at
+        took = (end - r.started_at) if end and r.started_at else None
+        out.append(dataclasses.replace(r, duration_s=took, steps=prog.step if prog else None))
+    return out

@@ -1,0 +1,128 @@
+"""`trainctl deploy NAME...`: the code on disk into a running job, gated, with a way back."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from trainctl.launcher import render
+from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.inputs import parse_duration, parse_seconds
+from trainctl.launcher.ops import deploy as ops
+from trainctl.launcher.results.ops import DeployPlan, DeployReport
+from trainctl.supervisor.errors import ConfigError, SpawnError
+from trainctl.supervisor.state import job_dir
+
+from . import Invocation
+
+FOLLOW_S = 0.1
+
+
+def run(
+    inv: Invocation,
+    names: list[str],
+    *,
+    at: str | None = None,
+    health: str | None = None,
+    rollback: str = "auto",
+    reload: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+    checkpoint_timeout: str = "5m",
+    grace: str | None = None,
+    rolling: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Deploy into job NAME (or, with --rolling, each NAME in turn); 0 when deployed."""
+    if len(names) > 1 and not rolling:
+        raise ConfigError("deploy takes one NAME; --rolling deploys several, one at a time")
+    health_s = None if health is None else parse_duration(health, "--health")
+    if health_s is not None and health_s <= 0:
+        raise ConfigError("--health must be more than 0: the gate is the point of a deploy")
+    timeout_s = parse_duration(checkpoint_timeout, "--checkpoint-timeout")
+    grace_s = None if grace is None else parse_seconds(grace, "--grace")
+
+    def plan(name: str) -> DeployPlan:
+        return ops.plan_deploy(
+            inv.home, name, inv.cfg, at=at, health_s=health_s, rollback=rollback,
+            reload=reload, force=force, checkpoint_timeout_s=timeout_s, grace_s=grace_s,
+        )  # fmt: skip
+
+    if dry_run:
+        plans = [plan(n) for n in names]
+        if as_json:
+            docs = [p.to_doc() for p in plans]
+            render.emit_json({"dry_run": True, "plans": docs} if rolling else docs[0])
+        else:
+            for p in plans:
+                render.deploy_plan(p)
+        return ExitCode.OK
+    reports: list[DeployReport] = []
+    for i, name in enumerate(names):
+        rep = _deploy(inv, plan(name), quiet=as_json)
+        reports.append(rep)
+        if not rep.ok and rolling and names[i + 1 :]:
+            sys.stderr.write(
+                f"trainctl: --rolling stops here; not touched: {', '.join(names[i + 1 :])}\n"
+            )
+        if not rep.ok:
+            break
+    if as_json:
+        docs = [r.to_doc() for r in reports]
+        render.emit_json(
+            {"deploys": docs, "untouched": names[len(reports) :]} if rolling else docs[0]
+        )
+    return (
+        ExitCode.OK
+        if all(r.ok for r in reports) and len(reports) == len(names)
+        else ExitCode.FAILED
+    )
+
+
+def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
+    """Hand the deploy to its deployer; follow its steps until its report is written."""
+    jdir = job_dir(inv.home, plan.name)
+    ops.write_plan(jdir, plan)
+    proc = ops.spawn_deployer(inv.home, plan.name, plan.id)
+    seen, stopped = 0, False
+    if not quiet:
+        render.line(f"deploy {plan.name} ({plan.id}): deployer pid {proc.pid}")
+    try:
+        while True:
+            for step in ops.read_steps(jdir, plan.id, seen):
+                seen += 1
+                stopped = stopped or step.step != "checkpoint"
+                if not quiet:
+                    render.deploy_step(step)
+            rep = ops.read_report(jdir, plan.id)
+            if rep is not None:
+                proc.wait()
+                if not quiet:
+                    render.deploy_report(rep)
+                return rep
+            if proc.poll() is not None and ops.read_report(jdir, plan.id) is None:
+                raise SpawnError(
+                    f"the deployer of {plan.name} exited ({proc.returncode}) without a report; "
+                    f"see {jdir / 'events.jsonl'}"
+                )
+            time.sleep(FOLLOW_S)
+    except KeyboardInterrupt:
+        return _interrupted(jdir, plan, proc.pid, stopped=stopped)
+
+
+def _interrupted(where: Path, plan: DeployPlan, pid: int, *, stopped: bool) -> DeployReport:
+    """Ctrl-C: before the stop, the deploy is cancelled; after it, it goes on by itself."""
+    if not stopped:
+        ops.cancel_path(where, plan.id).touch()
+        for _ in range(100):  # the deployer sees it before its stop (or is past it)
+            rep = ops.read_report(where, plan.id)
+            if rep is not None:
+                render.deploy_report(rep)
+                return rep
+            time.sleep(FOLLOW_S)
+    sys.stderr.write(
+        f"trainctl: the deploy of {plan.name} goes on in its own process (pid {pid}); "
+        f"`trainctl history {plan.name}` shows how it ends\n"
+    )
+    raise SystemExit(ExitCode.INTERRUPTED)
