@@ -94,4 +94,3 @@ def resume_from() -> str | None:
     """The checkpoint this run should resume from, when `trainctl deploy` started it
     (``$TRAINCTL_RESUME_FROM``: the checkpoint the deploy waited for); else None."""
     return os.environ.get("TRAINCTL_RESUME_FROM") or None
-

@@ -37,14 +37,20 @@ import time
 from pathlib import Path
 
 from trainctl.launcher.backends.local import snapshot
-from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.checkpoint import newest_checkpoint, wait_new_checkpoint
 from trainctl.launcher.config import Config
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import Checkpoint
 from trainctl.launcher.results.ops import DeployPlan, DeployReport, DeployStep
 from trainctl.supervisor import hooks, ids, state
 from trainctl.supervisor.drift import code_version, drift
-from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
+from trainctl.supervisor.errors import (
+    ConfigError,
+    JobConflictError,
+    ProcessTreeError,
+    StateError,
+    TrainctlError,
+)
 from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
@@ -104,6 +110,8 @@ def plan_deploy(
     st = state.read_state(jdir)
     phase = current_phase(jdir, st)
     _refuse_unless_running(name, st, phase, home)
+    if st.backend != "local":
+        raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
     if state.is_locked(jdir, LOCK):
         raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
     spec = state.read_spec(jdir)
@@ -117,13 +125,7 @@ def plan_deploy(
             f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
         )
     snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
-    if at is None:
-        at = "checkpoint" if spec.watch.checkpoint else "now"
-    if at == "checkpoint" and not spec.watch.checkpoint:
-        raise ConfigError(
-            f"job {name} names no `checkpoint` glob: --at checkpoint cannot tell when one "
-            "is written (use --at now, or set checkpoint in the spec)"
-        )
+    at = _when(name, spec, at)
     back = _rollback_target(jdir, spec, rollback)
     ck = newest_checkpoint(spec)
     return DeployPlan(
@@ -150,6 +152,18 @@ def plan_deploy(
         reload=reload,
         grace_s=grace_s,
     )
+
+
+def _when(name: str, spec: Spec, at: str | None) -> str:
+    """--at: after a fresh checkpoint by default when the job names a glob, else now."""
+    if at is None:
+        return "checkpoint" if spec.watch.checkpoint else "now"
+    if at == "checkpoint" and not spec.watch.checkpoint:
+        raise ConfigError(
+            f"job {name} names no `checkpoint` glob: --at checkpoint cannot tell when one "
+            "is written (use --at now, or set checkpoint in the spec)"
+        )
+    return at
 
 
 def _refuse_unless_running(name: str, st: JobState, phase: Phase, home: Path) -> None:
@@ -297,21 +311,10 @@ def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:
 
 
 def _run(d: _Deploy) -> DeployReport:
-    p, spec = d.plan, d.previous
-    if p.at == "checkpoint":
-        d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",
-              p.checkpoint_timeout_s)  # fmt: skip
-        try:
-            d.checkpoint = ask_checkpoint(d.home, p.name, spec, p.checkpoint_timeout_s, _none)
-        except (TrainctlError, TimeoutError) as e:
-            return d.report("failed", f"no checkpoint: {e}; nothing was stopped")
-        if d.checkpoint is None:
-            return d.report("failed", f"job {p.name} is not running any more; nothing stopped")
-        d.say("checkpoint", f"checkpoint {d.checkpoint.path} written")
-    else:
-        d.checkpoint = newest_checkpoint(spec)
-    if cancel_path(d.jdir, p.id).exists():
-        return d.report("cancelled", "cancelled before the stop; nothing changed")
+    p = d.plan
+    ended = _checkpoint_step(d, d.previous)
+    if ended is not None:
+        return ended
     d.say("stop", f"stopping run {p.from_run} (verified), then starting the new code")
     resume = d.checkpoint.path if d.checkpoint else None
     try:
@@ -320,7 +323,11 @@ def _run(d: _Deploy) -> DeployReport:
             respec=lambda s: _resuming(s, resume, p.id),
         )  # fmt: skip
     except TrainctlError as e:
-        return d.report("failed", f"the stop or the start failed: {e}")
+        st = state.read_state(d.jdir)
+        if st.run == p.from_run and current_phase(d.jdir, st) in state.TERMINAL:
+            # the old run is stopped and the new code never started: go back all the same
+            return _rollback(d, None, _Gate(False, f"the new code did not start: {e}"), resume)
+        return d.report("failed", f"the stop failed, nothing was started: {e}")
     d.say("start", f"run {started.run} started (main pid {started.main_pid})")
     gate = _gate(d, started.run)
     if gate.ok:
@@ -332,8 +339,58 @@ def _run(d: _Deploy) -> DeployReport:
     return _rollback(d, started.run, gate, resume)
 
 
+def _checkpoint_step(d: _Deploy, spec: Spec) -> DeployReport | None:
+    """Steps 1 and 2: the checkpoint (or the newest one, --at now), unless cancelled; a
+    report when the deploy ends here (nothing was stopped)."""
+    p = d.plan
+    if p.at == "checkpoint":
+        d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",
+              p.checkpoint_timeout_s)  # fmt: skip
+        try:
+            d.checkpoint = _await_checkpoint(d, spec)
+        except _CancelledError:
+            return d.report("cancelled", "cancelled before the stop; nothing changed")
+        except (TrainctlError, TimeoutError) as e:
+            return d.report("failed", f"no checkpoint: {e}; nothing was stopped")
+        if d.checkpoint is None:
+            return d.report("failed", f"job {p.name} is not running any more; nothing stopped")
+        d.say("checkpoint", f"checkpoint {d.checkpoint.path} written")
+    else:
+        d.checkpoint = newest_checkpoint(spec)
+    if cancel_path(d.jdir, p.id).exists():
+        return d.report("cancelled", "cancelled before the stop; nothing changed")
+    return None
+
+
 def _none() -> None:
     return None
+
+
+class _CancelledError(Exception):
+    """The verb was interrupted before the stop: the deploy ends, nothing changed."""
+
+
+def _await_checkpoint(d: _Deploy, spec: Spec) -> Checkpoint | None:
+    """Ask for a checkpoint and wait for it, a second at a time: a Ctrl-C of the verb
+    (its cancel file) ends the wait, and the deploy, at once."""
+    p = d.plan
+    deadline = time.monotonic() + p.checkpoint_timeout_s
+    asked_at = time.time()
+    try:
+        return ask_checkpoint(d.home, p.name, spec, min(1.0, p.checkpoint_timeout_s), _none)
+    except ProcessTreeError:
+        pass  # asked; not written yet
+    while True:
+        if cancel_path(d.jdir, p.id).exists():
+            raise _CancelledError
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"no new checkpoint matching {spec.watch.checkpoint!r} within "
+                f"{p.checkpoint_timeout_s:g} s after {spec.watch.checkpoint_signal}"
+            )
+        with contextlib.suppress(ProcessTreeError):
+            return wait_new_checkpoint(spec, asked_at, min(1.0, left))
 
 
 def _resuming(spec: Spec, resume: str | None, did: str) -> Spec:
@@ -386,7 +443,7 @@ def _gate(d: _Deploy, run: int) -> _Gate:
         time.sleep(GATE_POLL_S)
 
 
-def _rollback(d: _Deploy, run: int, gate: _Gate, resume: str | None) -> DeployReport:
+def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> DeployReport:
     p = d.plan
     old, new = _commit(p.from_code) or "?", _commit(p.to_code) or "?"
     more = {"to_run": run, "cause": gate.why, "last_lines": gate.lines,

@@ -4,7 +4,7 @@ Built on the official MCP Python SDK (``pip install 'trainctl[mcp]'``; 2.x, whos
 is ``mcp.server.mcpserver.MCPServer``). Each tool returns the very document the verb's
 ``--json`` prints: locally the verb runs in this process (the same operations, no new
 interpreter per call); with ``--host`` it runs as ``trainctl --host HOST VERB --json``,
-the CLI's own ssh path. Read-only unless ``--allow`` names ``stop``, ``restart`` or
+the CLI's own ssh path. Read-only unless ``--allow`` names ``stop``, ``restart``, ``deploy`` or
 ``start``; no tool takes a pid, a signal number or a shell string, and every tool that
 changes something names a job.
 """
@@ -31,7 +31,7 @@ from trainctl.supervisor.errors import ConfigError, TrainctlError
 
 from . import Invocation
 
-MUTATING = ("stop", "restart", "start")
+MUTATING = ("stop", "restart", "start", "deploy")
 MAX_LOG_LINES = 500
 MAX_LOG_BYTES = 64 << 10  # what job_logs returns at most: an agent's context is not a disk
 MAX_LINE_CHARS = 2000
@@ -141,6 +141,12 @@ ONE_JOB = (
     ),
     ("job_ps", "ps", "A job's live process tree, and what a stop would do to each."),
     (
+        "job_history",
+        "history",
+        "A job's lineage, a run a row: when, how long, its code (commit, dirty), its newest "
+        "step, how it ended, and the deploys and rollbacks that touched it.",
+    ),
+    (
         "job_stack",
         "stack",
         "The Python stack of every process of a job, grouped (py-spy): what a hung or slow "
@@ -223,6 +229,23 @@ def _changing_tools(server: MCPServer[Any], tools: Tools) -> None:
         tools.refuse_unless("restart")
         return await anyio.to_thread.run_sync(
             tools.verb, "restart", [name], lambda i: v("restart").run(i, name, as_json=True)
+        )
+
+    @server.tool(
+        description="Bring the code on disk into a running job: a fresh checkpoint, the "
+        "verified stop, the new code resuming from it, a gate on its progress (health, e.g. "
+        "'10m'), and a rollback to the previous code if the gate fails. Returns the deploy's "
+        "report. Only on a server started with --allow deploy."
+    )
+    async def deploy_job(name: str, health: str | None = None) -> str:
+        tools.checked(name)
+        tools.refuse_unless("deploy")
+        cli = [name, *(["--health", health] if health else [])]
+        return await anyio.to_thread.run_sync(
+            tools.verb,
+            "deploy",
+            cli,
+            lambda i: v("deploy").run(i, [name], health=health, as_json=True),
         )
 
     @server.tool(

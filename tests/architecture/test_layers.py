@@ -380,6 +380,8 @@ LONG_FUNCTIONS = {
     "launcher/backends/slurm/__init__.py:seen": "Slurm's verdict and every node's record",
     "launcher/backends/local/direct.py:stop_direct": "the supervisor-less stop, in its order",
     "launcher/ops/adopt.py:_plan": "adopt's plan: roots, their trees, the log source, the panes",
+    "launcher/ops/deploy.py:plan_deploy": "every check of a deploy, then its 22-field plan",
+    "launcher/verbs/deploy.py:run": "deploy's eleven options, read and checked, then each deploy",
 }
 
 

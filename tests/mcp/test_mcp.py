@@ -66,6 +66,7 @@ def test_read_only_tools_on_a_real_job_and_refusals(harness: Harness) -> None:
             assert names == {
                 "list_jobs", "job_status", "job_ps", "job_logs", "gpus", "job_stack",
                 "doctor", "plan_stop", "stop_job", "restart_job", "start_job",
+                "job_history", "deploy_job",
             }  # fmt: skip
             stop_tool = next(t for t in (await c.list_tools()).tools if t.name == "stop_job")
             assert "pkill" in (stop_tool.description or "")
@@ -95,6 +96,10 @@ def test_read_only_tools_on_a_real_job_and_refusals(harness: Harness) -> None:
             assert "trainctl mcp --allow stop" in said
             said = _error(await c.call_tool("start_job", {"name": "x", "argv": ["true"]}))
             assert "--allow start" in said
+            said = _error(await c.call_tool("deploy_job", {"name": "train"}))
+            assert "--allow deploy" in said
+            history = _doc(await c.call_tool("job_history", {"name": "train"}))
+            assert [(r["run"], r["phase"]) for r in history] == [(1, None)]  # it runs
             assert _doc(await c.call_tool("job_status", {"name": "train"}))["state"] == "running"
 
     anyio.run(talk)
@@ -173,10 +178,10 @@ def test_concurrent_calls_each_get_their_own_jobs_result(harness: Harness) -> No
 def test_every_tool_refuses_a_bad_name_with_one_line(harness: Harness, name: str) -> None:
     h = harness
     tools = ("job_status", "job_ps", "job_logs", "job_stack", "plan_stop", "stop_job",
-             "restart_job")  # fmt: skip
+             "restart_job", "job_history", "deploy_job")  # fmt: skip
 
     async def talk() -> list[str]:
-        async with _session(h, "--allow", "stop,restart,start") as c:
+        async with _session(h, "--allow", "stop,restart,start,deploy") as c:
             said = [_error(await c.call_tool(t, {"name": name})) for t in tools]
             said.append(_error(await c.call_tool("start_job", {"name": name, "argv": ["true"]})))
             return said
@@ -184,3 +189,24 @@ def test_every_tool_refuses_a_bad_name_with_one_line(harness: Harness, name: str
     for line in anyio.run(talk):
         assert "invalid job name" in line, line
     assert not (h.home / "jobs").exists() or not list((h.home / "jobs").iterdir())
+
+
+def test_allow_deploy_deploys_through_the_tool_and_history_shows_it(harness: Harness) -> None:
+    from tests.keeper.test_deploy import repo, start, version  # noqa: PLC0415
+
+    h = harness
+    r = repo(h)
+    start(h, "d", r)
+    new = version(r, 2)
+
+    async def talk() -> Any:
+        async with _session(h, "--allow", "deploy") as c:
+            rep = _doc(await c.call_tool("deploy_job", {"name": "d", "health": "30s"}))
+            rows = _doc(await c.call_tool("job_history", {"name": "d"}))
+            return rep, rows
+
+    rep, rows = anyio.run(talk)
+    assert rep["outcome"] == "deployed"
+    assert rep["to_commit"] == new[:12]
+    assert [r["commit"] for r in rows][-1] == new
+    assert h.tc("stop", "d").rc == 0
