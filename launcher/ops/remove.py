@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from trainctl.launcher import backends
+from trainctl.launcher.backends.local import snapshot
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import JobConflictError, JobNotFoundError, StateError
 
@@ -53,5 +54,6 @@ def remove_job(home: Path, name: str, *, force: bool = False) -> Path:
             if not seen.ended or live_members(st):
                 raise JobConflictError(f"job {name} is {seen.phase}: stop it before removing it")
         _refuse_if_anything_runs(jdir, name)
+        snapshot.prune(jdir, 0, set())  # git worktrees are unregistered from their repository
         shutil.rmtree(jdir)
     return jdir

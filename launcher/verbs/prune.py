@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from trainctl.launcher import render
+from trainctl.launcher.backends.local import snapshot
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.jobs import ended_jobs
 from trainctl.launcher.ops.remove import remove_job
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
 
 from . import Invocation
@@ -30,12 +32,14 @@ def run(inv: Invocation, *, older_than: str, dry_run: bool = False, as_json: boo
             kept.append((name, str(e)))
             continue
         removed.append((name, ended_at))
+    trimmed = {} if dry_run else _trim_snapshots(inv)
     if as_json:
         render.emit_json(
             {
                 "dry_run": dry_run,
                 "removed": [{"name": n, "ended_at": at} for n, at in removed],
                 "kept": [{"name": n, "error": err} for n, err in kept],
+                "snapshots_removed": trimmed,
             }
         )
     else:
@@ -44,6 +48,18 @@ def run(inv: Invocation, *, older_than: str, dry_run: bool = False, as_json: boo
             render.line(f"{verb} {name} (ended {render.ago(at)})")
         for name, err in kept:
             render.line(f"kept {name}: {err}")
+        for name, runs in trimmed.items():
+            render.line(f"removed the code snapshots of {name} run(s) {', '.join(map(str, runs))}")
         if not found:
             render.line(f"no job in {inv.home} ended more than {render.age(age_s)} ago")
     return ExitCode.FAILED if kept else ExitCode.OK
+
+
+def _trim_snapshots(inv: Invocation) -> dict[str, list[int]]:
+    """Every remaining job's code snapshots beyond its snapshot_keep."""
+    out = {}
+    for name in state.list_jobs(inv.home):
+        runs = snapshot.trim(state.job_dir(inv.home, name))
+        if runs:
+            out[name] = runs
+    return out

@@ -342,3 +342,27 @@ def test_a_copy_snapshot_over_its_cap_is_refused_before_anything_starts(
     assert not (snap / "data.bin").exists()  # excluded
     time.sleep(0.1)
     h.tc("stop", "small", check=True)
+
+
+def test_snapshots_are_kept_to_snapshot_keep_and_rm_unregisters_them(harness: Harness) -> None:
+    h = harness
+    r = repo(h)
+    start(h, "k", r, "--set", "snapshot_keep=1")
+    for v in (2, 3):
+        version(r, v)
+        assert h.tc("deploy", "k", "--at", "now", "--health", "30s").rc == 0
+    snaps = h.home / "jobs" / "k" / "snapshots"
+    # keep 1, and the previous run's is always kept (a deploy's way back)
+    assert sorted(p.name for p in snaps.iterdir()) == ["run-2", "run-3"]
+    listed = subprocess.run(
+        ["git", "-C", str(r), "worktree", "list"], capture_output=True, check=True
+    )
+    assert listed.stdout.decode().count("\n") == 3  # the repository and the two kept
+    pruned = h.tc("prune", "--older-than", "1d", "--json", check=True).json()
+    assert pruned["snapshots_removed"] == {"k": [2]}
+    h.tc("stop", "k", check=True)
+    h.tc("rm", "k", check=True)
+    listed = subprocess.run(
+        ["git", "-C", str(r), "worktree", "list"], capture_output=True, check=True
+    )
+    assert listed.stdout.decode().count("\n") == 1  # only the repository itself

@@ -277,6 +277,29 @@ def test_restart_over_ssh_runs_new_code(lab: Harness) -> None:
     assert h.tc("stop", "rs", env=env).rc == 0
 
 
+def test_deploy_and_history_over_ssh(lab: Harness) -> None:
+    from tests.keeper.test_deploy import progress, repo, version  # noqa: PLC0415
+
+    h = lab
+    r = repo(h)
+    ck = h.tmp / "ck"
+    ck.mkdir()
+    env = {**h.env, "TRAINCTL_HOST": "lab"}
+    h.tc(
+        "start", "--name", "rd", "--cwd", str(r), "--grace", "5", "--set", "snapshot=git",
+        "--set", f"checkpoint={ck}/ckpt-*.txt", "--", sys.executable, "train.py", str(ck),
+        env=env, check=True,
+    )  # fmt: skip
+    wait_for(lambda: progress(h, "rd", 1) >= 3, 30, "rd to make progress")
+    new = version(r, 2)
+    res = h.tc("deploy", "rd", "--health", "30s", "--json", env=env, timeout=120)
+    assert res.rc == 0, res
+    assert res.json()["to_commit"] == new[:12]
+    rows = h.tc("history", "rd", "--json", env=env, check=True).json()
+    assert [row["commit"] for row in rows][-1] == new
+    assert h.tc("stop", "rd", env=env).rc == 0
+
+
 @pytest.mark.parametrize(
     ("alias", "needle"),
     [

@@ -27,7 +27,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from trainctl.supervisor.errors import ConfigError, SpawnError
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, JobNotFoundError, SpawnError, StateError
 from trainctl.supervisor.spec import Spec
 
 GIT_TIMEOUT_S = 120.0
@@ -183,6 +184,17 @@ def prune(jdir: Path, keep: int, in_use: set[int]) -> list[int]:
     for r in gone:
         _remove(snapshot_path(jdir, r))
     return gone
+
+
+def trim(jdir: Path) -> list[int]:
+    """`trainctl prune`: a job's snapshots beyond its ``snapshot_keep`` (never the current
+    run's, nor the one it runs from); the runs whose snapshots were removed."""
+    try:
+        spec, st = state.read_spec(jdir), state.read_state(jdir)
+    except (OSError, ValueError, StateError, JobNotFoundError):
+        return []
+    in_use = {st.run, run_of(spec, jdir) or st.run}
+    return prune(jdir, max(spec.snapshot.keep, 1), in_use)
 
 
 def run_of(spec: Spec, jdir: Path) -> int | None:
