@@ -51,6 +51,7 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
+from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
@@ -415,32 +416,37 @@ def _gate(d: _Deploy, run: int) -> _Gate:
     limit = d.plan.health_s
     t0 = time.time()
     d.say("gate", f"waiting for run {run} to make progress", limit)
-    first: float | None = None
-    step: float | None = None
-    while True:
+    seen: list[float] = []  # the steps the new run reported: its first, its newest
+
+    def last_lines() -> list[str]:
+        return [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
+
+    def verdict() -> _Gate | None:
         st = state.read_state(d.jdir)
         spec = state.read_spec(d.jdir)
-        ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
-        if ended:
-            lines = [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
+        first, step = (seen[0], seen[-1]) if seen else (None, None)
+        if st.run != run or st.phase in state.TERMINAL or st.restart_at is not None:
             if st.run == run and st.phase == Phase.EXITED and not st.exit_code:
                 return _Gate(True, "it finished cleanly within the gate", first, step)
             why = st.cause.summary if st.cause is not None and st.run == run else "it ended"
-            return _Gate(False, f"run {run} ended: {why}", first, step, lines)
+            return _Gate(False, f"run {run} ended: {why}", first, step, last_lines())
         prog = read_progress(d.jdir, st, spec)
         if prog is not None and prog.step is not None:
-            first = prog.step if first is None else first
-            step = prog.step
-            if step > first:
-                return _Gate(True, f"step {step:g}, past step {first:g}", first, step)
+            seen.append(prog.step)
+            if prog.step > seen[0]:
+                return _Gate(True, f"step {prog.step:g}, past step {seen[0]:g}", seen[0], prog.step)
         ck = newest_checkpoint(spec)
         if ck is not None and ck.mtime > t0:
             return _Gate(True, f"it wrote checkpoint {ck.path}", first, step)
-        if time.time() - t0 >= limit:
-            seen = "no progress" if first is None else f"no step past {first:g}"
-            lines = [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
-            return _Gate(False, f"{seen} within {limit:g} s", first, step, lines)
-        time.sleep(GATE_POLL_S)
+        return None
+
+    got = poll_until(verdict, limit, GATE_POLL_S)
+    if got is not None:
+        return got
+    first = seen[0] if seen else None
+    what = "no progress" if first is None else f"no step past {first:g}"
+    return _Gate(False, f"{what} within {limit:g} s", first, seen[-1] if seen else None,
+                 last_lines())  # fmt: skip
 
 
 def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> DeployReport:

@@ -22,6 +22,7 @@ from trainctl.supervisor.cgroup import find_mount
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.memory import find_home as memory_home
+from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import (
     SLURM_KEYS,
@@ -386,16 +387,15 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
     dies in the first second, long before anyone looks at `status`.
     """
     jdir = existing_job(home, name)
-    deadline = time.monotonic() + window_s
-    while True:
+
+    def ended() -> Health | None:
         st = state.read_state(jdir)
-        ended = st.run != run or st.phase in state.TERMINAL or st.restart_at is not None
-        if ended:
-            lines = hooks.last_lines(state.log_path(jdir, run), 10)
-            relaunched = any(e.run == run for e in st.restart_history)
-            if st.run > run and not relaunched:  # not the restart policy: a later restart
-                return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
-            return Health(window_s, died=True, cause=st.cause, last_lines=lines)
-        if time.monotonic() >= deadline:
-            return Health(window_s)
-        time.sleep(HEALTH_POLL_S)
+        if st.run == run and st.phase not in state.TERMINAL and st.restart_at is None:
+            return None
+        lines = hooks.last_lines(state.log_path(jdir, run), 10)
+        relaunched = any(e.run == run for e in st.restart_history)
+        if st.run > run and not relaunched:  # not the restart policy: a later restart
+            return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
+        return Health(window_s, died=True, cause=st.cause, last_lines=lines)
+
+    return poll_until(ended, window_s, HEALTH_POLL_S) or Health(window_s)
