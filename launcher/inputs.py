@@ -55,10 +55,31 @@ def parse_signal(name: str) -> str:
     return sig.name
 
 
-_DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*"
-    r"(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
-)
+# A duration as systemd and people write it: numbers with units, in any combination
+# ("90s", "5 min", "1h30m", "2 hours 15 minutes", "1.5d"); each unit at most once.
+_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*,?", re.IGNORECASE)
+_UNITS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+}
+
+
+def _duration_text(text: str) -> float | None:
+    """Seconds from "1h30m" and its kin; None when the text is not one."""
+    pos, total, units = 0, 0.0, set()
+    while pos < len(text):
+        m = _PART.match(text, pos)
+        if m is None:
+            return None
+        scale = _UNITS.get(m[2].lower())
+        if scale is None or scale in units:
+            return None
+        units.add(scale)
+        total += float(m[1]) * scale
+        pos = m.end()
+    return total if units else None
 
 
 def parse_duration(value: object, what: str) -> float:
@@ -72,13 +93,12 @@ def parse_duration(value: object, what: str) -> float:
         try:
             secs = float(text)
         except ValueError:
-            m = _DURATION.match(text)
-            if not text or not m or not any(m.groups()):
+            got = _duration_text(text)
+            if got is None:
                 raise ConfigError(
-                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 20m, 1h30m, 7d)"
+                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 5min, 1h30m, 2 hours, 7d)"
                 ) from None
-            d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-            secs = d * 86400 + h * 3600 + mi * 60 + s
+            secs = got
     else:
         raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
     return check_duration(secs, what)
@@ -146,14 +166,19 @@ def closest(word: str, options: list[str] | tuple[str, ...]) -> str | None:
 
 
 def _distance(a: str, b: str, limit: int) -> int:
-    """Levenshtein distance of ``a`` and ``b``, or ``limit`` once it reaches it."""
+    """Edit distance of ``a`` and ``b`` (insertions, deletions, substitutions and swaps of
+    two neighbours: `tyo` is one edit from `toy`), or ``limit`` once it reaches it."""
     if abs(len(a) - len(b)) >= limit:
         return limit
+    before: list[int] = []
     row = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
+        now = [i] + [0] * len(b)
         for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+            now[j] = min(row[j] + 1, now[j - 1] + 1, row[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                now[j] = min(now[j], before[j - 2] + 1)
+        before, row = row, now
         if min(row) >= limit:
             return limit
     return min(row[-1], limit)

@@ -195,6 +195,8 @@ def stop_plan(p: StopPlan) -> None:
             print(f"  checkpoint: {p.checkpoint}, {age(p.checkpoint_age_s or 0)} old")
     if p.gpus:
         print(f"  GPUs {', '.join(map(str, p.gpus))}: the stop waits until they are released")
+    if p.dooms:
+        print(f"  it would fail the queued job(s) waiting for it: {', '.join(p.dooms)}")
     print("  nothing was signalled (--dry-run)")
 
 
@@ -411,6 +413,9 @@ def status(s: Status) -> None:
     if s.state == "queued" and s.queue is not None:
         _queued_status(s, s.queue)
         return
+    if s.never_ran:
+        _never_ran(s)
+        return
     _status_head(s)
     ended = s.ended_at is not None and s.state in ENDED_STATES
     when = f"ran {duration(s.uptime_s)}, ended {ago(s.ended_at)}" if ended else "uptime"
@@ -487,6 +492,17 @@ def _last_stop_lines(ls: StopReport | SlurmStopReport) -> None:
         print(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
     if getattr(ls, "stacks", None):
         print(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
+
+
+def _never_ran(s: Status) -> None:
+    """A run that was recorded and never started (its dependency can never be met): what
+    it waits no more for, and nothing of the fields that have no value."""
+    why = s.cause.summary if s.cause is not None else (s.error or "it was never started")
+    print(f"{s.name}: {term.phase(s.state, s.state)}, run {s.run}: never ran: {clean(why)}")
+    if s.argv:
+        cmd = clean(term.argv_line(s.argv, s.cwd))
+        print(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+    print(f"  recorded {ago(s.ended_at)}; `trainctl start {s.name}` runs it now")
 
 
 def _status_head(s: Status) -> None:

@@ -339,12 +339,11 @@ def load_spec_file(path: str, *, check_cwd: bool = True) -> SpecDraft:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    _refuse_unknown(path, text, [k for k in doc if k not in KEYS])
     out: dict[str, Any] = {}
     for key, value in doc.items():
         line = _line_of(text, key)
         where = f"{path}:{line}: {key}" if line else f"{path}: {key}"
-        if key not in KEYS:
-            raise ConfigError(f"{where}: unknown key{closest_key(key)}")
         out[key] = KEYS[key](value, where)
     if "cwd" in out:
         out["cwd"] = str((p.parent / Path(out["cwd"]).expanduser()).resolve())
@@ -363,6 +362,28 @@ def file_changes(spec_file: str, recorded: dict[str, Any]) -> list[str]:
     except ConfigError as e:
         return [f"now invalid: {e}"]
     return [k for k in sorted({*now, *recorded}) if now.get(k) != recorded.get(k)]
+
+
+def _refuse_unknown(path: str, text: str, unknown: list[str]) -> None:
+    """Every unknown key at once, each with its line and the key it is closest to."""
+    if not unknown:
+        return
+    if len(unknown) == 1:
+        key = unknown[0]
+        line = _line_of(text, key)
+        where = f"{path}:{line}: {key}" if line else f"{path}: {key}"
+        raise ConfigError(f"{where}: unknown key{closest_key(key)}")
+    parts = []
+    for key in unknown:
+        line = _line_of(text, key)
+        near = closest(key, list(KEYS))
+        said = [f"line {line}"] if line else []
+        said += [f"did you mean {near}?"] if near else []
+        parts.append(f"{key} ({'; '.join(said)})" if said else key)
+    raise ConfigError(
+        f"{path}: {len(unknown)} unknown keys: {', '.join(parts)} "
+        "(every key is listed in docs/training.md, under Job specs)"
+    )
 
 
 def closest_key(key: str) -> str:

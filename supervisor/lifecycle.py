@@ -346,10 +346,14 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
 
 def _cause_of(life: Life, ev: StopFinished) -> Cause:
     """The run's cause: who stopped it, or the supervisor's analysis of its own end."""
+    # the grace the stop applied (a joining `stop --grace S` may have shortened it)
+    grace = life.grace_s
+    if ev.report.signal and (grace is None or ev.report.grace_s < grace):
+        grace = ev.report.grace_s
     if life.user_stop:
-        return causes.stopped(life.stop_by, life.main_code, life.grace_s)
+        return causes.stopped(life.stop_by, life.main_code, grace)
     if life.stop_reason == "stalled":
-        return causes.stopped("stall watchdog", life.main_code, life.grace_s)
+        return causes.stopped("stall watchdog", life.main_code, grace)
     if ev.cause is not None:
         return ev.cause
     return causes.ended_on_its_own(life.main_code, None, causes.Reason())

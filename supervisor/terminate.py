@@ -358,13 +358,16 @@ def stop_tree(
             if new or len(plan.sent) < len(tr.known):  # exits change nothing once all are sent
                 _send_due(plan, tr.live(), target, emit, tr.fd_of)
 
+        began = time.monotonic()
         if grace is None:
-            grace = Grace(time.monotonic() + policy.grace_s)
+            grace = Grace(began + policy.grace_s)
         else:
             grace.shorten(policy.grace_s)  # the grace starts with the first signal
         left = tr.wait_gone(
             grace, on_change, all_sent=lambda: len(plan.sent) + len(tr.found_dead) >= len(tr.known)
         )
+        # the grace that applied: a later `stop --grace S` that joined may have cut it short
+        report.grace_s = round(min(report.grace_s, max(0.0, grace.end - began)), 1)
         _count_exits(report, tr, plan)
         if left:
             if before_kill is not None:

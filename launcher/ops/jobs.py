@@ -9,11 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainctl.launcher import backends
+from trainctl.launcher.inputs import closest
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import (
-    JobNotFoundError,
-    StateError,
-)
+from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import Member, alive, scan, target_of
 from trainctl.supervisor.state import JobState, Phase
@@ -22,18 +20,27 @@ from trainctl.supervisor.tail import read_end
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
 
 
+def _did_you_mean(home: Path, name: str) -> str:
+    """`; did you mean toy?` when a job (or a queued one) is one typo away."""
+    try:
+        queued = [p.name[:-5] for p in (home / "queue").glob("*.json")]
+        near = closest(name, [*state.list_jobs(home), *queued])
+    except (OSError, TrainctlError):
+        return ""
+    return f"; did you mean {near}?" if near and near != name else ""
+
+
 def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
     jdir = state.check_not_symlink(state.job_dir(home, name))
     if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
-        if (
-            home / "queue" / f"{name}.json"
-        ).exists():  # ops/queue/entries.py's entry_path (imported here it would be a cycle)
+        # ops/queue/entries.py's entry_path (imported here it would be a cycle)
+        if (home / "queue" / f"{name}.json").exists():
             raise JobNotFoundError(
                 f"job {name!r} is queued and has not run yet: `trainctl status {name}` says "
                 "what it waits for"
             )
-        raise JobNotFoundError(f"no job named {name!r} (in {home})")
+        raise JobNotFoundError(f"no job named {name!r} (in {home}){_did_you_mean(home, name)}")
     state.check_owner(jdir)
     return jdir
 

@@ -50,6 +50,7 @@ def plan_stop(home: Path, name: str) -> StopPlan:
     ]
     ck = newest_checkpoint(spec) if spec and spec.watch.checkpoint else None
     return StopPlan(
+        dooms=queue.doomed_by_stop(home, name),
         name=name,
         run=st.run,
         state=str(phase),

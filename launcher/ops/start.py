@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor import hooks, state
 from trainctl.supervisor.causes import check_restart_on
 from trainctl.supervisor.cgroup import find_mount
+from trainctl.supervisor.drift import entry_script
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.memory import find_home as memory_home
@@ -85,6 +87,25 @@ def build_spec(
 
 def _or(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+def default_name(home: Path, d: SpecDraft) -> str:
+    """A readable name for a start without --name: the entry script's stem (``train`` for
+    ``torchrun ... train.py``), else the command's; ``-2``, ``-3`` ... when it is taken."""
+    probe = Spec(name="x", argv=tuple(d.argv or ()), cwd=d.cwd or os.getcwd(), env={})
+    script = entry_script(probe)
+    base = Path(script or (d.argv or ["job"])[0]).name
+    stem = base.rsplit(".", 1)[0] if "." in base[1:] else base
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip(".-_")[:48] or "job"
+    if not stem[0].isalnum():
+        stem = f"job-{stem}"
+    taken = set(state.list_jobs(home)) if home.is_dir() else set()
+    taken |= {p.name[:-5] for p in (home / "queue").glob("*.json")} if home.is_dir() else set()
+    name, n = stem, 1
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}"
+    return name
 
 
 def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spec:

@@ -123,6 +123,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         progress=training.progress,
         code_changed=training.code_changed,
         code=st.code,
+        never_ran=st.main is None and st.supervisor is None and phase in state.TERMINAL,
         spec_changed=training.spec_changed,
         cause=cause_of(st, phase),
         restart_history=list(st.restart_history[-10:]),

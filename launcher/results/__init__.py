@@ -133,6 +133,7 @@ class StopPlan:
     checkpoint: str | None = None  # the newest one, its path
     checkpoint_age_s: float | None = None
     queued: bool = False  # the job (or its next run) is queued: the stop dequeues it
+    dooms: list[str] = field(default_factory=list)  # queued jobs after it that would fail
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON form."""
@@ -366,6 +367,7 @@ class Status:
     checkpoint: CheckpointSeen | None = None  # the newest one
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
+    never_ran: bool = False  # recorded, but nothing of it ever ran (a doomed dependent)
     code: CodeRecord | None = None  # the code the run started with (and where it runs from)
     spec_changed: list[str] = field(default_factory=list)  # spec file keys edited since start
     slurm: SlurmView | None = None  # Slurm backend: state, reason, nodes, job id, agents

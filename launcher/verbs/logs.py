@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.logs import follow, log_lines, other_nodes
-from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import ConfigError, TrainctlError
 
 from . import Invocation
 
@@ -72,7 +74,19 @@ def run(
         sys.stderr.write(
             f"node {first}'s log; the other nodes' logs: trainctl logs {name} {hint}\n"
         )
+    if not text and not path.exists():
+        _say_why_no_log(inv, name)
     render.write("".join(text))
     if follow_:
         follow_to_stdout(inv, name, path, detach_note=False)
     return ExitCode.OK
+
+
+def _say_why_no_log(inv: Invocation, name: str) -> None:
+    """A run that never started has no log: say why, rather than print nothing."""
+    with contextlib.suppress(TrainctlError, OSError):
+        st = state.read_state(state.job_dir(inv.home, name))
+        if st.main is None and st.supervisor is None:
+            why = st.cause.summary if st.cause is not None else "it was never started"
+            sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
+

@@ -11,7 +11,7 @@ from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.ops.queue import QueueAsk, dispatch
-from trainctl.launcher.ops.start import resolve_spec
+from trainctl.launcher.ops.start import default_name, resolve_spec
 from trainctl.launcher.results import GpuRequest, Queued
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
@@ -98,6 +98,12 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
     file_draft, cli = layers(f)
     draft = file_draft.merged(cli)
+    if not draft.name and draft.argv:
+        name = default_name(inv.home, draft)
+        draft = dataclasses.replace(draft, name=name)
+        cli = dataclasses.replace(cli, name=name)
+        if not as_json:
+            render.line(f"no --name given: the job is named {name}")
     backends.backend(draft.backend).check_values(draft)
     spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
     spec = resolve_spec(draft, inv.cfg, spec_file)

@@ -119,6 +119,7 @@ def run(
         return left
     pre = prepare(inv, name, ckpt, quiet=as_json)
     home, force = inv.home, ckpt.force
+    doomed = queue.doomed_by_stop(home, name)
     res = run_with_feedback(
         job_dir(home, name),
         name,
@@ -127,6 +128,11 @@ def run(
     )
     if isinstance(res, int):
         return res  # Ctrl-C: said what happens to the stop
+    if doomed:
+        res.warnings.append(
+            f"note: the queued job(s) waiting for {name} can no longer start and end failed "
+            f"(cause dependency): {', '.join(doomed)}"
+        )
     render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
     return stop_exit_code(res)
 

@@ -34,7 +34,7 @@ from .entries import (
     wait_dispatched,
     waiter_alive,
 )
-from .policy import Blocked, QueueAsk, blockers, check_ask, queue_view
+from .policy import Blocked, QueueAsk, blockers, check_ask, doomed_by_stop, queue_view
 
 __all__ = [
     "GPU_POLL_S",
@@ -49,6 +49,7 @@ __all__ = [
     "blockers",
     "check_ask",
     "dequeue",
+    "doomed_by_stop",
     "entries",
     "entry_path",
     "has_live_run",

@@ -78,6 +78,18 @@ class QueueAsk:
         return self.queue or bool(self.after) or self.singleton or self.singleton_spec
 
 
+def doomed_by_stop(home: Path, name: str) -> list[str]:
+    """The queued jobs that a stop of ``name`` would end failed (cause ``dependency``):
+    those that wait for it with ``--after NAME:ok`` (or ``:failed``: a stopped run did
+    neither), each as ``next (after NAME:ok)``."""
+    return [
+        f"{e.name} (after {dep.label()})"
+        for e in entries(home)
+        for dep in e.after
+        if dep.job == name and dep.when in ("ok", "failed")
+    ]
+
+
 def check_ask(ask: QueueAsk, gpus: GpuRequest | None) -> None:
     """Bad combinations: one line each, before anything is touched."""
     if ask.queue and gpus is None and not ask.after:
