@@ -89,4 +89,3 @@ def _say_why_no_log(inv: Invocation, name: str) -> None:
         if st.main is None and st.supervisor is None:
             why = st.cause.summary if st.cause is not None else "it was never started"
             sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
-

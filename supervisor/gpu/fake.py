@@ -115,10 +115,13 @@ class FakeBackend:
                 book: dict[str, dict[str, Any]] = ghosts.setdefault(str(i), {})
                 live = []
                 for pid in sorted(holders.get(i, ())):
-                    key = f"{pid}:{_start(pid)}"
+                    started = _start(pid)
+                    key = f"{pid}:{started}"
                     # A holder's environ reads empty as it exits: keep what it was seen to
                     # hold then, not the default (a stop looks at exactly that moment).
                     said = read_env_var(pid, "FAKE_GPU_MIB")
+                    if started == "?" or (not said and key not in book and _exiting(pid)):
+                        continue  # gone between the fd scan and now: never a holder of its own
                     mib = int(said) if said else int(book.get(key, {}).get("mib", 1024))
                     live.append((pid, mib))
                     book[key] = {"mib": mib, "died": None}
@@ -153,6 +156,15 @@ class FakeBackend:
             os.write(fd, data)
         finally:
             os.close(fd)
+
+
+def _exiting(pid: int) -> bool:
+    """Its environ reads empty: the process is exiting (or gone), its memory map torn down."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return not f.read(1)
+    except OSError:
+        return True
 
 
 def _start(pid: int) -> str:

@@ -73,8 +73,10 @@ def test_unwritable_home(harness: Harness) -> None:
 def test_bad_config_file(harness: Harness) -> None:
     h = harness
     cfg = Path(h.env["TRAINCTL_CONFIG"])
-    cfg.write_text('[stop]\ngrace = "5 minutes"\n')
-    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "stop.grace: '5 minutes' is not")
+    # "5 minutes" is a duration since issue 36 ("accept what systemd and humans write")
+    cfg.write_text('[stop]\ngrace = "5 fortnights"\n')
+    said = "stop.grace: '5 fortnights' is not"
+    one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, said)
     cfg.write_text("[stop]\ngracee = 5\n")
     one_line_error(h.tc("start", "--name", "x", "--", "true"), 2, "did you mean stop.grace?")
     cfg.write_text("[stop\n")
