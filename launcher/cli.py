@@ -491,16 +491,25 @@ def status(c: Invocation, name: str | None, as_json: bool) -> int:
     return int(verbs.load("status").run(c, name, as_json=as_json))
 
 
+ALL_HOSTS = click.option(
+    "--all-hosts",
+    is_flag=True,
+    help="Every host of hosts.toml at once, over ssh (a HOST column; a host that does not "
+    "answer is a row saying why).",
+)
+
+
 @cli.command(name="list")
 @click.option("--all", "show_all", is_flag=True, help="Also jobs that ended over 7 days ago.")
+@ALL_HOSTS
 @json_opt
 @pass_ctx
-def list_(c: Invocation, show_all: bool, as_json: bool) -> int:
+def list_(c: Invocation, show_all: bool, all_hosts: bool, as_json: bool) -> int:
     """List the jobs with their phase, run, main pid, members and last log line.
 
     Jobs that ended more than 7 days ago are left out (a line says how many) unless --all.
     """
-    return int(verbs.load("list").run(c, show_all=show_all, as_json=as_json))
+    return int(verbs.load("list").run(c, show_all=show_all, as_json=as_json, all_hosts=all_hosts))
 
 
 @cli.command()
@@ -551,16 +560,17 @@ def top(c: Invocation, interval: str, once: bool, as_json: bool) -> int:
 
 
 @cli.command()
+@ALL_HOSTS
 @json_opt
 @pass_ctx
-def gpus(c: Invocation, as_json: bool) -> int:
+def gpus(c: Invocation, all_hosts: bool, as_json: bool) -> int:
     """Show every GPU: memory, utilisation, the job leasing it, and who is on it.
 
     Each process is owned by a job (found by its marker), `foreign` (no marker), or
     `orphan` (the marker of a job that is no longer running). Without an NVIDIA driver it
     prints one line and exits 0.
     """
-    return int(verbs.load("gpus").run(c, as_json=as_json))
+    return int(verbs.load("gpus").run(c, as_json=as_json, all_hosts=all_hosts))
 
 
 @cli.command()

@@ -15,6 +15,7 @@ the remote exit code becomes ours.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -321,6 +322,37 @@ def check_host(host: Host) -> HostCheck:
         return HostCheck(reachable=err.ready or p.returncode != 255, error=str(e))
     version = p.stdout.strip().rsplit(" ", 1)[-1] if p.returncode == 0 else None
     return HostCheck(True, trainctl=True, version=version, compatible=compatible(version or ""))
+
+
+def fetch_json(host: Host, remote_args: list[str]) -> tuple[Any, str | None]:
+    """Run ``trainctl REMOTE_ARGS --json`` on ``host``: (its document, None), or (None,
+    why not in one line: unreachable, auth, no trainctl, version, its own error)."""
+    argv = ssh_argv(host, [*remote_args, "--json"])
+    try:
+        p = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=host.connect_timeout_s + 60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"{host.name}: no answer within {host.connect_timeout_s + 60:g} s"
+    lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
+    err = _Stderr(connected=len(lines) != len(p.stderr.splitlines()))
+    err.ready, err.missing = READY in lines, MISSING in lines
+    err.before = lines[: lines.index(READY)] if err.ready else lines
+    try:
+        _classify(host, p.returncode, err)
+    except RemoteError as e:
+        return None, str(e)
+    after = lines[lines.index(READY) + 1 :] if err.ready else []
+    try:
+        return json.loads(p.stdout), None
+    except ValueError:
+        said = next((x for x in reversed(after) if x.strip()), f"exit {p.returncode}")
+        return None, f"{host.name}: {said.removeprefix('trainctl: error: ')}"
 
 
 def compatible(remote_version: str) -> bool:

@@ -45,7 +45,15 @@ if TYPE_CHECKING:
 
     from .remote import HostRow
     from .results import GpuInventory
-    from .results.ops import Check, DeployPlan, DeployReport, DeployStep, Health, HistoryRow
+    from .results.ops import (
+        Check,
+        DeployPlan,
+        DeployReport,
+        DeployStep,
+        Health,
+        HistoryRow,
+        HostAnswer,
+    )
 
 
 def line(text: str) -> None:
@@ -930,3 +938,58 @@ def history(name: str, rows: list[HistoryRow]) -> None:
         )
     if not rows:
         print(f"job {name} has no recorded run yet")
+
+
+# ---------------------------------------------------------------- --all-hosts
+
+
+def fleet_jobs(answers: list[HostAnswer]) -> None:
+    """`list --all-hosts`: one table, a HOST column; a host that did not answer, a row."""
+    print(f"{'HOST':<14} {'NAME':<20} {'STATE':<13} {'RUN':>4} {'MAIN':>7} {'MEMBERS':>7}  LAST")
+    for a in answers:
+        if a.error is not None:
+            print(f"{a.host:<14} {'-':<20} {'?':<13} {'':>4} {'':>7} {'':>7}  {clean(a.error)}")
+            continue
+        jobs = a.doc if isinstance(a.doc, list) else []
+        if not jobs:
+            print(f"{a.host:<14} {'-':<20} {'(no jobs)':<13}")
+        for j in jobs:
+            if not isinstance(j, dict):
+                continue
+            cause = j.get("cause") or {}
+            last = cause.get("summary") if isinstance(cause, dict) and cause else None
+            last = last or j.get("last_log_line") or j.get("error") or ""
+            main = j.get("main_pid") if j.get("main_pid") is not None else "-"
+            print(
+                f"{a.host:<14} {j.get('name')!s:<20} {j.get('state')!s:<13} "
+                f"{j.get('run', '-')!s:>4} {main!s:>7} {j.get('members', 0)!s:>7}  "
+                f"{term.middle(clean(str(last)), max(20, term.width() - 72))}"
+            )
+
+
+def fleet_gpus(answers: list[HostAnswer]) -> None:
+    """`gpus --all-hosts`: per host, each GPU free or held (and by which job)."""
+    print(f"{'HOST':<14} {'GPU':<6} {'USED':>9} {'TOTAL':>9}  HELD BY")
+    for a in answers:
+        if a.error is not None:
+            print(f"{a.host:<14} {'-':<6} {'':>9} {'':>9}  {clean(a.error)}")
+            continue
+        doc = a.doc
+        rows = doc if isinstance(doc, list) else []
+        if isinstance(doc, dict):  # no driver there: {"gpus": [], "error": ...}
+            said = clean(str(doc.get("error") or "no GPUs"))
+            print(f"{a.host:<14} {'-':<6} {'':>9} {'':>9}  {said}")
+            continue
+        free = 0
+        for g in rows:
+            if not isinstance(g, dict):
+                continue
+            held = g.get("leased_by") or ("foreign use" if g.get("processes") else None)
+            free += held is None
+            used, total = g.get("memory_used_bytes") or 0, g.get("memory_total_bytes") or 0
+            print(
+                f"{a.host:<14} {g.get('label') or g.get('index')!s:<6} {gib(used):>9} "
+                f"{gib(total):>9}  {held or 'free'}"
+            )
+        if rows:
+            print(f"{a.host:<14} {free} of {len(rows)} free")

@@ -204,3 +204,17 @@ class HistoryRow:
     def to_doc(self) -> dict[str, Any]:
         """The JSON form."""
         return asdict(self)
+
+
+@record(frozen=True)
+class HostAnswer:
+    """One host's answer to a verb run over every host of hosts.toml (`--all-hosts`)."""
+
+    host: str
+    doc: Any = None  # the verb's --json document (None: the host did not answer)
+    error: str | None = None  # why not, in one line: unreachable, auth, no trainctl, ...
+    seconds: float = 0.0
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form."""
+        return asdict(self)

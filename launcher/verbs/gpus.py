@@ -11,13 +11,15 @@ from trainctl.supervisor.gpu import NoDriverError
 from . import Invocation
 
 
-def run(inv: Invocation, *, as_json: bool = False) -> int:
+def run(inv: Invocation, *, as_json: bool = False, all_hosts: bool = False) -> int:
     """Print the GPUs; without an NVIDIA driver, one line and exit 0.
 
     When NVML as a whole cannot answer (a version mismatch, no permission), one line
     that says why, exit 1; ``--json`` still prints a document. One GPU that cannot be
     read is a row with its error, and the others are shown as usual.
     """
+    if all_hosts:
+        return _all_hosts(as_json=as_json)
     try:
         inventory = gpu_inventory(inv.home)
     except NoDriverError as e:
@@ -34,3 +36,15 @@ def run(inv: Invocation, *, as_json: bool = False) -> int:
     else:
         render.gpus(inventory)
     return ExitCode.OK
+
+
+def _all_hosts(*, as_json: bool) -> int:
+    """Free and held GPUs per host of hosts.toml: where the next job fits."""
+    from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
+
+    answers = over_hosts(["gpus"])
+    if as_json:
+        render.emit_json([a.to_doc() for a in answers])
+    else:
+        render.fleet_gpus(answers)
+    return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE

@@ -14,8 +14,12 @@ from . import Invocation
 RECENT_S = 7 * 24 * 3600
 
 
-def run(inv: Invocation, *, show_all: bool = False, as_json: bool = False) -> int:
+def run(
+    inv: Invocation, *, show_all: bool = False, as_json: bool = False, all_hosts: bool = False
+) -> int:
     """Print the job table (or its JSON); jobs ended over 7 days ago only with --all."""
+    if all_hosts:
+        return _all_hosts(show_all=show_all, as_json=as_json)
     rows = all_statuses(inv.home, brief=not as_json)  # the table shows no training view
     if not show_all:
         cutoff = time.time() - RECENT_S
@@ -35,3 +39,15 @@ def run(inv: Invocation, *, show_all: bool = False, as_json: bool = False) -> in
     else:
         render.job_table(rows, str(inv.home))
     return ExitCode.OK
+
+
+def _all_hosts(*, show_all: bool, as_json: bool) -> int:
+    """Every host of hosts.toml, asked at once: a HOST column; a silent host says why."""
+    from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
+
+    answers = over_hosts(["list", *(["--all"] if show_all else [])])
+    if as_json:
+        render.emit_json([a.to_doc() for a in answers])
+    else:
+        render.fleet_jobs(answers)
+    return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE

@@ -277,6 +277,36 @@ def test_restart_over_ssh_runs_new_code(lab: Harness) -> None:
     assert h.tc("stop", "rs", env=env).rc == 0
 
 
+def test_list_and_gpus_over_every_host_at_once(lab: Harness) -> None:
+    h = lab
+    env = {**h.env, "TRAINCTL_HOST": "lab"}
+    h.tc("start", "--name", "fleet", "--", "sleep", "60", env=env, check=True)
+    t0 = time.monotonic()
+    res = h.tc("list", "--all-hosts", "--json", timeout=120)
+    took = time.monotonic() - t0
+    assert res.rc == 5, res  # some hosts did not answer: the remote exit code
+    answers = {a["host"]: a for a in res.json()}
+    assert list(answers) == ["lab", "closed", "wrongkey", "notrainctl", "badprefix", "prefix255"]
+    assert [j["name"] for j in answers["lab"]["doc"]] == ["fleet"]
+    assert answers["lab"]["error"] is None
+    assert "unreachable: connection refused" in answers["closed"]["error"]
+    assert "authentication refused" in answers["wrongkey"]["error"]
+    assert "trainctl not found on notrainctl" in answers["notrainctl"]["error"]
+    assert "container 200 is not running" in answers["prefix255"]["error"]
+    slowest = max(a["seconds"] for a in answers.values())
+    assert took < 3 * slowest + 5  # asked at once, not one after another (a hang bound)
+    table = h.tc("list", "--all-hosts", timeout=120)
+    assert table.out.splitlines()[0].startswith("HOST")
+    row = next(x for x in table.out.splitlines() if x.startswith("lab "))
+    assert "fleet" in row
+    assert "running" in row
+    closed = next(x for x in table.out.splitlines() if x.startswith("closed "))
+    assert "unreachable" in closed
+    gpus = h.tc("gpus", "--all-hosts", "--json", timeout=120)
+    assert {a["host"] for a in gpus.json()} == set(answers)
+    assert h.tc("stop", "fleet", env=env).rc == 0
+
+
 def test_deploy_and_history_over_ssh(lab: Harness) -> None:
     from tests.keeper.test_deploy import progress, repo, version  # noqa: PLC0415
 
