@@ -20,10 +20,15 @@ from trainctl.supervisor.tail import read_end
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
 
 
+def _queue_dir(home: Path) -> Path:
+    """ops/queue/entries.py's queue_dir (imported here it would be an import cycle)."""
+    return home / "queue"
+
+
 def _did_you_mean(home: Path, name: str) -> str:
     """`; did you mean toy?` when a job (or a queued one) is one typo away."""
     try:
-        queued = [p.name[:-5] for p in (home / "queue").glob("*.json")]
+        queued = [p.name[:-5] for p in _queue_dir(home).glob("*.json")]
         near = closest(name, [*state.list_jobs(home), *queued])
     except (OSError, TrainctlError):
         return ""
@@ -34,8 +39,7 @@ def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
     jdir = state.check_not_symlink(state.job_dir(home, name))
     if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
-        # ops/queue/entries.py's entry_path (imported here it would be a cycle)
-        if (home / "queue" / f"{name}.json").exists():
+        if (_queue_dir(home) / f"{name}.json").exists():
             raise JobNotFoundError(
                 f"job {name!r} is queued and has not run yet: `trainctl status {name}` says "
                 "what it waits for"

@@ -42,6 +42,7 @@ from trainctl.supervisor.spec import (
 from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
 
 from .jobs import existing_job, live_members
+from .queue import queued_names
 from .stop import stop_job
 
 T = TypeVar("T")
@@ -99,8 +100,7 @@ def default_name(home: Path, d: SpecDraft) -> str:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip(".-_")[:48] or "job"
     if not stem[0].isalnum():
         stem = f"job-{stem}"
-    taken = set(state.list_jobs(home)) if home.is_dir() else set()
-    taken |= {p.name[:-5] for p in (home / "queue").glob("*.json")} if home.is_dir() else set()
+    taken = {*state.list_jobs(home), *queued_names(home)} if home.is_dir() else set()
     name, n = stem, 1
     while name in taken:
         n += 1
