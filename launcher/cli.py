@@ -548,15 +548,18 @@ def stack(c: Invocation, name: str, native: bool, as_json: bool) -> int:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one frame as JSON (jobs and GPUs) and exit."
 )
+@ALL_HOSTS
 @pass_ctx
-def top(c: Invocation, interval: str, once: bool, as_json: bool) -> int:
+def top(c: Invocation, interval: str, once: bool, as_json: bool, all_hosts: bool) -> int:
     """A live full-screen view of every job and GPU; q quits.
 
     Each job shows its phase, processes, uptime, and its progress (step, metric
     sparkline, rate, ETA) or else its last log line; each GPU its memory, utilisation,
     lease and holders. Works over --host (ssh gives it a terminal).
     """
-    return int(verbs.load("top").run(c, interval=interval, once=once, as_json=as_json))
+    return int(
+        verbs.load("top").run(c, interval=interval, once=once, as_json=as_json, all_hosts=all_hosts)
+    )
 
 
 @cli.command()

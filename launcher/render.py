@@ -993,3 +993,19 @@ def fleet_gpus(answers: list[HostAnswer]) -> None:
             )
         if rows:
             print(f"{a.host:<14} {free} of {len(rows)} free")
+
+
+def fleet_top(answers: list[HostAnswer]) -> None:
+    """`top --all-hosts`: every host's jobs, then every host's GPUs, from one frame each."""
+
+    def part(a: HostAnswer, key: str) -> HostAnswer:
+        if a.error is not None or not isinstance(a.doc, dict):
+            return a
+        if key == "gpus" and a.doc.get("gpus_error"):
+            return dataclasses.replace(a, doc={"error": a.doc["gpus_error"]})
+        return dataclasses.replace(a, doc=a.doc.get(key) or [])
+
+    print(time.strftime("trainctl top --all-hosts  %H:%M:%S"))
+    fleet_jobs([part(a, "jobs") for a in answers])
+    print()
+    fleet_gpus([part(a, "gpus") for a in answers])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from trainctl.launcher import render
 from trainctl.launcher import top as screen
@@ -15,11 +16,20 @@ from . import Invocation
 MIN_INTERVAL_S = 0.1
 
 
-def run(inv: Invocation, *, interval: str = "1s", once: bool = False, as_json: bool = False) -> int:
+def run(
+    inv: Invocation,
+    *,
+    interval: str = "1s",
+    once: bool = False,
+    as_json: bool = False,
+    all_hosts: bool = False,
+) -> int:
     """Show the live screen until q; refuse without a terminal (use --once or --json)."""
     every = parse_duration(interval, "--interval")
     if every < MIN_INTERVAL_S:
         raise ConfigError(f"--interval must be at least {MIN_INTERVAL_S:g}s")
+    if all_hosts:
+        return _all_hosts(every, once=once or as_json, as_json=as_json)
     if as_json:
         render.emit_json(screen.frame_doc(inv.home))
     elif once:
@@ -29,3 +39,27 @@ def run(inv: Invocation, *, interval: str = "1s", once: bool = False, as_json: b
     else:
         screen.run(inv.home, every)
     return ExitCode.OK
+
+
+FLEET_MIN_INTERVAL_S = 2.0  # every host is asked over ssh each round
+
+
+def _all_hosts(every: float, *, once: bool, as_json: bool) -> int:
+    """Every host of hosts.toml: its jobs and GPUs, one frame (--once, --json) or a frame
+    every ``every`` (at least FLEET_MIN_INTERVAL_S) until Ctrl-C."""
+    from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
+
+    while True:
+        answers = over_hosts(["top"])  # each host's one frame, as `top --json`
+        if as_json:
+            render.emit_json([a.to_doc() for a in answers])
+            return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
+        if not once:
+            sys.stdout.write("\x1b[H\x1b[2J")  # a plain refresh: clear, then the frame
+        render.fleet_top(answers)
+        if once:
+            return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
+        try:
+            time.sleep(max(every, FLEET_MIN_INTERVAL_S))
+        except KeyboardInterrupt:
+            return ExitCode.OK

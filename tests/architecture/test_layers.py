@@ -47,9 +47,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("verbs", {"verbs"}),
     ("entry", {"cli", "main", "__main__", "entry", "waiter", "deployer"}),
 ]
-MAX_FUNCTION_IMPORTS = 19  # 16th: a queued job's waiter stays light until it dispatches;
-# 17th: the console script imports the CLI only after a plain stop's request is out;
-# 18th, 19th: `list` and `gpus` load ssh and threads only for --all-hosts
+MAX_FUNCTION_IMPORTS = 19  # among them: a queued job's waiter stays light until it
+# dispatches; the console script imports the CLI only after a plain stop's request is out;
+# `list`, `gpus` and `top` load ssh and threads only for --all-hosts
 
 
 def module_name(path: Path) -> str:

@@ -304,6 +304,12 @@ def test_list_and_gpus_over_every_host_at_once(lab: Harness) -> None:
     assert "unreachable" in closed
     gpus = h.tc("gpus", "--all-hosts", "--json", timeout=120)
     assert {a["host"] for a in gpus.json()} == set(answers)
+    frame = h.tc("top", "--all-hosts", "--json", timeout=120).json()
+    lab_frame = next(a for a in frame if a["host"] == "lab")["doc"]
+    assert [j["name"] for j in lab_frame["jobs"]] == ["fleet"]
+    once = h.tc("top", "--all-hosts", "--once", timeout=120)
+    assert "fleet" in once.out
+    assert "unreachable" in once.out
     assert h.tc("stop", "fleet", env=env).rc == 0
 
 
