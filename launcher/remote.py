@@ -181,6 +181,7 @@ class _Stderr:
     ready: bool = False
     missing: bool = False
     before: list[str] = field(default_factory=list)  # what came before READY (ssh/prefix)
+    after: list[str] = field(default_factory=list)  # ... and after it (captured calls only)
 
     def pump(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
@@ -296,62 +297,56 @@ class HostRow:
         return doc
 
 
+def _call(host: Host, remote_args: list[str], timeout_s: float) -> tuple[str, _Stderr, int]:
+    """Run ``trainctl REMOTE_ARGS`` on ``host``, captured: (stdout, what its stderr said,
+    exit code); TimeoutExpired past ``timeout_s``."""
+    p = subprocess.run(
+        ssh_argv(host, remote_args),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
+    err = _Stderr(connected=len(lines) != len(p.stderr.splitlines()))
+    err.ready, err.missing = READY in lines, MISSING in lines
+    err.before = lines[: lines.index(READY)] if err.ready else lines
+    if err.ready:
+        err.after = lines[lines.index(READY) + 1 :]
+    return p.stdout, err, p.returncode
+
+
 def check_host(host: Host) -> HostCheck:
     """Connect to ``host``: reachable, trainctl found there, its version compatible."""
-    argv = ssh_argv(host, ["--version"])
     try:
-        p = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=host.connect_timeout_s + 20,
-            check=False,
-        )
+        out, err, code = _call(host, ["--version"], host.connect_timeout_s + 20)
     except subprocess.TimeoutExpired:
         return HostCheck(reachable=False, error="timed out")
-    err = _Stderr()
-    lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
-    err.connected = len(lines) != len(p.stderr.splitlines())
-    err.ready = READY in lines
-    err.missing = MISSING in lines
-    err.before = lines[: lines.index(READY)] if err.ready else lines
     try:
-        _classify(host, p.returncode, err)
+        _classify(host, code, err)
     except RemoteError as e:
-        return HostCheck(reachable=err.ready or p.returncode != 255, error=str(e))
-    version = p.stdout.strip().rsplit(" ", 1)[-1] if p.returncode == 0 else None
+        return HostCheck(reachable=err.ready or code != 255, error=str(e))
+    version = out.strip().rsplit(" ", 1)[-1] if code == 0 else None
     return HostCheck(True, trainctl=True, version=version, compatible=compatible(version or ""))
 
 
 def fetch_json(host: Host, remote_args: list[str]) -> tuple[Any, str | None]:
     """Run ``trainctl REMOTE_ARGS --json`` on ``host``: (its document, None), or (None,
     why not in one line: unreachable, auth, no trainctl, version, its own error)."""
-    argv = ssh_argv(host, [*remote_args, "--json"])
+    limit = host.connect_timeout_s + 60
     try:
-        p = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=host.connect_timeout_s + 60,
-            check=False,
-        )
+        out, err, code = _call(host, [*remote_args, "--json"], limit)
     except subprocess.TimeoutExpired:
-        return None, f"{host.name}: no answer within {host.connect_timeout_s + 60:g} s"
-    lines = [line for line in p.stderr.splitlines() if line != CONNECTED]
-    err = _Stderr(connected=len(lines) != len(p.stderr.splitlines()))
-    err.ready, err.missing = READY in lines, MISSING in lines
-    err.before = lines[: lines.index(READY)] if err.ready else lines
+        return None, f"{host.name}: no answer within {limit:g} s"
     try:
-        _classify(host, p.returncode, err)
+        _classify(host, code, err)
     except RemoteError as e:
         return None, str(e)
-    after = lines[lines.index(READY) + 1 :] if err.ready else []
     try:
-        return json.loads(p.stdout), None
+        return json.loads(out), None
     except ValueError:
-        said = next((x for x in reversed(after) if x.strip()), f"exit {p.returncode}")
+        said = next((x for x in reversed(err.after) if x.strip()), f"exit {code}")
         return None, f"{host.name}: {said.removeprefix('trainctl: error: ')}"
 
 
