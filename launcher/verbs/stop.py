@@ -119,7 +119,6 @@ def run(
         return left
     pre = prepare(inv, name, ckpt, quiet=as_json)
     home, force = inv.home, ckpt.force
-    doomed = queue.doomed_by_stop(home, name)
     res = run_with_feedback(
         job_dir(home, name),
         name,
@@ -128,6 +127,7 @@ def run(
     )
     if isinstance(res, int):
         return res  # Ctrl-C: said what happens to the stop
+    doomed = queue.doomed_by_stop(home, name)  # after: also those already failed for it
     if doomed:
         res.warnings.append(
             f"note: the queued job(s) waiting for {name} can no longer start and end failed "

@@ -11,9 +11,7 @@ from pathlib import Path
 from trainctl.launcher.gpus import lease_fit
 from trainctl.launcher.results import GpuRequest, QueueView
 from trainctl.supervisor import state
-from trainctl.supervisor.errors import (
-    ConfigError,
-)
+from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.state import JobState, Phase
 
 from .entries import After, Entry, HomeView, entries, queue_dir, waiter_alive
@@ -79,15 +77,32 @@ class QueueAsk:
 
 
 def doomed_by_stop(home: Path, name: str) -> list[str]:
-    """The queued jobs that a stop of ``name`` would end failed (cause ``dependency``):
-    those that wait for it with ``--after NAME:ok`` (or ``:failed``: a stopped run did
-    neither), each as ``next (after NAME:ok)``."""
-    return [
+    """The queued jobs that a stop of ``name``'s run dooms (they end failed, cause
+    ``dependency``): those waiting with ``--after NAME:ok`` (or ``:failed``: a stopped run
+    did neither), each as ``next (after NAME:ok)``. Asked after the stop too, it also
+    names those already failed for the run (the dispatcher may be quicker than the
+    verb: a plain stop's request goes out before the verb is loaded)."""
+    out = [
         f"{e.name} (after {dep.label()})"
         for e in entries(home)
         for dep in e.after
         if dep.job == name and dep.when in ("ok", "failed")
     ]
+    try:
+        since = state.read_state(state.job_dir(home, name)).started_at
+    except (TrainctlError, OSError):
+        return out
+    h = HomeView(home)
+    for other in state.list_jobs(home):
+        st = h.state_of(other)
+        cause = st.cause if st is not None else None
+        if st is None or cause is None or cause.kind != "dependency":
+            continue
+        label = cause.summary.split(", but ", 1)[0].removeprefix("after ")
+        line = f"{other} (after {label})"
+        if label.split(":", 1)[0] == name and (st.ended_at or 0) >= since and line not in out:
+            out.append(line)
+    return out
 
 
 def check_ask(ask: QueueAsk, gpus: GpuRequest | None) -> None:
