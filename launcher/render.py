@@ -471,7 +471,8 @@ def _queued_status(s: Status, q: QueueView) -> None:
 def _settings_lines(s: Status) -> None:
     """Where the job runs and how it stops and restarts (from its spec)."""
     if s.cwd:
-        print(f"  cwd  {s.cwd}")
+        snap = f"  (a snapshot of {s.source})" if s.source else ""
+        print(f"  cwd  {s.cwd}{snap}")
     if s.settings is None:
         return
     js = s.settings

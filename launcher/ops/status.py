@@ -103,6 +103,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         last_log_line=last_line(log),
         argv=list(spec.argv) if spec else [],
         cwd=spec.cwd if spec else None,
+        source=spec.source if spec else None,
         spec_file=spec.spec_file if spec else None,
         last_stop=last,
         error=st.error,

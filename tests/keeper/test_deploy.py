@@ -118,6 +118,8 @@ def test_a_deploy_resumes_the_new_code_from_a_fresh_checkpoint(harness: Harness)
     assert first["code"]["dirty"] is True
     assert first["code"]["snapshot"] == "git"
     assert Path(first["code"]["diff_file"]).read_text().endswith("+# an uncommitted edit\n")
+    assert first["source"] == str(r)
+    assert f"(a snapshot of {r})" in h.tc("status", "d", check=True).out
     subprocess.run(["git", "-C", str(r), "checkout", "-q", "train.py"], check=True)
     v2 = version(r, 2)
     same = h.tc("deploy", "d", "--dry-run", "--json", check=True).json()
