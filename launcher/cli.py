@@ -608,6 +608,11 @@ def gpus(c: Invocation, all_hosts: bool, as_json: bool) -> int:
     metavar="NODE",
     help="Slurm: the log of node NODE (each node past the first writes its own).",
 )
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The bytes as the job wrote them: progress bars' carriage-return frames too.",
+)
 @json_opt
 @pass_ctx
 def logs(
@@ -617,6 +622,7 @@ def logs(
     lines: str | None,
     run: int | None,
     node: str | None,
+    raw: bool,
     as_json: bool,
 ) -> int:
     """Print the log (stdout+stderr) of job NAME.
@@ -624,11 +630,19 @@ def logs(
     `-n N` reads only the end of the file, however big the log is. `-f` starts with the
     last 10 lines (`-n all` for everything) and follows across restarts and rotations.
     A multi-node Slurm job has one log per node: the first node's by default, the others
-    with `--node NODE` (`status` lists the nodes).
+    with `--node NODE` (`status` lists the nodes). A progress bar that redraws one line
+    with carriage returns (tqdm) shows as its latest frame; `--raw` prints every frame.
     """
     return int(
         verbs.load("logs").run(
-            c, name, follow_=follow, lines=lines, run_no=run, node=node, as_json=as_json
+            c,
+            name,
+            follow_=follow,
+            lines=lines,
+            run_no=run,
+            node=node,
+            raw=raw,
+            as_json=as_json,
         )
     )
 

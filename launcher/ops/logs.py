@@ -43,10 +43,18 @@ def log_lines(
         data = b""
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
-    lines = data.decode(errors="replace").splitlines(keepends=True)
+    lines = newline_lines(data.decode(errors="replace"))
     if tail is None:
         return path, lines
     return path, lines[len(lines) - tail :] if tail else []
+
+
+def newline_lines(text: str) -> list[str]:
+    """The lines of ``text``, each with its newline, split at newlines only (as `tail -n`):
+    a progress bar's carriage returns stay inside its line."""
+    pieces = text.split("\n")
+    last = pieces.pop()  # after the final newline: '' or a line not ended yet
+    return [p + "\n" for p in pieces] + ([last] if last else [])
 
 
 def other_nodes(home: Path, name: str, run: int | None) -> tuple[str, list[str]] | None:

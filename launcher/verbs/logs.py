@@ -57,6 +57,7 @@ def run(
     lines: str | None = None,
     run_no: int | None = None,
     node: str | None = None,
+    raw: bool = False,
     as_json: bool = False,
 ) -> int:
     """Print the log of job NAME (its last lines with -n; following it with -f)."""
@@ -64,6 +65,8 @@ def run(
         raise ConfigError("--json prints the lines once: it does not go with -f")
     tail = tail_of(lines, follow_, inv.cfg.tail_lines)
     path, text = log_lines(inv.home, name, run_no, tail, node=node)
+    if not raw:  # a progress bar's frames: its latest one (the file keeps them all)
+        text = [_latest(t) for t in text]
     if as_json:
         render.emit_json({"name": name, "log": str(path), "lines": [t.rstrip("\n") for t in text]})
         return ExitCode.OK
@@ -89,3 +92,12 @@ def _say_why_no_log(inv: Invocation, name: str) -> None:
         if st.main is None and st.supervisor is None:
             why = st.cause.summary if st.cause is not None else "it was never started"
             sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
+
+
+def _latest(line: str) -> str:
+    """A line redrawn with carriage returns, as its latest non-empty frame."""
+    if "\r" not in line:
+        return line
+    end = "\n" if line.endswith("\n") else ""
+    frames = [f for f in line.rstrip("\n").split("\r") if f.strip()]
+    return (frames[-1] if frames else "") + end

@@ -122,3 +122,19 @@ def test_a_joined_stop_reports_the_grace_that_applied(harness: Harness) -> None:
     assert "20 s grace" not in h.tc("list").out
     assert Path(h.home / "jobs" / "slow" / "state.json").exists()
     assert '"grace_s": 20' not in out
+
+
+def test_a_progress_bar_shows_as_its_latest_frame_in_logs_and_status(harness: Harness) -> None:
+    h = harness
+    bar = "import sys, time\nfor i in range(1, 201):\n    sys.stdout.write(f'\\r{i}/200 it')\n"
+    bar += "sys.stdout.write('\\ndone\\n'); sys.stdout.flush(); time.sleep(60)\n"
+    h.tc("start", "--name", "bar", "--", sys.executable, "-c", bar, check=True)
+    log = h.home / "jobs" / "bar" / "logs" / "run-1.log"
+    wait_for(lambda: log.exists() and "done" in log.read_text(), 20, "the bar to finish")
+    assert log.read_bytes().count(b"\r") == 200  # the raw file keeps every frame
+    out = h.tc("logs", "bar", check=True).out
+    assert out == "200/200 it\ndone\n"
+    raw = h.tc("logs", "bar", "--raw", check=True).out  # (read in text mode: \r -> \n)
+    assert raw.count("/200 it") == 200
+    assert "last done" in h.tc("status", "bar", check=True).out
+    h.tc("stop", "bar", check=True)
