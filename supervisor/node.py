@@ -26,7 +26,7 @@ from .boot import set_subreaper
 from .errors import StateError
 from .proctree import Member, Target, alive, scan, scan_light
 from .reports import StopReport
-from .spawn import exit_code_of, job_env, spawn_main
+from .spawn import Spawned, exit_code_of, job_env, spawn_main
 from .spec import Spec, StopOrder
 from .state import NODE_VAR, ProcRef, job_dir, mtime, progress_path, read_spec
 from .stop import run_stop
@@ -92,7 +92,10 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _on_stop)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # checkpoints come through the request file
     set_subreaper()
-    target, pid = _start_here(jdir, spec, args.run, args.marker)
+    # ``spawned`` stays referenced for the whole run: its Popen, collected early, would
+    # reap main in __del__ and take its exit status along (a fast `exit 3` read as 143)
+    target, spawned = _start_here(jdir, spec, args.run, args.marker)
+    pid = spawned.pid
     _record(jdir, args.run, target)
     status = _supervise(jdir, spec.watch.checkpoint_signal, target, pid, args.run)
     started = time.monotonic()
@@ -122,7 +125,7 @@ def main(argv: list[str]) -> int:
     return code
 
 
-def _start_here(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[Target, int]:
+def _start_here(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[Target, Spawned]:
     """Start this node's share of the job; the target a stop of it works on, and main."""
     progress = progress_path(jdir, run)
     env = {**job_env(spec, jdir, marker, run, progress), **slurm_task_env(os.environ)}
@@ -140,7 +143,7 @@ def _start_here(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[Target, 
         sid=spawned.pid,
         node=node_name(),
     )
-    return target, spawned.pid
+    return target, spawned
 
 
 def _report(jdir: Path, run: int, target: Target, report: StopReport, code: int) -> None:
