@@ -141,6 +141,12 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     is_flag=True,
     help="Queued: may start before earlier queued jobs when the GPUs it asks for are free.",
 )
+@click.option(
+    "--tty",
+    is_flag=True,
+    help="Run main on a pseudo-terminal the supervisor holds, so that `trainctl attach` "
+    "can type into it (breakpoint(), pdb, a prompt). The log still gets all its output.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -168,6 +174,7 @@ def start(
     after: tuple[str, ...],
     singleton: str | None,
     backfill: bool,
+    tty: bool,
     follow: bool,
     as_json: bool,
     argv: tuple[str, ...],
@@ -205,6 +212,7 @@ def start(
         after=after,
         singleton=singleton,
         backfill=backfill,
+        tty=tty,
     )
     return int(verbs.load("start").run(c, flags, follow=follow, as_json=as_json))
 
@@ -468,6 +476,27 @@ def deploy(
             as_json=as_json,
         )
     )
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--read-only", is_flag=True, help="Watch only; keys and resizes go nowhere.")
+@click.option(
+    "--detach-keys",
+    metavar="KEYS",
+    help="The keys that detach, comma-separated: ctrl-X or one character [default: ctrl-\\,d].",
+)
+@pass_ctx
+def attach(c: Invocation, name: str, read_only: bool, detach_keys: str | None) -> int:
+    """Connect this terminal to job NAME's terminal (a job started with --tty).
+
+    Live output and input, as in a tmux pane: a breakpoint(), pdb or a prompt in the job
+    gets what you type, Ctrl-C included (it reaches the job as its terminal's SIGINT,
+    never as a trainctl stop). Detach with Ctrl-\\ then d: the job keeps running; attach
+    again to see what it wrote meanwhile. One writer at a time; others --read-only.
+    Over --host it runs through ssh -t.
+    """
+    return int(verbs.load("attach").run(c, name, read_only=read_only, detach_keys=detach_keys))
 
 
 @cli.command()

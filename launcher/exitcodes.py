@@ -14,6 +14,7 @@ from enum import IntEnum
 from trainctl.supervisor.errors import (
     ConfigError,
     JobNotFoundError,
+    NotRunningError,
     RemoteError,
     StateError,
     TrainctlError,
@@ -43,6 +44,8 @@ def exit_code_for(err: TrainctlError) -> ExitCode:
         return ExitCode.STATE_UNKNOWN
     if isinstance(err, RemoteError):
         return ExitCode.REMOTE
+    if isinstance(err, NotRunningError):
+        return ExitCode.NOT_RUNNING
     return ExitCode.FAILED
 
 

@@ -204,7 +204,8 @@ def run_remote(host_name: str, remote_args: list[str]) -> int:
     host = resolve_host(host_name)
     end = global_options_end(remote_args)
     verb = remote_args[end] if end < len(remote_args) else ""
-    if verb == "top" and "--once" not in remote_args[end:] and sys.stdin.isatty():
+    full_screen = verb == "attach" or (verb == "top" and "--once" not in remote_args[end:])
+    if full_screen and sys.stdin.isatty():
         return _run_tty(host, remote_args)
     argv = ssh_argv(host, remote_args)
     err = _Stderr()

@@ -405,6 +405,12 @@ def _verdict(r: StopReport) -> str:
     return "nothing of the job is alive" + (", GPUs released" if r.gpus else "")
 
 
+def stop_summary(ls: StopReport | SlurmStopReport) -> str:
+    """A stop's outcome in one line (`attach`'s last word on a stopped run)."""
+    verdict = _verdict(ls) if isinstance(ls, StopReport) else "ended"
+    return f"{verdict} ({_stop_verdict(ls)}, {ls.total_s:.2f} s, {ls.reason})"
+
+
 def _stop_verdict(ls: StopReport | SlurmStopReport) -> str:
     """`clean` only when every process left on the stop signal; otherwise who did not."""
     if not ls.ok:

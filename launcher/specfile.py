@@ -205,6 +205,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "gpus": _gpus,
     "share": _bool,
     "force": _bool,
+    "tty": _bool,
     "gpu_timeout": parse_duration,
     "checkpoint": _str,
     "checkpoint_signal": _signal,
@@ -265,6 +266,7 @@ class SpecDraft:
     gpus: str | None = None
     share: bool | None = None
     force: bool | None = None
+    tty: bool | None = None  # main on a pseudo-terminal (`trainctl attach`)
     gpu_timeout: float | None = None
     checkpoint: str | None = None
     checkpoint_signal: str | None = None

@@ -95,11 +95,21 @@ def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
     return stop_reply(request(jdir, ask.to_doc(), timeout_s))
 
 
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
 def peer_uid(sock: socket.socket) -> int:
     """Return the uid of the process at the other end of a Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    return _peer_cred(sock)[1]
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """Return the pid of the process at the other end of a Unix socket."""
+    return _peer_cred(sock)[0]
 
 
 def encode(msg: dict[str, Any]) -> bytes:
@@ -156,19 +166,27 @@ def bind(jdir: Path) -> socket.socket:
     return sock
 
 
-def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Send one request to the job's supervisor and return its reply."""
+def connect(jdir: Path, timeout_s: float) -> socket.socket:
+    """A connection to the job's supervisor, checked to be served by our own uid."""
     path = jdir / SOCK_NAME
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
-        try:
-            with _addressable(jdir) as address:
-                s.connect(address)
-        except OSError as e:
-            raise ControlUnavailableError(f"cannot connect to {path}: {e.strerror}") from None
-        if peer_uid(s) != os.geteuid():
-            raise StateError(f"{path} is served by another user; refusing to talk to it")
+        with _addressable(jdir) as address:
+            s.connect(address)
+    except OSError as e:
+        s.close()
+        raise ControlUnavailableError(f"cannot connect to {path}: {e.strerror}") from None
+    if peer_uid(s) != os.geteuid():
+        s.close()
+        raise StateError(f"{path} is served by another user; refusing to talk to it")
+    return s
+
+
+def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Send one request to the job's supervisor and return its reply."""
+    s = connect(jdir, timeout_s)
+    try:
         s.sendall(encode(msg))
         return read_reply(s)
     finally:

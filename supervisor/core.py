@@ -41,6 +41,7 @@ from .state import (
     write_event_line,
     write_state,
 )
+from .terminal import Terminal
 from .terminate import Grace
 
 
@@ -135,6 +136,7 @@ class SupervisorCore:
         self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
         self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
+        self._terminal: Terminal | None = None  # `--tty`: main's pty (see service.run)
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:

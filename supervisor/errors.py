@@ -5,6 +5,7 @@
     ├── StateError                state.json corrupt, truncated, unknown schema, foreign owner
     ├── JobNotFoundError          no such job
     ├── JobConflictError          name held by a live job, job not finished (rm), busy
+    │   └── NotRunningError       no live run to act on (attach to an ended job): exit 3
     ├── SpawnError                the job's command could not be exec'd (not found, cwd missing)
     ├── ProcessTreeError          stop could not prove the tree gone
     ├── GpuError                  GPU binding / verification failures
@@ -40,6 +41,10 @@ class JobNotFoundError(TrainctlError):
 
 class JobConflictError(TrainctlError):
     """The job exists but is in the wrong phase for the operation."""
+
+
+class NotRunningError(JobConflictError):
+    """The job has no live run to act on (it is queued, ended or lost)."""
 
 
 class SpawnError(TrainctlError):

@@ -17,7 +17,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import control
+from . import control, terminal
 from . import lifecycle as lc
 from .core import SupervisorCore
 from .errors import StateError
@@ -77,11 +77,39 @@ class ControlServer(SupervisorCore):
                 if control.peer_uid(raw) != os.geteuid():
                     await stream.send(control.encode({"ok": False, "error": "permission denied"}))
                     return
-                line = await BufferedByteReceiveStream(stream).receive_until(
-                    b"\n", control.MAX_LINE
-                )
-                reply = await self._dispatch(control.decode(line))
+                reader = BufferedByteReceiveStream(stream)
+                line = await reader.receive_until(b"\n", control.MAX_LINE)
+                req = control.decode(line)
+                if req.get("op") == "attach":
+                    await self._attach(req, stream, reader, control.peer_pid(raw))
+                    return
+                reply = await self._dispatch(req)
                 await stream.send(control.encode(reply))
+
+    async def _attach(
+        self,
+        req: dict[str, Any],
+        stream: anyio.abc.SocketStream,
+        reader: BufferedByteReceiveStream,
+        pid: int,
+    ) -> None:
+        """`trainctl attach`: the reply line, then the job's terminal as frames (terminal.py)."""
+        term = self._terminal
+        read_only = req.get("read_only") is True
+        why = "no terminal" if term is None else term.refusal(read_only)
+        if term is None or why is not None:
+            await stream.send(control.encode({"ok": False, "error": why, "no_tty": term is None}))
+            return
+        viewer = term.add(pid, read_only)
+        rows, cols = req.get("rows"), req.get("cols")
+        if not read_only and isinstance(rows, int) and isinstance(cols, int):
+            with contextlib.suppress(OSError):
+                terminal.set_winsize(term.master, rows, cols)
+        main = self.state.main.pid if self.state.main else None
+        self.log.info("attached", viewer_pid=pid, read_only=read_only)
+        await stream.send(control.encode({"ok": True, "main_pid": main, "run": self.state.run}))
+        await term.serve(viewer, stream, reader)
+        self.log.info("detached", viewer_pid=pid)
 
     async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")

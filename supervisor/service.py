@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -39,8 +40,10 @@ from .state import (
     JobState,
     error_file,
     log_path,
+    open_in,
 )
 from .stop import run_stop
+from .terminal import Terminal
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
@@ -220,6 +223,8 @@ class Supervisor(Watchers):
             # main's exit status comes through the reaper; let it land before deciding
             with anyio.move_on_after(2):
                 await self.main_reaped.wait()
+            if self._terminal is not None:
+                self._terminal.read_available()  # the job's last output, before its cause
             cause = None
             if a.reason == "main exited" and not self.life.user_stop:
                 cause = await anyio.to_thread.run_sync(self._analyse_safely)
@@ -346,12 +351,17 @@ class Supervisor(Watchers):
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
             tg.start_soon(self._watch_gpus)
+            if self.spawned.pty is not None:
+                self._terminal = Terminal(self.spawned.pty, self._log_writer())
+                tg.start_soon(self._terminal.pump)
             source = self.state.adopted.log_source if self.state.adopted else None
             if source is not None:
                 tg.start_soon(self._copy_log, Path(source))
             if self.state.restarts == 0 and self.state.adopted is None:
                 self._fire("start", self._started(), notify=False)
             await self._own_lifecycle(tg)
+            if self._terminal is not None:
+                self._terminal.finish(self._end_of_run())
             if self.life.stage is not lc.Stage.HANDED_OVER:
                 with contextlib.suppress(FileNotFoundError):
                     (self.jdir / control.SOCK_NAME).unlink()
@@ -362,6 +372,37 @@ class Supervisor(Watchers):
                     with anyio.move_on_after(0.05):
                         await self._step(tg)
             tg.cancel_scope.cancel()
+
+    def _log_writer(self) -> Callable[[bytes], None]:
+        """A --tty run's log: what the job writes to its terminal, appended here (the
+        rotation truncates it in place, as for a job that writes its log itself)."""
+        path = log_path(self.jdir, self.state.run)
+        try:
+            fd = open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        except (OSError, TrainctlError) as e:  # the terminal is still read: the job must not block
+            self.log.warning("tty_log_unwritable", path=str(path), error=str(e))
+            fd = -1
+
+        def write(data: bytes) -> None:
+            with contextlib.suppress(OSError):  # a full disk must not stall the job's output
+                while data:
+                    data = data[os.write(fd, data) :]
+
+        return write
+
+    def _end_of_run(self) -> dict[str, object]:
+        """What an attached viewer is told when the run ends (terminal.END)."""
+        st = self.state
+        if self.life.stage is lc.Stage.HANDED_OVER:
+            summary = f"run {st.run} ended; run {st.run + 1} started (attach again)"
+        else:
+            summary = st.cause.summary if st.cause else f"run {st.run} ended"
+        return {
+            "phase": str(st.phase),
+            "run": st.run,
+            "exit_code": st.exit_code,
+            "summary": summary,
+        }
 
     def _started(self) -> Cause:
         main = self.state.main.pid if self.state.main else None

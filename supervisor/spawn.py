@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import SpawnError, StateError
 from .spec import Spec
 from .state import ERROR_FILE_VAR, TRAINCTL_VARS, TRANSPORT_VARS, error_file, open_in
+from .terminal import open_pty, take_controlling_tty
 
 # Signals the supervisor may ignore or handle; an exec keeps SIG_IGN, so reset them or the
 # job would silently ignore its own stop signal.
@@ -33,6 +34,7 @@ class Spawned:
     proc: subprocess.Popen[bytes] | None  # None: adopted, not our child (exit code unknown)
     pid: int
     pidfd: int  # opened before anything can reap main, so it always refers to it
+    pty: int | None = None  # `--tty`: the master of main's terminal (supervisor/terminal.py)
 
 
 TORCH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -68,7 +70,10 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fds: lis
     """Start the main process in a new session; raise SpawnError if it cannot be exec'd."""
 
     def in_child() -> None:
-        # Runs between fork and exec in the child (the supervisor is single-threaded here).
+        # Runs between fork and exec in the child (the supervisor is single-threaded here),
+        # after setsid: a --tty job's session takes its pty as its controlling terminal.
+        if master is not None:
+            take_controlling_tty()
         for sig in _RESET:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -83,13 +88,15 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fds: lis
         raise SpawnError(str(e)) from None
     except OSError as e:
         raise SpawnError(f"log file {log}: {e.strerror}") from None
+    master, stdin, out = _stdio(spec, log_fd)
+    proc: subprocess.Popen[bytes] | None = None
     try:
         proc = subprocess.Popen(
             list(spec.argv),
             cwd=spec.cwd,
             env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
+            stdin=stdin,
+            stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
@@ -97,20 +104,41 @@ def spawn_main(spec: Spec, env: dict[str, str], log: Path, cgroup_procs_fds: lis
             # and never reaches the job.
             preexec_fn=in_child,  # noqa: PLW1509  (single-threaded here: see in_child)
         )
-    except FileNotFoundError as e:
-        if e.filename == spec.cwd or not os.path.isdir(spec.cwd):
-            raise SpawnError(f"working directory {spec.cwd} does not exist") from None
-        raise SpawnError(f"command not found: {spec.argv[0]}") from None
-    except PermissionError:
-        raise SpawnError(f"permission denied executing {spec.argv[0]} (in {spec.cwd})") from None
-    except OSError as e:
-        raise SpawnError(f"cannot execute {spec.argv[0]}: {e.strerror}") from None
-    except subprocess.SubprocessError as e:
-        raise SpawnError(f"cannot start {spec.argv[0]}: {e}") from None
+    except (OSError, subprocess.SubprocessError) as e:
+        raise _spawn_error(spec, e) from None
     finally:
         os.close(log_fd)
+        if master is not None:
+            os.close(out)  # the slave: only the job holds it now, so its exit reads as EOF
+            if proc is None:
+                os.close(master)
     # Nobody has waited for the child yet, so its pid cannot have been recycled.
-    return Spawned(proc=proc, pid=proc.pid, pidfd=os.pidfd_open(proc.pid))
+    return Spawned(proc=proc, pid=proc.pid, pidfd=os.pidfd_open(proc.pid), pty=master)
+
+
+def _stdio(spec: Spec, log_fd: int) -> tuple[int | None, int, int]:
+    """(pty master or None, main's stdin, main's stdout and stderr).
+
+    With --tty, main's stdio is the pty's slave and the supervisor copies the master into
+    the log; without it main writes the log itself and reads /dev/null.
+    """
+    if spec.tty:
+        master, slave = open_pty()
+        return master, slave, slave
+    return None, subprocess.DEVNULL, log_fd
+
+
+def _spawn_error(spec: Spec, e: OSError | subprocess.SubprocessError) -> SpawnError:
+    """Why main could not be started, in one line."""
+    if isinstance(e, FileNotFoundError):
+        if e.filename == spec.cwd or not os.path.isdir(spec.cwd):
+            return SpawnError(f"working directory {spec.cwd} does not exist")
+        return SpawnError(f"command not found: {spec.argv[0]}")
+    if isinstance(e, PermissionError):
+        return SpawnError(f"permission denied executing {spec.argv[0]} (in {spec.cwd})")
+    if isinstance(e, OSError):
+        return SpawnError(f"cannot execute {spec.argv[0]}: {e.strerror}")
+    return SpawnError(f"cannot start {spec.argv[0]}: {e}")
 
 
 def exit_code_of(status: int) -> int:

@@ -198,6 +198,8 @@ class Spec:
     # pattern classes added by config ([causes] name = "regex"), tried before the built-in
     causes: dict[str, str] = field(default_factory=dict)
     backend: str = "local"  # "local" | "slurm" (see launcher/backends/)
+    # main runs on a pseudo-terminal the supervisor holds (`trainctl attach`; terminal.py)
+    tty: bool = False
     slurm: dict[str, Any] | None = None  # nodes, gpus_per_node, partition, time, sbatch_args
     spec_file: str | None = None
     # the keys the spec file gave at start, and those --set and the flags gave over it:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import socket
+import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -61,3 +64,34 @@ def stop_and_check(h: Harness, name: str, *args: str) -> dict[str, Any]:
         assert not alive(pid, start)
     h.assert_bystanders_alive()
     return doc
+
+
+class Pane:
+    """A command on a real terminal: a private tmux server's pane (send-keys, capture)."""
+
+    def __init__(self, h: Harness, argv: list[str], width: int = 120, height: int = 30) -> None:
+        self.tmux = [
+            "tmux",
+            "-S",
+            str(h.tmp / f"pane-{uuid.uuid4().hex[:6]}.sock"),
+            "-f",
+            "/dev/null",
+        ]
+        # a new tmux server passes its own environment (the test's) on to the pane
+        cmd = [*self.tmux, "new-session", "-d", "-x", str(width), "-y", str(height)]
+        subprocess.run([*cmd, shlex.join(argv)], env=h.env, check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(
+            [*self.tmux, "capture-pane", "-p"], capture_output=True, text=True, check=False
+        ).stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", *keys], check=True)
+
+    def ended(self) -> bool:
+        done = subprocess.run([*self.tmux, "has-session"], capture_output=True, check=False)
+        return done.returncode != 0
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)

@@ -143,6 +143,7 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
         backend=_or(d.backend, "local"),
         slurm={k: given[k] for k in sorted(SLURM_KEYS) if k in given} or None,
         spec_file=spec_file,
+        tty=bool(d.tty),
     )
     _check_command(argv, workdir, full_env)
     check_keeper(spec, cfg)

@@ -37,6 +37,7 @@ VERBS: dict[str, Verb] = {
     "top": Verb("top", "A live full-screen view of every job and GPU."),
     "gpus": Verb("gpus", "Show every GPU, its lease and who is on it."),
     "logs": Verb("logs", "Print (and follow) a job's log."),
+    "attach": Verb("attach", "Type into a --tty job's terminal (pdb, a prompt); detach: C-\\ d."),
     "wait": Verb("wait", "Wait until a job's run ends; exit with its exit code."),
     "rm": Verb("rm", "Remove finished jobs."),
     "prune": Verb("prune", "Remove the jobs that ended more than a given time ago."),

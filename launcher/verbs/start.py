@@ -47,6 +47,7 @@ class StartFlags:
     after: tuple[str, ...] = ()
     singleton: str | None = None  # "name" or "spec"
     backfill: bool = False
+    tty: bool = False  # --tty: main on a pseudo-terminal, for `trainctl attach`
 
     def ask(self) -> QueueAsk:
         """What the flags ask of the queue."""
@@ -86,6 +87,7 @@ def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
         partition=f.partition,
         time=f.time_limit,
         sbatch_args=list(f.sbatch_args) or None,
+        tty=f.tty or None,
     )
     draft = draft.merged(flags)
     merged = file_draft.merged(draft)

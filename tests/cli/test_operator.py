@@ -10,13 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
-from tests.helpers import stop_and_check
+from tests.helpers import Pane, stop_and_check
 
 
 def test_flags_take_the_same_durations_as_spec_keys(harness: Harness) -> None:
@@ -200,37 +199,6 @@ def test_tables_fit_the_terminal_and_colour_only_on_one(harness: Harness) -> Non
     ).stdout
     assert "\x1b[" not in plain
     assert h.tc("stop", "a-rather-long-job-name").rc == 0
-
-
-class Pane:
-    """A command on a real terminal: a private tmux server's pane (send-keys, capture)."""
-
-    def __init__(self, h: Harness, argv: list[str], width: int = 120, height: int = 30) -> None:
-        self.tmux = [
-            "tmux",
-            "-S",
-            str(h.tmp / f"pane-{uuid.uuid4().hex[:6]}.sock"),
-            "-f",
-            "/dev/null",
-        ]
-        # a new tmux server passes its own environment (the test's) on to the pane
-        cmd = [*self.tmux, "new-session", "-d", "-x", str(width), "-y", str(height)]
-        subprocess.run([*cmd, shlex.join(argv)], env=h.env, check=True)
-
-    def screen(self) -> str:
-        return subprocess.run(
-            [*self.tmux, "capture-pane", "-p"], capture_output=True, text=True, check=False
-        ).stdout
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run([*self.tmux, "send-keys", *keys], check=True)
-
-    def ended(self) -> bool:
-        done = subprocess.run([*self.tmux, "has-session"], capture_output=True, check=False)
-        return done.returncode != 0
-
-    def close(self) -> None:
-        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")

@@ -211,6 +211,8 @@ class Slurm:
         sbatch setting would start a new line of the batch script: a shell command."""
         if draft.gpus:
             raise ConfigError("--gpus binds local GPUs; with --backend slurm use --gpus-per-node")
+        if draft.tty:
+            raise ConfigError("--tty: a terminal to attach to is for local jobs, not Slurm's")
         settings = {"partition": [draft.partition], "time": [draft.time]}
         settings["sbatch_args"] = list(draft.sbatch_args or [])
         for key, items in settings.items():

@@ -1,0 +1,97 @@
+"""`attach`: connect to the terminal of a job started with ``--tty``, through its
+supervisor's control socket (the frames are supervisor/terminal.py's).
+
+This module opens the connection and says, in one line, why one cannot be had; the
+keyboard and the screen are the verb's (launcher/verbs/attach.py).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.launcher import backends
+from trainctl.supervisor import control, state
+from trainctl.supervisor.errors import (
+    JobConflictError,
+    NotRunningError,
+    StateError,
+    TrainctlError,
+)
+from trainctl.supervisor.phases import Phase
+from trainctl.supervisor.reports import SlurmStopReport, StopReport
+
+from .jobs import current_phase, existing_job
+
+CONNECT_TIMEOUT_S = 5.0
+# `trainctl start` without --tty: what to do instead, named in the refusal
+NO_TTY_HINT = (
+    "start it with `trainctl start --tty ...` (or tty = true in its spec) to attach; "
+    "`trainctl logs -f {name}` follows its output meanwhile"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """An open connection to a job's terminal: frames from here on."""
+
+    name: str
+    sock: socket.socket
+    run: int
+    main_pid: int | None
+
+
+def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | None) -> Attached:
+    """Connect to job NAME's terminal; raise with one line when it cannot be had."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    if backends.of(st).kind != "local":
+        raise JobConflictError(f"job {name} runs under Slurm: it has no terminal to attach to")
+    phase = current_phase(jdir, st)
+    if phase not in (Phase.RUNNING, Phase.STARTING, Phase.STOPPING):
+        raise NotRunningError(f"job {name} is not running ({phase}): nothing to attach to")
+    if not _spec_has_tty(jdir):
+        raise JobConflictError(f"job {name} has no terminal: " + NO_TTY_HINT.format(name=name))
+    try:
+        sock = control.connect(jdir, CONNECT_TIMEOUT_S)
+    except control.ControlUnavailableError as e:
+        raise JobConflictError(f"job {name}: {e}; `trainctl status {name}` says more") from None
+    req: dict[str, object] = {"op": "attach", "read_only": read_only}
+    if size is not None:
+        req["rows"], req["cols"] = size
+    try:
+        sock.sendall(control.encode(req))
+        reply = control.read_reply(sock)
+    except (OSError, control.ControlUnavailableError) as e:
+        sock.close()
+        raise JobConflictError(f"job {name}: its supervisor did not answer ({e})") from None
+    if reply.get("ok") is not True:
+        sock.close()
+        if reply.get("no_tty") is True:
+            raise JobConflictError(f"job {name} has no terminal: " + NO_TTY_HINT.format(name=name))
+        raise JobConflictError(f"job {name}: cannot attach: {reply.get('error')}")
+    sock.settimeout(None)
+    main = reply.get("main_pid")
+    run = reply.get("run")
+    return Attached(
+        name,
+        sock,
+        run if isinstance(run, int) else st.run,
+        main if isinstance(main, int) else None,
+    )
+
+
+def _spec_has_tty(jdir: Path) -> bool:
+    try:
+        return state.read_spec(jdir).tty
+    except StateError:
+        return True  # let the supervisor, the authority on its run, say
+
+
+def last_stop(home: Path, name: str) -> StopReport | SlurmStopReport | None:
+    """The report of the stop that ended the run just watched (None: none, or unreadable)."""
+    try:
+        return state.read_state(existing_job(home, name)).last_stop
+    except TrainctlError:
+        return None

@@ -1,0 +1,201 @@
+"""`start --tty` and `attach`: a job's terminal, typed into from a real tmux pane.
+
+Real jobs, real supervisors, a real pty, and the real `trainctl attach` on a tmux pane's
+terminal (send-keys types, capture-pane reads the screen), as a tmux user would.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import TRAINCTL, Harness, wait_for
+from tests.helpers import Pane, one_line_error
+from trainctl.launcher.verbs.attach import DetachMatcher, parse_detach_keys
+from trainctl.supervisor.terminal import INPUT, OUTPUT, FrameReader, frame
+
+NEEDS_TMUX = pytest.mark.skipif(
+    not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)"
+)
+
+# A training-like loop that stops in pdb at step 3, prints a step every 0.2 s, and says
+# when its terminal's Ctrl-C reaches it (as a KeyboardInterrupt it survives).
+DEBUGGED = """
+import sys, time
+print("tty", sys.stdin.isatty(), flush=True)
+step = 0
+while True:
+    try:
+        step += 1
+        if step == 3:
+            breakpoint()
+        print(f"step {step}", flush=True)
+        time.sleep(0.2)
+    except KeyboardInterrupt:
+        print("got SIGINT from the terminal", flush=True)
+"""
+
+# Reads lines and answers each: input through a non-terminal attach
+ECHO = """
+import sys
+print("ready", flush=True)
+for line in sys.stdin:
+    print("got " + line.strip(), flush=True)
+"""
+
+
+def start_tty(h: Harness, name: str, script: str, *extra: str) -> None:
+    h.tc(
+        "start", "--name", name, "--tty", "--grace", "5", *extra, "--",
+        sys.executable, "-c", script, check=True,
+    )  # fmt: skip
+
+
+def log_of(h: Harness, name: str) -> str:
+    return (h.home / "jobs" / name / "logs" / "run-1.log").read_text(errors="replace")
+
+
+def steps_on(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^step (\d+)\s*$", text, re.MULTILINE)]
+
+
+@NEEDS_TMUX
+@pytest.mark.slow
+def test_attach_in_tmux_pdb_detach_reattach_ctrl_c_and_a_stop(harness: Harness) -> None:
+    """A breakpoint() answered from a tmux pane; detach leaves the job running; a reattach
+    shows what it printed meanwhile; Ctrl-C reaches the job, not a stop; a stop while
+    attached ends the attach with the stop's report and the terminal restored."""
+    h = harness
+    start_tty(h, "dbg", DEBUGGED)
+    wait_for(lambda: "(Pdb)" in log_of(h, "dbg"), 20, "the job to stop in pdb")
+    assert "tty True" in log_of(h, "dbg")  # main's stdin is a terminal
+    attach = " ".join([*TRAINCTL, "attach", "dbg"])
+    pane = Pane(h, ["sh", "-c", f"{attach}; echo attach-rc=$?; stty -a; read x"])
+    try:
+        wait_for(lambda: "(Pdb)" in pane.screen(), 20, "the pdb prompt on the pane")
+        pane.keys("p step", "Enter")
+        wait_for(lambda: re.search(r"p step\s*\n3\s*\n", pane.screen()), 10, "pdb's answer")
+        pane.keys("c", "Enter")
+        wait_for(lambda: "step 5" in pane.screen(), 10, "the loop to go on")
+        pane.keys("C-\\", "d")
+        wait_for(lambda: "attach-rc=0" in pane.screen(), 10, "the detach")
+        assert "detached from dbg; it keeps running" in pane.screen()
+        seen = max(steps_on(pane.screen()))
+        wait_for(lambda: max(steps_on(log_of(h, "dbg"))) >= seen + 5, 20, "output while away")
+        assert h.tc("status", "dbg").rc == 0  # detaching stopped nothing
+        pane.close()
+
+        pane = Pane(h, ["sh", "-c", f"{attach}; echo attach-rc=$?; stty -a; read x"])
+        wait_for(lambda: steps_on(pane.screen()), 20, "the reattach")
+        missed = [n for n in steps_on(pane.screen()) if n > seen]
+        assert missed, pane.screen()  # the screen it missed ...
+        assert min(missed) <= seen + 5, pane.screen()  # ... from where it left
+
+        # The job's terminal turns Ctrl-C into the job's own SIGINT: after `c`, pdb's
+        # handler takes it and breaks into the debugger again, as it does in tmux.
+        pane.keys("C-c")
+        wait_for(lambda: "Program interrupted" in pane.screen(), 10, "pdb to take the SIGINT")
+        assert h.tc("status", "dbg").rc == 0  # still running: no stop was made of it
+        assert "stopping" not in (h.home / "jobs" / "dbg" / "events.jsonl").read_text()
+
+        stop = h.tc("stop", "dbg")
+        assert stop.rc == 0, stop
+        wait_for(lambda: "attach-rc=0" in pane.screen(), 20, "the attach to end")
+        screen = pane.screen()
+        assert "dbg ended: stopped: stopped by trainctl stop" in screen, screen
+        assert "stop: nothing of the job is alive" in screen, screen
+        assert re.search(r"(^|\s)icanon\b", screen), screen  # the terminal is cooked again
+        assert "-icanon" not in screen, screen
+    finally:
+        pane.close()
+
+
+def test_attach_refusals_each_one_line(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "plain", "--", "sleep", "600", check=True)
+    no_tty = h.tc("attach", "plain")
+    one_line_error(no_tty, 1, "job plain has no terminal: start it with `trainctl start --tty")
+    assert "trainctl logs -f plain" in no_tty.err
+    one_line_error(h.tc("attach", "plian"), 2, "did you mean plain?")
+    one_line_error(h.tc("attach", "plain", "--detach-keys", "ctrl-"), 2, "--detach-keys")
+    assert h.tc("stop", "plain").rc == 0
+    one_line_error(h.tc("attach", "plain"), 3, "job plain is not running (stopped)")
+    slurm = h.tc("start", "--name", "s", "--backend", "slurm", "--tty", "--", "true")
+    one_line_error(slurm, 2, "--tty: a terminal to attach to is for local jobs")
+    assert h.tc("status", "s").rc == 2  # nothing was made of it
+
+
+def _attach_proc(h: Harness, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*TRAINCTL, "attach", name, *extra],
+        env=h.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_one_writer_many_readers_and_input_without_a_terminal(harness: Harness) -> None:
+    """Keys from a piped attach reach the job; a second writer is refused while one is
+    attached; a --read-only viewer sees the output and is told of the end."""
+    h = harness
+    start_tty(h, "echo", ECHO)
+    wait_for(lambda: "ready" in log_of(h, "echo"), 20, "the job")
+    writer = _attach_proc(h, "echo")
+    try:
+        assert writer.stdin is not None
+        writer.stdin.write(b"hello\n")
+        writer.stdin.flush()
+        wait_for(lambda: "got hello" in log_of(h, "echo"), 10, "the typed line")
+        second = h.tc("attach", "echo")
+        one_line_error(second, 1, "a writer is attached already")
+        viewer = _attach_proc(h, "echo", "--read-only")
+        time.sleep(0.3)  # the viewer is connected (its replay includes 'got hello')
+        writer.stdin.write(b"again\n")
+        writer.stdin.flush()
+        wait_for(lambda: "got again" in log_of(h, "echo"), 10, "the second line")
+        assert h.tc("stop", "echo").rc == 0
+        out, err = viewer.communicate(timeout=20)
+        assert viewer.returncode == 0, err
+        assert b"got hello" in out
+        assert b"got again" in out
+        assert b"echo ended: stopped" in err
+        _, werr = writer.communicate(timeout=20)  # closes its stdin: it watches on
+        assert writer.returncode == 0, werr
+        assert b"echo ended: stopped" in werr
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.communicate()
+
+
+def test_a_restart_keeps_the_terminal_and_the_log_keeps_every_byte(harness: Harness) -> None:
+    """The log of a --tty run is the job's output (the pty's CRLF), whoever watches."""
+    h = harness
+    start_tty(h, "short", "print('one'); print('two')")
+    assert h.tc("wait", "short", "--timeout", "30").rc == 0
+    assert log_of(h, "short").replace("\r\n", "\n") == "one\ntwo\n"
+    doc = h.tc("status", "short", "--json").json()
+    assert isinstance(doc, dict)
+    assert doc["state"] == "exited"
+
+
+def test_detach_keys_and_frames() -> None:
+    keys = parse_detach_keys("ctrl-\\,d")
+    assert keys == b"\x1cd"
+    assert parse_detach_keys("ctrl-a, ctrl-d") == b"\x01\x04"
+    m = DetachMatcher(keys)
+    assert m.feed(b"abc") == (b"abc", False)
+    assert m.feed(b"x\x1c") == (b"x", False)  # held: it may be the start of the sequence
+    assert m.feed(b"q") == (b"\x1cq", False)  # it was not: both go to the job
+    assert m.feed(b"\x1c\x1c") == (b"\x1c", False)
+    assert m.feed(b"d") == (b"", True)
+    r = FrameReader()
+    wire = frame(OUTPUT, b"hello") + frame(INPUT, b"")
+    assert r.feed(wire[:3]) == []
+    assert r.feed(wire[3:]) == [(OUTPUT, b"hello"), (INPUT, b"")]
