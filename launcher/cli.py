@@ -642,6 +642,17 @@ def gpus(c: Invocation, all_hosts: bool, as_json: bool) -> int:
     is_flag=True,
     help="The bytes as the job wrote them: progress bars' carriage-return frames too.",
 )
+@click.option(
+    "--timestamps",
+    "-t",
+    is_flag=True,
+    help="Each line with the time it was written (UTC, to within 0.5 s).",
+)
+@click.option(
+    "--since",
+    metavar="D|TIME",
+    help="Only the lines written in the last D (10m, 2h) or since TIME (2026-12-02T14:00).",
+)
 @json_opt
 @pass_ctx
 def logs(
@@ -652,6 +663,8 @@ def logs(
     run: int | None,
     node: str | None,
     raw: bool,
+    timestamps: bool,
+    since: str | None,
     as_json: bool,
 ) -> int:
     """Print the log (stdout+stderr) of job NAME.
@@ -672,6 +685,8 @@ def logs(
             node=node,
             raw=raw,
             as_json=as_json,
+            timestamps=timestamps,
+            since=since,
         )
     )
 

@@ -27,6 +27,7 @@ from . import lifecycle as lc
 from .errors import StateError
 from .gpu.watch import GpuWatch
 from .logcopy import LogCopy
+from .logtimes import LogStamper
 from .proctree import Target, target_of
 from .reports import Cause
 from .roster import Roster
@@ -36,6 +37,7 @@ from .state import (
     JobState,
     Phase,
     ProcRef,
+    log_path,
     open_events,
     progress_path,
     write_event_line,
@@ -137,6 +139,7 @@ class SupervisorCore:
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
         self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
         self._terminal: Terminal | None = None  # `--tty`: main's pty (see service.run)
+        self._stamper = LogStamper(log_path(jdir, state.run))  # when the log grew
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:

@@ -31,6 +31,7 @@ from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .logcopy import LOG_COPY_S, LogCopy
+from .logtimes import STAMP_S
 from .reports import Cause, Failure
 from .roster import widen_fd_table
 from .spawn import Spawned
@@ -232,6 +233,7 @@ class Supervisor(Watchers):
                 self._watch_oom()  # the last kills, recorded before the group goes
                 memory.remove(self._memory_group(), self._target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
+            self._stamper.step()  # the times of the last lines (in the loop: one writer)
         self.send(lc.StopFinished(report, cause))
 
     def _analyse_safely(self) -> Cause | None:
@@ -341,6 +343,12 @@ class Supervisor(Watchers):
         if self._log_copy is not None:
             self._log_copy.drain()
 
+    async def _stamp_log(self) -> None:
+        """When the log grew (logtimes.py): `logs --timestamps` and `--since` read it."""
+        while True:
+            self._stamper.step()
+            await anyio.sleep(STAMP_S)
+
     async def run(self) -> None:
         """Supervise until the run has ended and every waiting client has its answer."""
         async with anyio.create_task_group() as tg:
@@ -351,6 +359,7 @@ class Supervisor(Watchers):
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
             tg.start_soon(self._watch_gpus)
+            tg.start_soon(self._stamp_log)
             if self.spawned.pty is not None:
                 self._terminal = Terminal(self.spawned.pty, self._log_writer())
                 tg.start_soon(self._terminal.pump)

@@ -67,6 +67,18 @@ def last_lines_bytes(path: Path, lines: int, block: int = BLOCK) -> bytes:
     `logs -n 5` on a 500 MiB log reads a few KiB, not the file: its cost does not grow
     with the log. FileNotFoundError (and other OSErrors) reach the caller.
     """
+    return last_lines_at(path, lines, block)[1]
+
+
+def read_from(path: Path, offset: int) -> bytes:
+    """``path`` from byte ``offset`` on (OSErrors reach the caller)."""
+    with os.fdopen(_open(path), "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def last_lines_at(path: Path, lines: int, block: int = BLOCK) -> tuple[int, bytes]:
+    """(offset, data): :func:`last_lines_bytes` and where in the file its data begins."""
     with os.fdopen(_open(path), "rb") as f:
         end = f.seek(0, os.SEEK_END)
         pos, chunks, newlines = end, [], 0
@@ -78,4 +90,4 @@ def last_lines_bytes(path: Path, lines: int, block: int = BLOCK) -> bytes:
             chunks.append(chunk)
             # a final line without its newline still counts as a line
             newlines += chunk.count(b"\n")
-        return b"".join(reversed(chunks))
+        return pos, b"".join(reversed(chunks))

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import os
 import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from trainctl.supervisor import nodefiles as nf
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, StateError
+from trainctl.supervisor.logtimes import read_stamps
 from trainctl.supervisor.proctree import scan, target_of
 from trainctl.supervisor.state import Phase
-from trainctl.supervisor.tail import last_lines_bytes
+from trainctl.supervisor.tail import last_lines_at, read_from
 
 from .jobs import current_phase, existing_job
+
+T = TypeVar("T")
+LINE_BACK = 1 << 20  # --since reads this far before its first stamp for the line it is in
 
 
 def log_lines(
@@ -27,6 +33,13 @@ def log_lines(
     ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``). ``node``: the
     log of that node of a multi-node Slurm job (the first node's is the run's own log).
     """
+    path = run_log(home, name, run, node=node)
+    _, data = _read(path, tail)
+    return path, _last(newline_lines(data.decode(errors="replace")), tail)
+
+
+def run_log(home: Path, name: str, run: int | None, *, node: str | None = None) -> Path:
+    """The log file of run ``run`` of job NAME (default: current; a Slurm node's)."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     run = st.run if run is None else run
@@ -37,16 +50,53 @@ def log_lines(
         path = _node_log(jdir, run, node)
     if path.is_symlink():  # trainctl writes its logs itself: a link is someone's trap
         raise StateError(f"{path} is a symlink; refusing to follow it")
+    return path
+
+
+def _last(lines: list[T], tail: int | None) -> list[T]:
+    if tail is None:
+        return lines
+    return lines[len(lines) - tail :] if tail else []
+
+
+def _read(path: Path, tail: int | None, since_offset: int = 0) -> tuple[int, bytes]:
+    """(offset, data): the whole log, its last ``tail`` lines, or what follows an offset."""
     try:
-        data = path.read_bytes() if tail is None else last_lines_bytes(path, tail)
+        if tail is None:
+            return since_offset, read_from(path, since_offset)
+        return last_lines_at(path, tail)
     except FileNotFoundError:
-        data = b""
+        return 0, b""
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
-    lines = newline_lines(data.decode(errors="replace"))
-    if tail is None:
-        return path, lines
-    return path, lines[len(lines) - tail :] if tail else []
+
+
+def timed_lines(
+    path: Path, tail: int | None, since: float | None
+) -> list[tuple[float | None, str]]:
+    """The log's lines, each with the time it was written (supervisor/logtimes.py; None:
+    after the last look): its last ``tail`` lines, of those written at ``since`` or later."""
+    stamps = read_stamps(path)
+    start = 0
+    if since is not None:
+        if not stamps.times:
+            raise ConfigError(f"{path} has no times (a run from before they were recorded)")
+        i = bisect.bisect_left(stamps.times, since)
+        start = max(0, stamps.sizes[i - 1] - LINE_BACK) if i > 0 else 0
+    offset, data = _read(path, None if since is not None else tail, start)
+    pieces = data.split(b"\n")
+    if offset > 0 and since is not None:  # read from inside a line: not a whole one
+        offset += len(pieces.pop(0)) + 1
+    out: list[tuple[float | None, str]] = []
+    for k, piece in enumerate(pieces):
+        line = piece + b"\n" if k < len(pieces) - 1 else piece
+        if not line:
+            continue
+        offset += len(line)
+        at = stamps.time_of(offset)
+        if since is None or at is None or at >= since:
+            out.append((at, line.decode(errors="replace")))
+    return _last(out, tail)
 
 
 def newline_lines(text: str) -> list[str]:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import sys
+import time
 from pathlib import Path
 
 from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops.logs import follow, log_lines, other_nodes
+from trainctl.launcher.inputs import parse_duration
+from trainctl.launcher.ops.logs import follow, log_lines, other_nodes, run_log, timed_lines
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 
@@ -30,11 +33,14 @@ def tail_of(lines: str | None, following: bool, configured: int) -> int | None:
     return n
 
 
-def follow_to_stdout(inv: Invocation, name: str, path: Path, *, detach_note: bool) -> None:
+def follow_to_stdout(
+    inv: Invocation, name: str, path: Path, *, detach_note: bool, timestamps: bool = False
+) -> None:
     """Stream new log text until the job ends, the reader leaves, or Ctrl-C."""
+    stamped = _Stamped() if timestamps else None
     try:
         for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s):
-            render.write(chunk)
+            render.write(stamped.feed(chunk) if stamped else chunk)
             if output.reader_gone():
                 return
     except KeyboardInterrupt:
@@ -59,17 +65,32 @@ def run(
     node: str | None = None,
     raw: bool = False,
     as_json: bool = False,
+    timestamps: bool = False,
+    since: str | None = None,
 ) -> int:
     """Print the log of job NAME (its last lines with -n; following it with -f)."""
     if as_json and follow_:
         raise ConfigError("--json prints the lines once: it does not go with -f")
-    tail = tail_of(lines, follow_, inv.cfg.tail_lines)
-    path, text = log_lines(inv.home, name, run_no, tail, node=node)
+    tail = tail_of(lines, follow_ and since is None, inv.cfg.tail_lines)
+    since_at = None if since is None else parse_since(since)
+    path = run_log(inv.home, name, run_no, node=node)
+    times: list[float | None] = []
+    if timestamps or since_at is not None:
+        timed = timed_lines(path, tail, since_at)
+        times, text = [t for t, _ in timed], [line for _, line in timed]
+    else:
+        _, text = log_lines(inv.home, name, run_no, tail, node=node)
     if not raw:  # a progress bar's frames: its latest one (the file keeps them all)
         text = [_latest(t) for t in text]
     if as_json:
-        render.emit_json({"name": name, "log": str(path), "lines": [t.rstrip("\n") for t in text]})
+        doc: dict[str, object] = {"name": name, "log": str(path)}
+        doc["lines"] = [t.rstrip("\n") for t in text]
+        if timestamps:
+            doc["times"] = times
+        render.emit_json(doc)
         return ExitCode.OK
+    if timestamps:
+        text = [f"{stamp(at)} {line}" for at, line in zip(times, text, strict=True)]
     nodes = other_nodes(inv.home, name, run_no) if node is None else None
     if nodes is not None:  # say which node this is: the others' lines are elsewhere
         first, rest = nodes
@@ -81,8 +102,43 @@ def run(
         _say_why_no_log(inv, name)
     render.write("".join(text))
     if follow_:
-        follow_to_stdout(inv, name, path, detach_note=False)
+        follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps)
     return ExitCode.OK
+
+
+def stamp(at: float | None) -> str:
+    """A line's time as `logs --timestamps` prints it: UTC, to the millisecond (docker's
+    RFC 3339 form); a line written since the supervisor's last look has none yet."""
+    if at is None:
+        return "-".ljust(24)
+    t = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def parse_since(value: str) -> float:
+    """`--since 10m` (ago) or `--since 2026-12-02T14:00` (local time unless it says): the
+    unix time it means."""
+    with contextlib.suppress(ValueError):
+        return datetime.datetime.fromisoformat(value.strip()).timestamp()
+    try:
+        return time.time() - parse_duration(value, "--since")
+    except ConfigError:
+        raise ConfigError(
+            f"--since: {value!r} is neither a duration (10m, 2h) nor a time (2026-12-02T14:00)"
+        ) from None
+
+
+class _Stamped:
+    """`logs -f --timestamps`: each new line gets the time it was read (within -f's poll)."""
+
+    def __init__(self) -> None:
+        self.partial = ""
+
+    def feed(self, chunk: str) -> str:
+        text = self.partial + chunk
+        *done, self.partial = text.split("\n")
+        now = stamp(time.time())
+        return "".join(f"{now} {line}\n" for line in done)
 
 
 def _say_why_no_log(inv: Invocation, name: str) -> None:

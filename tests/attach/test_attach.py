@@ -80,6 +80,8 @@ def test_attach_in_tmux_pdb_detach_reattach_ctrl_c_and_a_stop(harness: Harness) 
         wait_for(lambda: "(Pdb)" in pane.screen(), 20, "the pdb prompt on the pane")
         pane.keys("p step", "Enter")
         wait_for(lambda: re.search(r"p step\s*\n3\s*\n", pane.screen()), 10, "pdb's answer")
+        pane.keys("p tuple(__import__('os').get_terminal_size())", "Enter")  # the pane's size
+        wait_for(lambda: "(120, 30)" in pane.screen(), 10, "the window size passed through")
         pane.keys("c", "Enter")
         wait_for(lambda: "step 5" in pane.screen(), 10, "the loop to go on")
         pane.keys("C-\\", "d")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
-from tests.helpers import free_port, one_line_error
+from tests.helpers import Pane, free_port, one_line_error
 
 pytestmark = pytest.mark.slow  # starts a real sshd / Slurm cluster
 
@@ -218,8 +218,6 @@ def test_remote_lifecycle(lab: Harness) -> None:
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)")
 def test_top_over_ssh_gets_a_terminal(lab: Harness) -> None:
-    from tests.cli.test_operator import Pane  # noqa: PLC0415
-
     h = lab
     h.tc("--host", "lab", "start", "--name", "far", "--", "sleep", "600", check=True)
     pane = Pane(h, [*TRAINCTL, "--host", "lab", "top", "--interval", "0.3"])
@@ -229,6 +227,29 @@ def test_top_over_ssh_gets_a_terminal(lab: Harness) -> None:
         wait_for(pane.ended, 15, "remote top to quit on q")
     finally:
         pane.close()
+    assert h.tc("--host", "lab", "stop", "far").rc == 0
+
+
+def test_attach_over_ssh_types_into_the_remote_job(lab: Harness) -> None:
+    """`--host lab attach` runs through ssh -t: keys reach the job on the far side, the
+    detach keys leave it running there."""
+    h = lab
+    echo = "import sys\nprint('ready', flush=True)\nfor l in sys.stdin: print('got', l.strip())"
+    h.tc(
+        "--host", "lab", "start", "--name", "far", "--tty", "--", sys.executable, "-c", echo,
+        check=True,
+    )  # fmt: skip
+    pane = Pane(h, [*TRAINCTL, "--host", "lab", "attach", "far"])
+    try:
+        wait_for(lambda: "ready" in pane.screen(), 30, "the remote job's screen")
+        pane.keys("hello there", "Enter")
+        wait_for(lambda: "got hello there" in pane.screen(), 15, "the job's answer")
+        pane.keys("C-\\", "d")
+        wait_for(pane.ended, 15, "the detach")
+    finally:
+        pane.close()
+    assert h.tc("--host", "lab", "status", "far").rc == 0  # still running over there
+    assert "got hello there" in h.tc("--host", "lab", "logs", "far").out
     assert h.tc("--host", "lab", "stop", "far").rc == 0
 
 
