@@ -32,6 +32,7 @@ class Config:
     stop_order: str
     kill_wait_s: float
     snapshot_interval_s: float
+    sample_interval_s: float
     tail_lines: int
     follow_poll_s: float
     log_max_mib: int
@@ -59,6 +60,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type]] = {
     ("stop", "order"): ("stop_order", str),
     ("stop", "kill_wait"): ("kill_wait_s", float),
     ("supervisor", "snapshot_interval"): ("snapshot_interval_s", float),
+    ("supervisor", "sample_interval"): ("sample_interval_s", float),
     ("logs", "tail_lines"): ("tail_lines", int),
     ("logs", "follow_poll"): ("follow_poll_s", float),
     ("logs", "max_size_mib"): ("log_max_mib", int),
@@ -88,7 +90,13 @@ def _checked(field: str, typ: type, raw: object, what: str) -> object:
 
 
 # polling intervals: 0 would spin a core
-_POSITIVE = {"snapshot_interval_s", "follow_poll_s", "ready_timeout_s", "slurm_query_timeout_s"}
+_POSITIVE = {
+    "snapshot_interval_s",
+    "sample_interval_s",
+    "follow_poll_s",
+    "ready_timeout_s",
+    "slurm_query_timeout_s",
+}
 
 
 def _load(text: str, where: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import causes, control, ids, memory, systemd
+from . import causes, control, ids, memory, samples, systemd
 from . import lifecycle as lc
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
@@ -42,6 +42,7 @@ from .state import (
     error_file,
     log_path,
     open_in,
+    progress_path,
 )
 from .stop import run_stop
 from .terminal import Terminal
@@ -343,6 +344,36 @@ class Supervisor(Watchers):
         if self._log_copy is not None:
             self._log_copy.drain()
 
+    async def _record_samples(self) -> None:
+        """One sample of the run every sample_interval_s, for the charts (samples.py)."""
+        book = samples.SampleLog(log_path(self.jdir, self.state.run))
+        meter = samples.CpuMeter()
+        while True:
+            await anyio.sleep(self.spec.watch.sample_interval_s)
+            if self.life.stage is not lc.Stage.RUNNING:
+                continue
+            src = self._sample_sources()
+            sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
+            book.append(sample)
+
+    def _sample_sources(self) -> samples.Sources:
+        st, gpu = self.state, self._gpu
+        labels = {g.uuid: g.label for g in st.gpus}
+        members = {(m.pid, m.start_ticks) for m in st.members}
+        if st.main is not None:  # before the first member snapshot too
+            members.add((st.main.pid, st.main.start_ticks))
+        return samples.Sources(
+            members=tuple(sorted(members)),
+            memory_group=self._memory_group(),
+            gpu_mem={labels[u]: b for u, b in (gpu.memory if gpu else {}).items() if u in labels},
+            gpu_util={
+                labels[u]: p for u, p in (gpu.utilization if gpu else {}).items() if u in labels
+            },
+            progress_file=progress_path(self.jdir, st.run),
+            log=log_path(self.jdir, st.run),
+            progress_regex=self.spec.watch.progress_regex,
+        )
+
     async def _stamp_log(self) -> None:
         """When the log grew (logtimes.py): `logs --timestamps` and `--since` read it."""
         while True:
@@ -360,6 +391,7 @@ class Supervisor(Watchers):
             tg.start_soon(self._serve)
             tg.start_soon(self._watch_gpus)
             tg.start_soon(self._stamp_log)
+            tg.start_soon(self._record_samples)
             if self.spawned.pty is not None:
                 self._terminal = Terminal(self.spawned.pty, self._log_writer())
                 tg.start_soon(self._terminal.pump)

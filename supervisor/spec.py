@@ -87,6 +87,7 @@ class Watch:
     stall_timeout_s: float | None = None
     on_stall: str = "mark"  # "mark" | "restart"
     snapshot_interval_s: float = 3.0
+    sample_interval_s: float = 10.0  # the samples `trainctl web` draws (supervisor/samples.py)
 
 
 # The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and

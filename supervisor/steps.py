@@ -45,13 +45,27 @@ def numbers(fields: dict[str, object]) -> dict[str, float] | None:
 
 def newest_reported(path: Path, nbytes: int = 64 << 10) -> float | None:
     """The newest step a job reported through ``$TRAINCTL_PROGRESS`` (its JSON lines)."""
+    nums = newest_numbers(path, nbytes)
+    return None if nums is None else nums["step"]
+
+
+def newest_numbers(path: Path, nbytes: int = 64 << 10) -> dict[str, float] | None:
+    """The newest report (step, loss, ...) a job appended to ``$TRAINCTL_PROGRESS``."""
     for line in reversed(tail_lines(path, nbytes)):
         try:
             doc = json.loads(line)
         except ValueError:
             continue
         if isinstance(doc, dict) and (nums := numbers(doc)) is not None:
-            return nums["step"]
+            return nums
+    return None
+
+
+def newest_matched(log: Path, rx: re.Pattern[str]) -> dict[str, float] | None:
+    """The numbers of the last log line that ``rx`` matches (``progress_regex``)."""
+    for line in reversed(tail_lines(log, TAIL_BYTES)):
+        if (found := progress_of(line, rx)) is not None:
+            return found
     return None
 
 
@@ -63,10 +77,8 @@ def progress_of(line: str, rx: re.Pattern[str]) -> dict[str, float] | None:
 
 def newest_step(log: Path, rx: re.Pattern[str]) -> float | None:
     """Return the step of the last log line that ``rx`` matches (group ``step``)."""
-    for line in reversed(tail_lines(log, TAIL_BYTES)):
-        if (found := progress_of(line, rx)) is not None:
-            return found["step"]
-    return None
+    found = newest_matched(log, rx)
+    return None if found is None else found["step"]
 
 
 def append_sample(log: Path, t: float, step: float) -> None:

@@ -193,6 +193,7 @@ def _watch(d: SpecDraft, cfg: Config) -> Watch:
         stall_timeout_s=d.stall_timeout,
         on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
         snapshot_interval_s=cfg.snapshot_interval_s,
+        sample_interval_s=cfg.sample_interval_s,
     )
 
 

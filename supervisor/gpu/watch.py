@@ -39,6 +39,7 @@ class GpuWatch:
     backend: GpuBackend
     xids: XidSource | None
     memory: dict[str, int] = field(default_factory=dict)  # {uuid: bytes}, last look
+    utilization: dict[str, int] = field(default_factory=dict)  # {uuid: %}, last look
     ecc: dict[int, int] = field(default_factory=dict)  # {index: count} at the first look
     sampled_at: float = 0.0
 
@@ -82,6 +83,8 @@ class GpuWatch:
         for gpu in self.backend.gpus():
             if gpu.uuid in ours and gpu.error is None:
                 self.memory[gpu.uuid] = gpu.memory_used_bytes
+                if gpu.utilization_pct is not None:
+                    self.utilization[gpu.uuid] = gpu.utilization_pct
             if gpu.index not in indices or gpu.mig is not None:
                 continue
             if gpu.error is not None and gpu.index not in self.ecc:
