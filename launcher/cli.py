@@ -479,6 +479,42 @@ def deploy(
 
 
 @cli.command()
+@click.option("--port", type=int, default=8765, show_default=True, help="0 picks a free one.")
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on; another than loopback still needs the token.",
+)
+@click.option(
+    "--allow",
+    metavar="ACTIONS",
+    help="Buttons that act: stop, restart, deploy (comma-separated). Without: read-only.",
+)
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+@pass_ctx
+def web(c: Invocation, port: int, bind: str, allow: str | None, open_browser: bool) -> int:
+    """Serve a local web page of the runs: every job live; per job its charts (progress,
+    GPU memory and utilisation, memory against its cap), checkpoints, causes, deploys,
+    a log tail that follows and the stacks; the last stop second by second.
+
+    It binds 127.0.0.1 and prints one URL with a random token (as Jupyter does); every
+    request needs it. Read-only unless --allow names an action. Over ssh:
+    `ssh -L 8765:127.0.0.1:8765 box trainctl web`, then open the URL here
+    (`trainctl --host box web` prints that command).
+    """
+    try:
+        module = verbs.load("web")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("starlette", "uvicorn"):
+            raise
+        raise ConfigError(
+            "trainctl web needs its extra: pip install 'trainctl[web]' (starlette, uvicorn)"
+        ) from None
+    return int(module.run(c, port=port, bind=bind, allow=allow, open_browser=open_browser))
+
+
+@cli.command()
 @click.argument("name")
 @click.option("--read-only", is_flag=True, help="Watch only; keys and resizes go nowhere.")
 @click.option(

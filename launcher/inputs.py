@@ -182,3 +182,15 @@ def _distance(a: str, b: str, limit: int) -> int:
         if min(row) >= limit:
             return limit
     return min(row[-1], limit)
+
+
+def parse_allow(raw: str | None, choices: tuple[str, ...]) -> frozenset[str]:
+    """``--allow stop,restart`` -> the actions a server (`mcp`, `web`) may take; one line
+    naming the choices for anything else."""
+    if not raw:
+        return frozenset()
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    bad = sorted(names - set(choices))
+    if bad:
+        raise ConfigError(f"--allow: {', '.join(bad)} is not one of {', '.join(choices)}")
+    return frozenset(names)

@@ -204,6 +204,8 @@ def run_remote(host_name: str, remote_args: list[str]) -> int:
     host = resolve_host(host_name)
     end = global_options_end(remote_args)
     verb = remote_args[end] if end < len(remote_args) else ""
+    if verb == "web":
+        return _web_tunnel(host, remote_args[end + 1 :])
     full_screen = verb == "attach" or (verb == "top" and "--once" not in remote_args[end:])
     if full_screen and sys.stdin.isatty():
         return _run_tty(host, remote_args)
@@ -228,6 +230,41 @@ def run_remote(host_name: str, remote_args: list[str]) -> int:
         return 130
     pump.join(5)
     return _classify(host, code, err)
+
+
+def _web_tunnel(host: Host, web_args: list[str]) -> int:
+    """`--host H web`: a page on H is reached through an ssh tunnel, which this prints."""
+    port = "8765"
+    for i, a in enumerate(web_args):
+        if a == "--port" and i + 1 < len(web_args):
+            port = web_args[i + 1]
+        elif a.startswith("--port="):
+            port = a.split("=", 1)[1]
+    if not port.isdigit() or port == "0":
+        raise ConfigError("--host ... web: give a fixed --port (the tunnel forwards that one)")
+    argv = ["ssh", "-L", f"{port}:127.0.0.1:{port}"]
+    if host.ssh_config:
+        argv += ["-F", host.ssh_config]
+    if host.port:
+        argv += ["-p", str(host.port)]
+    if host.identity:
+        argv += ["-i", host.identity]
+    remote = [*host.prefix, host.trainctl, "web", "--port", port, *_without_port(web_args)]
+    sys.stdout.write(shlex.join([*argv, host.target, shlex.join(remote)]) + "\n")
+    sys.stdout.write(f"then open the URL it prints here (port {port} is forwarded)\n")
+    return 0
+
+
+def _without_port(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--port":
+            skip = True
+        elif not a.startswith("--port="):
+            out.append(a)
+    return out
 
 
 def _run_tty(host: Host, remote_args: list[str]) -> int:

@@ -218,3 +218,49 @@ class HostAnswer:
     def to_doc(self) -> dict[str, Any]:
         """The JSON form."""
         return asdict(self)
+
+
+@record(frozen=True)
+class CheckpointFile:
+    """One checkpoint on disk, for the job page's time axis."""
+
+    path: str
+    at: float  # its mtime
+    size: int
+
+
+@record(frozen=True)
+class TimelineEntry:
+    """One moment of a stop: seconds after its request, what happened, to whom."""
+
+    at_s: float
+    kind: str  # request | signal | exit | kill | gone | gpu | verdict
+    text: str
+    pid: int | None = None
+
+
+@record(frozen=True)
+class StopTimeline:
+    """A stop, second by second: the request, each signal and exit, the SIGKILLs, the GPUs'
+    release, the verdict (from the stop report and the run's events)."""
+
+    name: str
+    run: int
+    started_at: float | None
+    total_s: float
+    ok: bool
+    verdict: str
+    entries: list[TimelineEntry] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form."""
+        return asdict(self)
+
+
+@record(frozen=True)
+class LogTail:
+    """The end of a run's log from an offset on (the web page's tail that follows)."""
+
+    log: str
+    offset: int  # where the next read starts
+    lines: list[str] = field(default_factory=list)

@@ -42,6 +42,7 @@ VERBS: dict[str, Verb] = {
     "rm": Verb("rm", "Remove finished jobs."),
     "prune": Verb("prune", "Remove the jobs that ended more than a given time ago."),
     "queue": Verb("queue", "Show the queued jobs in order; `queue resume` after a reboot."),
+    "web": Verb("web", "A local web page of the runs: charts, log tail, stop timelines."),
     "mcp": Verb("mcp_", "Serve trainctl's verbs as MCP tools over stdio (coding agents)."),
     "adopt": Verb("adopt", "Take over a run trainctl did not start (tmux pane, nohup)."),
     "doctor": Verb(

@@ -23,7 +23,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from trainctl.launcher import render, verbs
+from trainctl.launcher import inputs, render, verbs
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.jobs import stop_under_way
 from trainctl.supervisor import state
@@ -53,13 +53,7 @@ the newest checkpoint and its age), then `stop_job`.
 
 def parse_allow(raw: str | None) -> frozenset[str]:
     """``--allow stop,restart`` -> the mutating tools this server may run."""
-    if not raw:
-        return frozenset()
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    bad = sorted(names - set(MUTATING))
-    if bad:
-        raise ConfigError(f"--allow: {', '.join(bad)} is not one of {', '.join(MUTATING)}")
-    return frozenset(names)
+    return inputs.parse_allow(raw, MUTATING)
 
 
 class Tools:

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "early",
             "exitcodes",
             "globalopts",
+            "charts",
             "gpus",
             "inputs",
             "output",
@@ -43,7 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("backends", {"backends"}),
     ("operations", {"ops"}),
-    ("presentation", {"render", "live", "top", "api"}),
+    ("presentation", {"render", "live", "top", "api", "web"}),
     ("verbs", {"verbs"}),
     ("entry", {"cli", "main", "__main__", "entry", "waiter", "deployer"}),
 ]

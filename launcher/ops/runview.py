@@ -1,0 +1,173 @@
+"""What the web page shows of a run beyond `status`: its samples, its checkpoints on a time
+axis, the timeline of its last stop, and the end of its log from an offset on.
+
+Reads only: files under the job's directory and the checkpoint glob's matches.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.reports import StopReport
+from trainctl.supervisor.samples import Sample, read_series
+from trainctl.supervisor.tail import read_end
+
+from .jobs import existing_job
+
+MAX_CHECKPOINTS = 500  # the newest ones, when a glob matches more
+TAIL_BYTES = 64 << 10  # the first look at a log: its end
+EVENTS_BYTES = 1 << 20  # a stop's events are near the end of events.jsonl
+
+
+def run_samples(home: Path, name: str, run: int | None = None) -> list[Sample]:
+    """Every sample of the run (the current one by default), oldest first."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    return read_series(state.log_path(jdir, st.run if run is None else run))
+
+
+def checkpoints(home: Path, name: str) -> list[CheckpointFile]:
+    """The files the job's checkpoint glob matches now, oldest first (none without one)."""
+    jdir = existing_job(home, name)
+    try:
+        spec = state.read_spec(jdir)
+    except TrainctlError:
+        return []
+    if not spec.watch.checkpoint:
+        return []
+    found = []
+    for path in glob.glob(os.path.join(spec.cwd, spec.watch.checkpoint)):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        found.append(CheckpointFile(path, st.st_mtime, st.st_size))
+    found.sort(key=lambda c: c.at)
+    return found[-MAX_CHECKPOINTS:]
+
+
+def log_tail(home: Path, name: str, offset: int | None) -> LogTail:
+    """The current run's log after ``offset`` (None: its last 64 KiB, from a line start).
+
+    An offset past the end (the log was rotated, or a new run began) starts again at 0.
+    """
+    jdir = existing_job(home, name)
+    path = state.log_path(jdir, state.read_state(jdir).run)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return LogTail(str(path), 0)
+    if offset is None:
+        data, more = read_end(path, TAIL_BYTES)
+        if more and b"\n" in data:
+            data = data[data.index(b"\n") + 1 :]
+        return LogTail(str(path), size, _lines(data))
+    if offset > size:
+        offset = 0
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read(TAIL_BYTES)
+    end = data.rfind(b"\n") + 1  # whole lines only: the rest comes with the next read
+    return LogTail(str(path), offset + end, _lines(data[:end]))
+
+
+def _lines(data: bytes) -> list[str]:
+    text = data.decode(errors="replace")
+    return [(line.rsplit("\r", 1)[-1] if "\r" in line else line) for line in text.splitlines()]
+
+
+def stop_timeline(home: Path, name: str) -> StopTimeline | None:
+    """The last stop of the job's current run, second by second (None: it has not had one)."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    report = st.last_stop
+    if not isinstance(report, StopReport) or report.already_stopped:
+        return None
+    events = _stop_events(jdir)
+    began = events.get("stopping")
+    t0 = began["ts"] if began else None
+    entries = [_request(report, began)]
+    for p in sorted(report.sent, key=lambda p: p.at_s or 0.0):
+        at = p.at_s or 0.0
+        entries.append(TimelineEntry(at, "signal", f"{report.signal} → {p.pid} {p.cmd}", p.pid))
+        if p.exit_s is not None:
+            how = "exited on SIGKILL" if p.killed else "exited"
+            entries.append(TimelineEntry(round(at + p.exit_s, 4), "exit", f"{p.pid} {how}", p.pid))
+    escalated = events.get("escalated")
+    if report.killed:
+        at = escalated["ts"] - t0 if escalated and t0 else report.grace_s
+        who = ", ".join(f"{k.pid} {k.cmd}"[:60] for k in report.killed_procs[:5])
+        entries.append(TimelineEntry(round(at, 4), "kill", f"SIGKILL → {report.killed}: {who}"))
+    gone = report.gone_s if report.gone_s is not None else report.total_s
+    entries.append(TimelineEntry(round(gone, 4), "gone", f"{report.found} process(es) gone"))
+    for g in report.gpus:
+        entries.append(_gpu(g, gone, report.total_s))
+    entries.append(TimelineEntry(round(report.total_s, 4), "verdict", _verdict(report)))
+    entries.sort(key=lambda e: e.at_s)
+    return StopTimeline(name, st.run, t0, report.total_s, report.ok, _verdict(report), entries)
+
+
+def _request(report: StopReport, began: dict[str, Any] | None) -> TimelineEntry:
+    reason = began.get("reason") if began else report.reason
+    return TimelineEntry(
+        0.0,
+        "request",
+        f"stop requested ({reason}): {report.signal}, order {report.order}, "
+        f"grace {report.grace_s:g} s; {report.found} process(es) found",
+    )
+
+
+def _gpu(g: Any, gone: float, total: float) -> TimelineEntry:
+    label = g.label
+    if g.ok:
+        back = f", {g.released_bytes / 2**20:.0f} MiB back" if g.released_bytes else ""
+        at = min(total, gone + (g.seconds or 0.0))
+        return TimelineEntry(round(at, 4), "gpu", f"GPU {label} released{back}")
+    why = g.error or g.note or "memory still held"
+    return TimelineEntry(round(total, 4), "gpu", f"GPU {label} NOT proven free: {why}")
+
+
+def _verdict(r: StopReport) -> str:
+    if r.survivors:
+        return f"{len(r.survivors)} process(es) SURVIVED"
+    if not r.ok:
+        return "the job did NOT end cleanly"
+    return f"nothing of the job is alive ({r.total_s:.2f} s)"
+
+
+def _stop_events(jdir: Path) -> dict[str, dict[str, Any]]:
+    """The newest `stopping` event and the `escalated` after it, from events.jsonl's end."""
+    raw, _ = read_end(jdir / "events.jsonl", EVENTS_BYTES)
+    found: dict[str, dict[str, Any]] = {}
+    for line in reversed(raw.split(b"\n")):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(ev, dict) or not isinstance(ev.get("ts"), int | float):
+            continue
+        kind = ev.get("event")
+        if kind == "escalated" and "stopping" not in found:
+            found.setdefault("escalated", ev)
+        elif kind == "stopping":
+            found["stopping"] = ev
+            break
+    return found
+
+
+def read_stacks(path: str | None, limit: int = 64 << 10) -> str | None:
+    """The text of a stacks file the supervisor wrote (a stall, a before-SIGKILL look)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return None
