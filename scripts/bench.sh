@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Run the benchmarks of docs/performance.md (installs `supervisor` for the
 # side-by-side `supervisorctl status` figure). Arguments go to bench_stop.py;
-# `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--fleet` the
+# `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--web` the web
+# page's and the samples' (scripts/bench_web.py), `--fleet` the
 # --all-hosts one (tests/remote/bench_fleet.py, on the remote tests' sshd).
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
 if [ "${1:-}" = "--deploy" ]; then
   exec python "$ROOT/scripts/bench_deploy.py"
+fi
+if [ "${1:-}" = "--web" ]; then  # the web page and the samples (needs the web extra)
+  _pip "$ROOT[web]" --config-settings editable_mode=strict
+  exec python "$ROOT/scripts/bench_web.py"
 fi
 if [ "${1:-}" = "--fleet" ]; then  # needs sshd (the remote tests' bed)
   cd "$ROOT" && exec python -m pytest -q -s -p no:cacheprovider tests/remote/bench_fleet.py
