@@ -40,6 +40,7 @@ class Attached:
     sock: socket.socket
     run: int
     main_pid: int | None
+    early: bytes = b""  # frame bytes read together with the reply line
 
 
 def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | None) -> Attached:
@@ -62,8 +63,8 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
         req["rows"], req["cols"] = size
     try:
         sock.sendall(control.encode(req))
-        reply = control.read_reply(sock)
-    except (OSError, control.ControlUnavailableError) as e:
+        reply, early = read_reply_line(sock)
+    except (OSError, ValueError, control.ControlUnavailableError) as e:
         sock.close()
         raise JobConflictError(f"job {name}: its supervisor did not answer ({e})") from None
     if reply.get("ok") is not True:
@@ -79,7 +80,23 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
         sock,
         run if isinstance(run, int) else st.run,
         main if isinstance(main, int) else None,
+        early,
     )
+
+
+def read_reply_line(sock: socket.socket) -> tuple[dict[str, object], bytes]:
+    """The reply's JSON line, and the frames that came in the same read after it (the
+    supervisor sends the screen to replay right behind its reply)."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise control.ControlUnavailableError("the supervisor closed the connection")
+        buf += chunk
+        if len(buf) > control.MAX_LINE:
+            raise control.ControlUnavailableError("reply too long")
+    line, _, rest = buf.partition(b"\n")
+    return control.decode(line), rest
 
 
 def _spec_has_tty(jdir: Path) -> bool:

@@ -128,12 +128,15 @@ class _Session:
         old_wake = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         old_winch = signal.signal(signal.SIGWINCH, lambda *_: None)
         try:
-            while True:
+            # frames that came in the same read as the reply line come first
+            outcome = self._frames(self.att.early) if self.att.early else None
+            while outcome is None:
                 for key, _ in self.sel.select():
                     handler: Callable[[], Outcome | None] = key.data
                     outcome = handler()
                     if outcome is not None:
-                        return outcome
+                        break
+            return outcome
         finally:
             signal.signal(signal.SIGWINCH, old_winch)
             signal.set_wakeup_fd(old_wake)
@@ -152,6 +155,9 @@ class _Session:
             data = b""
         if not data:
             return Outcome("lost")
+        return self._frames(data)
+
+    def _frames(self, data: bytes) -> Outcome | None:
         for kind, payload in self.frames.feed(data):
             if kind == wire.OUTPUT:
                 _write_all(1, payload)

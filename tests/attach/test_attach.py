@@ -6,8 +6,10 @@ terminal (send-keys types, capture-pane reads the screen), as a tmux user would.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.helpers import Pane, one_line_error
+from trainctl.launcher.ops.attach import read_reply_line
 from trainctl.launcher.verbs.attach import DetachMatcher, parse_detach_keys
 from trainctl.supervisor.terminal import INPUT, OUTPUT, FrameReader, frame
 
@@ -187,6 +190,17 @@ def test_a_restart_keeps_the_terminal_and_the_log_keeps_every_byte(harness: Harn
     assert doc["state"] == "exited"
 
 
+def test_frames_sent_right_behind_the_reply_line_are_kept() -> None:
+    """The supervisor sends the screen to replay right after its reply: one read may hold
+    both (seen in a full suite: the viewer took the frame for more JSON and crashed)."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b'{"ok": true, "run": 1}\n' + frame(OUTPUT, b"the screen"))
+        reply, early = read_reply_line(ours)
+    assert reply == {"ok": True, "run": 1}
+    assert FrameReader().feed(early) == [(OUTPUT, b"the screen")]
+
+
 def test_detach_keys_and_frames() -> None:
     keys = parse_detach_keys("ctrl-\\,d")
     assert keys == b"\x1cd"
@@ -201,3 +215,20 @@ def test_detach_keys_and_frames() -> None:
     wire = frame(OUTPUT, b"hello") + frame(INPUT, b"")
     assert r.feed(wire[:3]) == []
     assert r.feed(wire[3:]) == [(OUTPUT, b"hello"), (INPUT, b"")]
+
+
+def test_a_spec_files_tty_and_custom_detach_keys(harness: Harness) -> None:
+    h = harness
+    spec = h.tmp / "job.toml"
+    argv = json.dumps([sys.executable, "-c", ECHO])
+    spec.write_text(f'name = "fromspec"\nargv = {argv}\ntty = true\n')
+    h.tc("start", "-c", str(spec), check=True)
+    wait_for(lambda: "ready" in log_of(h, "fromspec"), 20, "the job")
+    viewer = _attach_proc(h, "fromspec", "--detach-keys", "ctrl-a,x")
+    _, err = viewer.communicate(b"hi\n\x01q\n\x01x", timeout=20)  # ^A q is not the sequence
+    assert viewer.returncode == 0, err
+    assert b"detached from fromspec; it keeps running" in err
+    wait_for(lambda: "got hi" in log_of(h, "fromspec"), 10, "the typed line")
+    assert "got \x01q" in log_of(h, "fromspec")  # the held ^A went through with its q
+    assert h.tc("status", "fromspec").rc == 0
+    assert h.tc("stop", "fromspec").rc == 0
