@@ -7,7 +7,8 @@ Guards, each checked before any route runs:
   its own host name, gets 403.
 - **Token**: a random token, printed in the URL as Jupyter does. The first visit with
   ``?token=`` gets an HttpOnly, SameSite=Strict cookie and a redirect to the bare URL (so
-  the token leaves the address bar and no Referer carries it). Anything else gets 403.
+  the token leaves the address bar and no Referer carries it). A script may send
+  ``Authorization: Bearer TOKEN`` instead. Anything else gets 403.
 - **CSRF**: an action (POST) must also carry the token in ``X-Trainctl-Token``, which a
   page of another origin cannot set, and an Origin, when sent, must be this one.
 - **Read-only** unless ``--allow`` names the action (stop, restart, deploy), as for
@@ -108,6 +109,9 @@ class Guard:
             return PlainTextResponse("403: a foreign Host header (DNS rebinding?)", 403)
         cookie = SimpleCookie(headers.get("cookie", ""))
         given = cookie[COOKIE].value if COOKIE in cookie else ""
+        bearer = headers.get("authorization", "")
+        if not given and bearer.startswith("Bearer "):  # a script: curl -H 'Authorization: ...'
+            given = bearer.removeprefix("Bearer ")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         in_url = (query.get("token") or [""])[0]
         if in_url and secrets.compare_digest(in_url, self.cfg.token):
@@ -152,6 +156,7 @@ def build_app(cfg: WebConfig) -> Guard:
         Route("/jobs/{name}/stop", web.stop),
         Route("/api/jobs/{name}", web.job_json),
         Route("/api/jobs/{name}/log", web.log),
+        Route("/api/jobs/{name}/stop", web.stop_json),
         Route("/api/jobs/{name}/{action}", web.action, methods=["POST"]),
     ]
     return Guard(Starlette(routes=routes), cfg)
@@ -214,6 +219,15 @@ class _Web:
             return HTMLResponse(pages.stop_page(t, self.cfg.token))
 
         return await _guarded(draw, request.path_params["name"])
+
+    async def stop_json(self, request: Request) -> Response:
+        def doc(name: str) -> Response:
+            t = runview.stop_timeline(self.cfg.home, name)
+            if t is None:
+                return JSONResponse({"error": f"job {name} has had no stop yet"}, 404)
+            return JSONResponse(t.to_doc())
+
+        return await _guarded(doc, request.path_params["name"])
 
     async def job_json(self, request: Request) -> Response:
         def doc(name: str) -> Response:

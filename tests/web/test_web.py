@@ -162,7 +162,17 @@ def test_every_request_needs_the_token_and_our_host(harness: Harness, web: Serve
     assert h.tc("status", "train").rc == 0  # still running
     assert web.request("GET", "/jobs/nosuch")[0] == 404
     assert web.request("GET", "/jobs/..%2F..%2Fetc")[0] == 404
+    assert web.request("GET", "/api/jobs/train/stop")[0] == 404  # no stop yet
     assert h.tc("stop", "train").rc == 0
+    bearer = {"Authorization": f"Bearer {web.token}"}  # a script's way in
+    status, _, body = web.request("GET", "/api/jobs/train/stop", cookie=False, headers=bearer)
+    assert status == 200
+    timeline = json.loads(body)
+    assert timeline["ok"] is True
+    kinds = [e["kind"] for e in timeline["entries"]]
+    assert kinds[0] == "request"
+    assert "signal" in kinds
+    assert kinds[-1] == "verdict"
 
 
 def test_an_allowed_stop_needs_the_header_and_our_origin(harness: Harness) -> None:
