@@ -488,6 +488,8 @@ def _settings_lines(s: Status) -> None:
     )
     if js.checkpoint and s.checkpoint is None:
         print(f"  ckpt nothing matches {js.checkpoint} yet")
+    if js.tty and s.state in ("running", "starting", "stopping"):
+        print(f"  tty  a terminal: trainctl attach {s.name}")
 
 
 def _few(procs: list[Any], used: int, *, with_pid: bool) -> str:

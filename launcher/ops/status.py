@@ -181,6 +181,7 @@ def _settings(spec: Spec, matched: bool) -> JobSettings:
         restart=restart,
         checkpoint=spec.watch.checkpoint,
         checkpoint_matches=matched,
+        tty=spec.tty,
     )
 
 

@@ -324,6 +324,7 @@ class JobSettings:
     restart: str  # "never", or "on-failure (max 3, backoff 5s)"
     checkpoint: str | None = None  # the glob, relative to cwd
     checkpoint_matches: bool = False  # whether anything matches it yet
+    tty: bool = False  # main runs on a terminal `trainctl attach` connects to
 
 
 @record()

@@ -77,6 +77,7 @@ def test_attach_in_tmux_pdb_detach_reattach_ctrl_c_and_a_stop(harness: Harness) 
     start_tty(h, "dbg", DEBUGGED)
     wait_for(lambda: "(Pdb)" in log_of(h, "dbg"), 20, "the job to stop in pdb")
     assert "tty True" in log_of(h, "dbg")  # main's stdin is a terminal
+    assert "trainctl attach dbg" in h.tc("status", "dbg").out
     attach = " ".join([*TRAINCTL, "attach", "dbg"])
     pane = Pane(h, ["sh", "-c", f"{attach}; echo attach-rc=$?; stty -a; read x"])
     try:
