@@ -86,6 +86,7 @@ def test_status_shows_cwd_and_how_the_job_stops_and_a_glob_with_no_match(
         "restart": "never",
         "checkpoint": "ckpt/*.pt",
         "checkpoint_matches": False,
+        "tty": False,  # no terminal to attach to (start --tty)
     }
     (h.tmp / "ckpt").mkdir()
     (h.tmp / "ckpt" / "a.pt").write_text("x")
