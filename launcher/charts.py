@@ -45,6 +45,7 @@ class Chart:
     markers: list[Marker] = field(default_factory=list)
     y_max: float | None = None  # a cap to draw against (memory_max): a dashed line
     from_zero: bool = True  # False: the axis spans the values (a loss curve)
+    reach: float | None = None  # the axis goes at least this high (100 for a percentage)
 
 
 def thin(
@@ -100,7 +101,8 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
     t0, t1 = min(p[0] for p in pts), max(p[0] for p in pts)
     if t1 <= t0:
         t1 = t0 + 1
-    lo, hi = _span([p[1] for p in pts], chart.from_zero, chart.y_max)
+    tops = [v for v in (chart.y_max, chart.reach) if v is not None]
+    lo, hi = _span([p[1] for p in pts] + tops, chart.from_zero, None)
 
     def x(t: float) -> float:
         return PAD_LEFT + (t - t0) / (t1 - t0) * plot_w

@@ -179,6 +179,7 @@ def _gpu_charts(samples: list[Sample], marks: list[charts.Marker]) -> list[chart
             "GPU utilisation %",
             [charts.Series(f"GPU {g}", _keyed(samples, "gpu_util", g)) for g in gpus],
             fmt=lambda v: f"{v:.0f}%",
+            reach=100.0,
         ),
     ]
 

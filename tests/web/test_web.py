@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
+from tests.gpu.test_gpus import fake_gpus
 from tests.helpers import one_line_error
 from trainctl.supervisor.samples import read_series
 
@@ -114,13 +115,13 @@ def serve(h: Harness, *extra: str) -> Iterator[Server]:
         proc.communicate(timeout=20)
 
 
-def start_trainer(h: Harness, name: str = "train") -> Path:
+def start_trainer(h: Harness, name: str = "train", *extra: str) -> Path:
     (h.tmp / "config.toml").write_text('[supervisor]\nsample_interval = "0.2s"\n')
     work = h.tmp / "work"
     work.mkdir(exist_ok=True)
     h.tc(
         "start", "--name", name, "--cwd", str(work), "--grace", "5",
-        "--set", "checkpoint=ckpt-*.pt", "--set", "total_steps=100000",
+        "--set", "checkpoint=ckpt-*.pt", "--set", "total_steps=100000", *extra,
         "--", sys.executable, "-c", TRAINER, str(h.tmp / "gate"), check=True,
     )  # fmt: skip
     log = h.home / "jobs" / name / "logs" / "run-1.log"
@@ -225,7 +226,8 @@ def test_the_pages_in_a_real_browser(harness: Harness, web: Server) -> None:
     from selenium.webdriver.common.by import By  # noqa: PLC0415
 
     h = harness
-    start_trainer(h)
+    fake_gpus(h, n=2)
+    start_trainer(h, "train", "--gpus", "1,")  # GPU 1 by index
     driver = _browser()
     try:
         driver.get(web.url)  # the token, then the cookie and the bare URL
@@ -242,6 +244,7 @@ def test_the_pages_in_a_real_browser(harness: Harness, web: Server) -> None:
         }
         assert drawn.get("step", 0) >= 4, drawn  # the step chart has its samples
         assert drawn.get("memory", 0) >= 4, drawn
+        assert drawn.get("GPU 1", 0) >= 4, drawn  # the leased GPU's memory (the fake backend)
         assert driver.find_elements(By.CSS_SELECTOR, "svg.chart line.marker.checkpoint")
         assert not driver.find_elements(By.CSS_SELECTOR, "button[data-action]")  # read-only
         wait_for(lambda: "step" in driver.find_element(By.ID, "log").text, 20, "the log tail")
