@@ -7,8 +7,8 @@ ends at offset E was written at the time of the first stamp whose SIZE is at lea
 within STAMP_S. The log itself stays byte for byte the job's own.
 
 A rotation (copytruncate: the log shrinks) starts the times file again, so it always
-describes the log file as it is. A stamp a second at most for a log that grows all the
-time: about 2 MB a day.
+describes the log file as it is. Two stamps a second at most, for a log that grows all
+the time: about 4 MB a day of a chatty run, and nothing while the job is quiet.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ watchers.py).
 
 One supervisor per job run. It is never in the job's data path (the job writes its log
 itself), so killing it loses no log line; ``trainctl stop`` then works from state.json.
+The one exception is asked for: a ``--tty`` run's terminal is held here (terminal.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -25,13 +25,12 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import causes, control, ids, memory, samples, systemd
+from . import causes, control, ids, memory, systemd
 from . import lifecycle as lc
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
 from .launch import Handover, launch_supervisor
 from .logcopy import LOG_COPY_S, LogCopy
-from .logtimes import STAMP_S
 from .reports import Cause, Failure
 from .roster import widen_fd_table
 from .spawn import Spawned
@@ -41,11 +40,9 @@ from .state import (
     JobState,
     error_file,
     log_path,
-    open_in,
-    progress_path,
 )
 from .stop import run_stop
-from .terminal import Terminal
+from .terminal import Terminal, log_appender
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
@@ -344,42 +341,6 @@ class Supervisor(Watchers):
         if self._log_copy is not None:
             self._log_copy.drain()
 
-    async def _record_samples(self) -> None:
-        """One sample of the run every sample_interval_s, for the charts (samples.py)."""
-        book = samples.SampleLog(log_path(self.jdir, self.state.run))
-        meter = samples.CpuMeter()
-        while True:
-            await anyio.sleep(self.spec.watch.sample_interval_s)
-            if self.life.stage is not lc.Stage.RUNNING:
-                continue
-            src = self._sample_sources()
-            sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
-            book.append(sample)
-
-    def _sample_sources(self) -> samples.Sources:
-        st, gpu = self.state, self._gpu
-        labels = {g.uuid: g.label for g in st.gpus}
-        members = {(m.pid, m.start_ticks) for m in st.members}
-        if st.main is not None:  # before the first member snapshot too
-            members.add((st.main.pid, st.main.start_ticks))
-        return samples.Sources(
-            members=tuple(sorted(members)),
-            memory_group=self._memory_group(),
-            gpu_mem={labels[u]: b for u, b in (gpu.memory if gpu else {}).items() if u in labels},
-            gpu_util={
-                labels[u]: p for u, p in (gpu.utilization if gpu else {}).items() if u in labels
-            },
-            progress_file=progress_path(self.jdir, st.run),
-            log=log_path(self.jdir, st.run),
-            progress_regex=self.spec.watch.progress_regex,
-        )
-
-    async def _stamp_log(self) -> None:
-        """When the log grew (logtimes.py): `logs --timestamps` and `--since` read it."""
-        while True:
-            self._stamper.step()
-            await anyio.sleep(STAMP_S)
-
     async def run(self) -> None:
         """Supervise until the run has ended and every waiting client has its answer."""
         async with anyio.create_task_group() as tg:
@@ -393,7 +354,11 @@ class Supervisor(Watchers):
             tg.start_soon(self._stamp_log)
             tg.start_soon(self._record_samples)
             if self.spawned.pty is not None:
-                self._terminal = Terminal(self.spawned.pty, self._log_writer())
+                path = log_path(self.jdir, self.state.run)
+                write, error = log_appender(path)
+                if error is not None:  # the terminal is still read: the job must not block
+                    self.log.warning("tty_log_unwritable", path=str(path), error=error)
+                self._terminal = Terminal(self.spawned.pty, write)
                 tg.start_soon(self._terminal.pump)
             source = self.state.adopted.log_source if self.state.adopted else None
             if source is not None:
@@ -413,23 +378,6 @@ class Supervisor(Watchers):
                     with anyio.move_on_after(0.05):
                         await self._step(tg)
             tg.cancel_scope.cancel()
-
-    def _log_writer(self) -> Callable[[bytes], None]:
-        """A --tty run's log: what the job writes to its terminal, appended here (the
-        rotation truncates it in place, as for a job that writes its log itself)."""
-        path = log_path(self.jdir, self.state.run)
-        try:
-            fd = open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        except (OSError, TrainctlError) as e:  # the terminal is still read: the job must not block
-            self.log.warning("tty_log_unwritable", path=str(path), error=str(e))
-            fd = -1
-
-        def write(data: bytes) -> None:
-            with contextlib.suppress(OSError):  # a full disk must not stall the job's output
-                while data:
-                    data = data[os.write(fd, data) :]
-
-        return write
 
     def _end_of_run(self) -> dict[str, object]:
         """What an attached viewer is told when the run ends (terminal.END)."""

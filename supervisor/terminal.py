@@ -24,11 +24,15 @@ import struct
 import termios
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
+
+from .errors import StateError
+from .state import open_in
 
 # frame kinds
 OUTPUT = b"o"  # supervisor -> viewer: bytes the job wrote
@@ -86,6 +90,24 @@ def open_pty(rows: int = DEFAULT_SIZE[0], cols: int = DEFAULT_SIZE[1]) -> tuple[
 def set_winsize(fd: int, rows: int, cols: int) -> None:
     """Set a terminal's size (the job's foreground group gets SIGWINCH)."""
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def log_appender(path: Path) -> tuple[Callable[[bytes], None], str | None]:
+    """A --tty run's log: what the job writes to its terminal is appended there (the
+    rotation truncates it in place, as for a job that writes its log itself). Never
+    raises: a log that cannot be opened or is full costs its lines, never the job's
+    output (the error, if it could not be opened, is returned to be recorded)."""
+    try:
+        fd = open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except (OSError, StateError) as e:
+        return (lambda _data: None), str(e)
+
+    def write(data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(fd, data) :]
+
+    return write, None
 
 
 def take_controlling_tty() -> None:

@@ -22,12 +22,13 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import handoff, memory, procfs, steps
+from . import handoff, memory, procfs, samples, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, TrainctlError
 from .gpu.watch import GpuWatch
 from .logs import rotate_if_big
+from .logtimes import STAMP_S
 from .proctree import Member, alive, scan, scan_light
 from .reports import Cause
 from .server import ControlServer
@@ -231,6 +232,42 @@ class Watchers(ControlServer):
                     return
             if watch.xids is None:
                 return
+
+    async def _record_samples(self) -> None:
+        """One sample of the run every sample_interval_s, for the charts (samples.py)."""
+        book = samples.SampleLog(log_path(self.jdir, self.state.run))
+        meter = samples.CpuMeter()
+        while True:
+            await anyio.sleep(self.spec.watch.sample_interval_s)
+            if self.life.stage is not lc.Stage.RUNNING:
+                continue
+            src = self._sample_sources()
+            sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
+            book.append(sample)
+
+    def _sample_sources(self) -> samples.Sources:
+        st, gpu = self.state, self._gpu
+        labels = {g.uuid: g.label for g in st.gpus}
+        members = {(m.pid, m.start_ticks) for m in st.members}
+        if st.main is not None:  # before the first member snapshot too
+            members.add((st.main.pid, st.main.start_ticks))
+        return samples.Sources(
+            members=tuple(sorted(members)),
+            memory_group=self._memory_group(),
+            gpu_mem={labels[u]: b for u, b in (gpu.memory if gpu else {}).items() if u in labels},
+            gpu_util={
+                labels[u]: p for u, p in (gpu.utilization if gpu else {}).items() if u in labels
+            },
+            progress_file=progress_path(self.jdir, st.run),
+            log=log_path(self.jdir, st.run),
+            progress_regex=self.spec.watch.progress_regex,
+        )
+
+    async def _stamp_log(self) -> None:
+        """When the log grew (logtimes.py): `logs --timestamps` and `--since` read it."""
+        while True:
+            self._stamper.step()
+            await anyio.sleep(STAMP_S)
 
     def _gpu_fault(self, fault: str) -> None:
         """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
