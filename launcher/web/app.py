@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import anyio.to_thread
+import psutil
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -71,9 +72,18 @@ class WebConfig:
 
 
 def allowed_hosts(bind: str, port: int) -> frozenset[str]:
-    """The Host headers a browser sends to this server when it was meant to reach it."""
+    """The Host headers a browser sends to this server when it was meant to reach it: the
+    loopback names, the --bind address, and for a wildcard bind this host's own names and
+    addresses (what someone on the network types), never a name it does not own."""
     names = {"127.0.0.1", "localhost", "[::1]"}
-    if bind not in ("0.0.0.0", "::", ""):  # noqa: S104  (a name, not a bind)
+    if bind in ("0.0.0.0", "::"):  # noqa: S104  (a name to compare, not a bind)
+        names |= {socket.gethostname(), socket.getfqdn()}
+        for addrs in psutil.net_if_addrs().values():
+            for a in addrs:
+                if a.family in (socket.AF_INET, socket.AF_INET6):
+                    ip = a.address.split("%", 1)[0]
+                    names.add(f"[{ip}]" if ":" in ip else ip)
+    else:
         names.add(f"[{bind}]" if ":" in bind else bind)
     return frozenset(f"{n}:{port}" for n in names)
 

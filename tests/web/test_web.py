@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -188,6 +189,20 @@ def test_an_allowed_stop_needs_the_header_and_our_origin(harness: Harness) -> No
         assert status == 200, body
         assert json.loads(body)["ok"] is True
     assert h.tc("status", "train").rc == 3  # stopped
+
+
+def test_a_wildcard_bind_takes_this_hosts_names_and_no_other(harness: Harness) -> None:
+    h = harness
+    with serve(h, "--bind", "0.0.0.0") as server:
+        port = server.netloc.rsplit(":", 1)[1]
+        assert "still needs the token" in server.proc.stdout.readline()  # type: ignore[union-attr]
+        assert server.request("GET", "/", host=f"{socket.gethostname()}:{port}")[0] == 200
+        assert server.request("GET", "/", host=f"localhost:{port}")[0] == 200
+        assert server.request("GET", "/", host=f"attacker.example:{port}")[0] == 403
+        assert (
+            server.request("GET", "/", host=f"{socket.gethostname()}:{port}", cookie=False)[0]
+            == 403
+        )
 
 
 def test_bad_flags_are_one_line(harness: Harness) -> None:
