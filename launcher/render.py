@@ -259,7 +259,7 @@ def stop(res: StopResult, *, verbose: bool = False) -> None:
     for g in r.gpus:
         print(f"  {gpu_line(g)}")
     code = "" if res.exit_code is None else f", main exit code {res.exit_code}"
-    print(f"  total      {r.total_s:.2f} s — {_verdict(r)}{code}")
+    print(f"  total      {r.total_s:.2f} s — {r.verdict()}{code}")
     if r.cause is not None:
         print(f"  cause      {clean(r.cause.summary)}")
     _warnings(res)
@@ -388,26 +388,9 @@ def _warnings(res: StopResult) -> None:
         sys.stderr.write(f"trainctl: {line}\n")
 
 
-def _verdict(r: StopReport) -> str:
-    if r.survivors:
-        return f"{len(r.survivors)} process(es) SURVIVED"
-    if r.unproven:
-        return f"all it found is gone, NOT PROVEN complete: {r.unproven}"
-    held = [g.label for g in r.held_gpus]
-    if held:
-        return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"
-    unverified = [g.label for g in r.unverified_gpus]
-    if unverified:
-        return (
-            f"nothing of the job is alive; GPU(s) {', '.join(unverified)} not verified "
-            "(the driver could not say)"
-        )
-    return "nothing of the job is alive" + (", GPUs released" if r.gpus else "")
-
-
 def stop_summary(ls: StopReport | SlurmStopReport) -> str:
     """A stop's outcome in one line (`attach`'s last word on a stopped run)."""
-    verdict = _verdict(ls) if isinstance(ls, StopReport) else "ended"
+    verdict = ls.verdict() if isinstance(ls, StopReport) else "ended"
     return f"{verdict} ({_stop_verdict(ls)}, {ls.total_s:.2f} s, {ls.reason})"
 
 

@@ -219,6 +219,23 @@ class StopReport:
         """The GPUs whose release could not be checked (the driver could not say)."""
         return [g for g in self.gpus if not g.ok and g.error is not None]
 
+    def verdict(self) -> str:
+        """What the stop proved, in words (`stop`, `attach`, the web page's timeline)."""
+        if self.survivors:
+            return f"{len(self.survivors)} process(es) SURVIVED"
+        if self.unproven:
+            return f"all it found is gone, NOT PROVEN complete: {self.unproven}"
+        held = [g.label for g in self.held_gpus]
+        if held:
+            return f"nothing of the job is alive, but GPU(s) {', '.join(held)} NOT released"
+        unverified = [g.label for g in self.unverified_gpus]
+        if unverified:
+            return (
+                f"nothing of the job is alive; GPU(s) {', '.join(unverified)} not verified "
+                "(the driver could not say)"
+            )
+        return "nothing of the job is alive" + (", GPUs released" if self.gpus else "")
+
 
 @record()
 class NodeStop:

@@ -256,9 +256,7 @@ class Terminal:
                     rows, cols = struct.unpack(">HH", payload)
                     with contextlib.suppress(OSError):
                         set_winsize(self.master, rows, cols)
-        self._forget(v)
-        v.tx.close()  # ends _screen's loop
-        scope.cancel()
+        scope.cancel()  # the viewer left: serve() stops its screen and forgets it
 
     async def _type(self, data: bytes) -> None:
         """Write keys into the master, waiting while the job's input queue is full."""

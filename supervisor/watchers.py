@@ -251,13 +251,14 @@ class Watchers(ControlServer):
         members = {(m.pid, m.start_ticks) for m in st.members}
         if st.main is not None:  # before the first member snapshot too
             members.add((st.main.pid, st.main.start_ticks))
+        # dict() copies in one step: the GPU watch's thread may be writing these meanwhile
+        memory = dict(gpu.memory) if gpu else {}
+        utilization = dict(gpu.utilization) if gpu else {}
         return samples.Sources(
             members=tuple(sorted(members)),
             memory_group=self._memory_group(),
-            gpu_mem={labels[u]: b for u, b in (gpu.memory if gpu else {}).items() if u in labels},
-            gpu_util={
-                labels[u]: p for u, p in (gpu.utilization if gpu else {}).items() if u in labels
-            },
+            gpu_mem={labels[u]: b for u, b in memory.items() if u in labels},
+            gpu_util={labels[u]: p for u, p in utilization.items() if u in labels},
             progress_file=progress_path(self.jdir, st.run),
             log=log_path(self.jdir, st.run),
             progress_regex=self.spec.watch.progress_regex,

@@ -17,7 +17,7 @@ from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.reports import StopReport
 from trainctl.supervisor.samples import Sample, read_series
-from trainctl.supervisor.tail import read_end
+from trainctl.supervisor.tail import latest_frame, read_end
 
 from .jobs import existing_job
 
@@ -79,8 +79,7 @@ def log_tail(home: Path, name: str, offset: int | None) -> LogTail:
 
 
 def _lines(data: bytes) -> list[str]:
-    text = data.decode(errors="replace")
-    return [(line.rsplit("\r", 1)[-1] if "\r" in line else line) for line in text.splitlines()]
+    return [latest_frame(line) for line in data.decode(errors="replace").splitlines()]
 
 
 def stop_timeline(home: Path, name: str) -> StopTimeline | None:
@@ -109,9 +108,10 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
     entries.append(TimelineEntry(round(gone, 4), "gone", f"{report.found} process(es) gone"))
     for g in report.gpus:
         entries.append(_gpu(g, gone, report.total_s))
-    entries.append(TimelineEntry(round(report.total_s, 4), "verdict", _verdict(report)))
+    verdict = _verdict(report)
+    entries.append(TimelineEntry(round(report.total_s, 4), "verdict", verdict))
     entries.sort(key=lambda e: e.at_s)
-    return StopTimeline(name, st.run, t0, report.total_s, report.ok, _verdict(report), entries)
+    return StopTimeline(name, st.run, t0, report.total_s, report.ok, verdict, entries)
 
 
 def _request(report: StopReport, began: dict[str, Any] | None) -> TimelineEntry:
@@ -135,11 +135,8 @@ def _gpu(g: Any, gone: float, total: float) -> TimelineEntry:
 
 
 def _verdict(r: StopReport) -> str:
-    if r.survivors:
-        return f"{len(r.survivors)} process(es) SURVIVED"
-    if not r.ok:
-        return "the job did NOT end cleanly"
-    return f"nothing of the job is alive ({r.total_s:.2f} s)"
+    """The verdict `stop` prints (StopReport.verdict), with the stop's length."""
+    return f"{r.verdict()} ({r.total_s:.2f} s)"
 
 
 def _stop_events(jdir: Path) -> dict[str, dict[str, Any]]:

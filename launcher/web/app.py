@@ -41,6 +41,8 @@ from starlette.routing import Route
 from trainctl.launcher.ops import runview
 from trainctl.launcher.ops.history import job_history
 from trainctl.launcher.ops.status import all_statuses, job_status
+from trainctl.launcher.results import Status
+from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
 
@@ -195,11 +197,16 @@ class _Web:
     async def job(self, request: Request) -> Response:
         return await _guarded(self._job_page, request.path_params["name"])
 
-    def _job_page(self, name: str) -> Response:
-        s = job_status(self.cfg.home, name)
+    def _charts(self, name: str, s: Status) -> tuple[str, list[CheckpointFile], list[HistoryRow]]:
+        """The job's charts, and the checkpoints and runs marked on them."""
         ckpts = runview.checkpoints(self.cfg.home, name)
         history = job_history(self.cfg.home, name)
-        charts = pages.chart_set(runview.run_samples(self.cfg.home, name), ckpts, s, history)
+        samples = runview.run_samples(self.cfg.home, name)
+        return pages.chart_set(samples, ckpts, s, history), ckpts, history
+
+    def _job_page(self, name: str) -> Response:
+        s = job_status(self.cfg.home, name)
+        charts, ckpts, history = self._charts(name, s)
         stacks = [
             (label, text)
             for label, path in (
@@ -213,11 +220,7 @@ class _Web:
 
     async def charts(self, request: Request) -> Response:
         def draw(name: str) -> Response:
-            s = job_status(self.cfg.home, name, brief=True)
-            ckpts = runview.checkpoints(self.cfg.home, name)
-            samples = runview.run_samples(self.cfg.home, name)
-            history = job_history(self.cfg.home, name)
-            return HTMLResponse(pages.chart_set(samples, ckpts, s, history))
+            return HTMLResponse(self._charts(name, job_status(self.cfg.home, name, brief=True))[0])
 
         return await _guarded(draw, request.path_params["name"])
 
@@ -241,9 +244,8 @@ class _Web:
 
     async def job_json(self, request: Request) -> Response:
         def doc(name: str) -> Response:
-            return JSONResponse(
-                json.loads(json.dumps(job_status(self.cfg.home, name).to_doc(), default=str))
-            )
+            doc = job_status(self.cfg.home, name).to_doc()  # as `status --json` writes it
+            return Response(json.dumps(doc, default=str), media_type="application/json")
 
         return await _guarded(doc, request.path_params["name"])
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainctl.launcher import charts
+from trainctl.launcher import charts, render
 from trainctl.launcher.results import Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow, StopTimeline
 from trainctl.supervisor.samples import Sample
@@ -33,15 +33,8 @@ def page(title: str, body: str, token: str, *, kind: str, job: str = "") -> str:
 
 
 def duration(secs: float | None) -> str:
-    """3d 4h, 2h 05m, 4m 10s, 12s."""
-    if secs is None:
-        return ""
-    s = int(secs)
-    if s >= 86400:
-        return f"{s // 86400}d {s % 86400 // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+    """A duration as every verb prints it (render.duration); empty for none."""
+    return "" if secs is None else render.duration(secs)
 
 
 def job_row(s: Status | tuple[str, str]) -> dict[str, Any]:
@@ -95,11 +88,8 @@ def jobs_page(rows: list[Status | tuple[str, str]], home: str, token: str) -> st
     return page("trainctl", "".join(body), token, kind="jobs")
 
 
-def _gib(v: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if v >= size:
-            return f"{v / size:.1f} {unit}" if v < 10 * size else f"{v / size:.0f} {unit}"
-    return f"{v:.0f} B"
+def _size(v: float) -> str:
+    return render.size(int(v))
 
 
 def _series(
@@ -134,7 +124,7 @@ def chart_set(
         charts.Chart(
             "job memory" + (" (against its cap)" if cap else ""),
             [charts.Series("memory", _series(samples, lambda s: s.mem_bytes))],
-            fmt=_gib,
+            fmt=_size,
             y_max=cap,
             markers=marks,
         )
@@ -172,7 +162,7 @@ def _gpu_charts(samples: list[Sample], marks: list[charts.Marker]) -> list[chart
         charts.Chart(
             "GPU memory",
             [charts.Series(f"GPU {g}", _keyed(samples, "gpu_mem", g)) for g in gpus],
-            fmt=_gib,
+            fmt=_size,
             markers=marks,
         ),
         charts.Chart(
@@ -259,7 +249,7 @@ def _checkpoints(ckpts: list[CheckpointFile]) -> str:
     if not ckpts:
         return ""
     rows = "".join(
-        f"<tr><td>{esc(_when(c.at))}</td><td>{esc(c.path)}</td><td>{esc(_gib(c.size))}</td></tr>"
+        f"<tr><td>{esc(_when(c.at))}</td><td>{esc(c.path)}</td><td>{esc(_size(c.size))}</td></tr>"
         for c in reversed(ckpts[-20:])
     )
     return (
