@@ -7,6 +7,8 @@ import math
 import re
 
 from trainctl.launcher import charts
+from trainctl.launcher.ops.runview import _verdict
+from trainctl.supervisor.reports import GpuRelease, StopReport
 
 
 def test_thinning_keeps_each_columns_extremes_in_time_order() -> None:
@@ -41,3 +43,13 @@ def test_svg_has_its_points_markers_cap_and_escaped_labels() -> None:
     assert "<loss>" not in svg
     empty = charts.render(charts.Chart("gpu", [charts.Series("gpu 0", [])]))
     assert "no samples yet" in empty
+
+
+def test_the_timelines_verdict_is_the_stops_own() -> None:
+    """The page says what `stop` says: held or unverified GPUs and unproven stops too."""
+    held = StopReport(ok=True, total_s=1.5, gpus=[GpuRelease(index=3, ok=False)])
+    assert _verdict(held) == "nothing of the job is alive, but GPU(s) 3 NOT released (1.50 s)"
+    unproven = StopReport(ok=True, total_s=0.2, unproven="signals mode, no supervisor")
+    assert "NOT PROVEN" in _verdict(unproven)
+    clean = StopReport(ok=True, total_s=0.01, gpus=[GpuRelease(index=0, ok=True)])
+    assert _verdict(clean) == "nothing of the job is alive, GPUs released (0.01 s)"
