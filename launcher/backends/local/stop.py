@@ -6,6 +6,7 @@ such command to let go of the job, and stops the run that command started too.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -43,17 +44,37 @@ def stop_once(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     # A stop the entry already sent is read first: by now its supervisor may have finished
     # it and exited, which must not read as "nothing to stop".
     asked = early.pending(str(jdir)) or state.supervised(jdir)
+    began = time.monotonic()
     if asked and (res := _stop_via_supervisor(jdir, req)) is not None:
         return res
     from .direct import stop_direct  # noqa: PLC0415  (the stop algorithm: when no supervisor)
 
     if req.lock_held:
-        return stop_direct(jdir, spec, req)
+        return _finish(stop_direct(jdir, spec, _rest_of(req, began)), asked and not req.force)
     with state.job_lock(jdir, req.budget_s, "another stop"):
         # A start may have held the lock while we waited: its supervisor answers now.
         if state.supervised(jdir) and (res := _stop_via_supervisor(jdir, req)) is not None:
             return res
-        return stop_direct(jdir, spec, req)
+        return _finish(stop_direct(jdir, spec, _rest_of(req, began)), asked and not req.force)
+
+
+def _rest_of(req: StopRequest, began: float) -> StopRequest:
+    """The request a takeover finishes: the grace the supervisor had left, not a new one.
+
+    A supervisor that died (SIGKILL, OOM) while its stop waited out the grace leaves the
+    job to this command; the job has had ``now - began`` of its grace already.
+    """
+    spent = time.monotonic() - began
+    return dataclasses.replace(req, grace_s=max(0.0, req.grace_s - spent))
+
+
+def _finish(res: StopResult, took_over: bool) -> StopResult:
+    """Say once that this command finished a stop its supervisor began and died in."""
+    if took_over and res.via == "direct":
+        res.warnings.append(
+            "note: the job's supervisor died during the stop; this command finished it"
+        )
+    return res
 
 
 def _stop_via_supervisor(jdir: Path, req: StopRequest) -> StopResult | None:
@@ -93,8 +114,10 @@ def _ask_supervisor(
     while True:
         try:
             if sent is not None:  # the entry sent this very stop before it imported us
-                reply = control.read_stop_reply(sent, timeout_s)
-                sent = None
+                # read once: read_stop_reply closes it, and a supervisor that died while
+                # we waited must send the next round to a fresh connect, not this fd
+                first, sent = sent, None
+                reply = control.read_stop_reply(first, timeout_s)
             else:
                 reply = control.ask_stop(jdir, msg, timeout_s=timeout_s)
         except control.ControlUnavailableError as e:
