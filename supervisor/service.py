@@ -351,7 +351,7 @@ class Supervisor(Watchers):
             tg.start_soon(self._snapshots)
             tg.start_soon(self._serve)
             tg.start_soon(self._watch_gpus)
-            tg.start_soon(self._stamp_log)
+            tg.start_soon(self._watch_log)
             tg.start_soon(self._record_samples)
             if self.spawned.pty is not None:
                 path = log_path(self.jdir, self.state.run)

@@ -22,7 +22,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import handoff, memory, procfs, samples, steps
+from . import handoff, logs, memory, procfs, samples, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, TrainctlError
@@ -97,7 +97,6 @@ class Watchers(ControlServer):
             if self._check_stall():
                 await self._write_stall_stacks()
             self._sample_steps()
-            self._bound_log()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
             self._watch_oom()
@@ -264,26 +263,37 @@ class Watchers(ControlServer):
             progress_regex=self.spec.watch.progress_regex,
         )
 
-    async def _stamp_log(self) -> None:
-        """When the log grew (logtimes.py): `logs --timestamps` and `--since` read it."""
+    async def _watch_log(self) -> None:
+        """The log's own looks, on their own clock: when it grew (logtimes.py, for `logs
+        --timestamps` and `--since`), and its size cap (logs.py). Off the snapshot loop: a
+        job writing 15 MiB/s passes an 8 MiB cap in half a second, and a snapshot tick
+        (3 s, longer under a busy drift or checkpoint look) let the log reach many times it.
+        """
+        pace = logs.Pace(self.spec.logs.max_bytes, STAMP_S)
         while True:
             self._stamper.step()
-            await anyio.sleep(STAMP_S)
+            size = await self._bound_log()
+            await anyio.sleep(pace.next_look(size, time.monotonic()))
 
     def _gpu_fault(self, fault: str) -> None:
         """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
         self.log.warning("gpu_fault", fault=fault)
         self._observe(add=(("gpu_faults", (fault,), 20),))
 
-    def _bound_log(self) -> None:
+    async def _bound_log(self) -> int:
+        """Rotate the log past its cap (the copy in a thread); return its size now."""
         log = log_path(self.jdir, self.state.run)
         try:
-            size = rotate_if_big(log, self.spec.logs.max_bytes, self.spec.logs.keep)
+            size = await anyio.to_thread.run_sync(
+                rotate_if_big, log, self.spec.logs.max_bytes, self.spec.logs.keep
+            )
         except OSError as e:
             self.log.warning("log_rotation_failed", error=e.strerror)
-            return
+            return 0
         if size:
             self.log.info("log_rotated", bytes=size, keep=self.spec.logs.keep)
+            return 0
+        return logs.size_of(log)
 
     def _check_stall(self) -> bool:
         """Mark or clear STALLED; True the moment a stall is first seen."""

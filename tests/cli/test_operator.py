@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import shlex
@@ -16,6 +17,7 @@ import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.helpers import Pane, stop_and_check
+from trainctl.supervisor.logs import Pace
 
 
 def test_flags_take_the_same_durations_as_spec_keys(harness: Harness) -> None:
@@ -85,6 +87,55 @@ def test_a_chatty_job_cannot_grow_its_log_without_bound(harness: Harness) -> Non
     stop_and_check(h, "chatty")
     events = (h.home / "jobs" / "chatty" / "events.jsonl").read_text()
     assert '"event": "log_rotated"' in events
+
+
+_FLOOD = """\
+import sys, time
+chunk = ('z' * 1023 + '\\n') * 100
+t0, n = time.monotonic(), 0
+while True:
+    sys.stdout.write(chunk)
+    n += 1
+    ahead = n * len(chunk) / (15 << 20) - (time.monotonic() - t0)  # 15 MiB/s
+    if ahead > 0:
+        time.sleep(ahead)
+"""
+
+
+def test_a_log_written_at_15_mib_s_stays_near_its_cap(harness: Harness) -> None:
+    """Issue 44 §2: the bound holds at a real flood's rate with the default snapshot
+    interval (the rotation once rode the 3 s snapshot loop: 45 MiB a tick at this rate,
+    306 MiB when that loop was busy). Live log within 4x the cap, every copy within it."""
+    h = harness
+    cap = 8 << 20
+    h.tc(
+        "start", "--name", "flood", "--set", "log_max_size=8MiB", "--set", "log_keep=3",
+        "--", sys.executable, "-c", _FLOOD, check=True,
+    )  # fmt: skip
+    logs = h.home / "jobs" / "flood" / "logs"
+    live, most, total = logs / "run-1.log", 0, 0
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            most = max(most, live.stat().st_size)
+        total = max(total, sum(p.stat().st_size for p in logs.glob("run-1.log*")))
+        time.sleep(0.02)
+    stop_and_check(h, "flood")
+    rotated = (h.home / "jobs" / "flood" / "events.jsonl").read_text().count("log_rotated")
+    assert rotated >= 8, rotated  # ~120 MiB written: about one rotation per 8 MiB
+    assert most <= 4 * cap, f"live log reached {most / cap:.1f}x its cap"
+    assert not (logs / "run-1.log.4").exists()  # log_keep = 3
+    assert total <= 4 * 4 * cap, f"all copies {total / cap:.1f}x the cap"
+
+
+def test_the_log_pace_looks_sooner_as_the_log_nears_its_cap() -> None:
+    pace = Pace(max_bytes=8 << 20, slowest=0.5)
+    assert pace.next_look(0, 0.0) == 0.5  # nothing known yet
+    assert pace.next_look(1 << 20, 0.5) == 0.5  # 2 MiB/s: 3.5 s of headroom
+    assert pace.next_look(6 << 20, 1.0) == pytest.approx(0.2)  # 10 MiB/s, 2 MiB left
+    assert pace.next_look(8 << 20, 1.2) == 0.05  # at the cap: the fastest look
+    assert pace.next_look(6 << 20, 1.25) == pytest.approx(0.2)  # rotated: its pace kept
+    assert Pace(max_bytes=0, slowest=0.5).next_look(1 << 30, 1.0) == 0.5  # no cap
 
 
 def test_status_names_the_processes_that_needed_sigkill(harness: Harness) -> None:
