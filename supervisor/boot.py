@@ -24,7 +24,7 @@ from typing import Any
 from . import cgroup as cg
 from . import control, memory, procfs, systemd
 from .drift import code_version
-from .errors import SpawnError, TrainctlError
+from .errors import SpawnError, StateError, TrainctlError
 from .launch import AdoptRequest, Handover, Ready
 from .sections import Adoption
 from .spawn import Spawned, job_env, spawn_main
@@ -106,6 +106,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
         _restore(jdir, before, cgroup, mem)
         raise
     progress = progress_path(jdir, run)
+    _create_private(progress)
     try:
         spawned = spawn_main(
             spec, job_env(spec, jdir, marker, run, progress), log_path(jdir, run), procs_fds
@@ -310,6 +311,13 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     fds.clear()
+
+
+def _create_private(path: Path) -> None:
+    """Create the job's $TRAINCTL_PROGRESS file 0600 before the job first appends to it
+    (else the job's umask decides: 0666 under umask 000); best-effort, as progress is."""
+    with contextlib.suppress(OSError, StateError):
+        os.close(open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
 
 
 def _record_starting(

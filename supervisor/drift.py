@@ -14,8 +14,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from .errors import StateError
 from .sections import CodeRecord
 from .spec import Spec
+from .state import write_bytes_atomic
 
 INTERPRETERS = {
     "python",
@@ -159,8 +161,8 @@ def _keep_diff(diff: str, path: Path | None) -> str | None:
         return None
     try:
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        path.write_text(diff)
-    except OSError:
+        write_bytes_atomic(path, diff.encode(), durable=False)  # 0600 whatever the umask
+    except (OSError, StateError):
         return None
     return str(path)
 

@@ -240,6 +240,11 @@ def open_in(path: Path, flags: int, mode: int = 0o600) -> int:
             raise
 
 
+def open_append(path: Path) -> int:
+    """An O_APPEND descriptor of ``path``, created 0600 whatever the umask (no symlink)."""
+    return open_in(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+
 def stacks_path(jdir: Path, run: int, moment: str) -> Path:
     """Where the Python stacks of run ``run`` at ``moment`` (stall, before-kill) go."""
     return jdir / "stacks" / f"run-{run}.{moment}.json"

@@ -321,7 +321,7 @@ def _pipe_panes(plan: Plan, log: Path) -> bool:
     if not plan.panes:
         return False
     log.parent.mkdir(mode=0o700, exist_ok=True)
-    with open(log, "a") as f:
+    with os.fdopen(state.open_append(log), "a") as f:  # 0600 whatever the umask
         f.write(f"==> trainctl: adopted {plan.how}; earlier output is in the pane <==\n")
     done = False
     for pane in plan.panes:

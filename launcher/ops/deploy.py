@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -267,8 +268,10 @@ class _Deploy:
     def say(self, step: str, line: str, left_s: float | None = None) -> None:
         self.step = step
         doc = dataclasses.asdict(DeployStep(step, line, time.time(), left_s))
-        with contextlib.suppress(OSError), open(steps_path(self.jdir, self.plan.id), "a") as f:
-            f.write(json.dumps(doc) + "\n")
+        with contextlib.suppress(OSError, TrainctlError):
+            fd = state.open_append(steps_path(self.jdir, self.plan.id))
+            with os.fdopen(fd, "a") as f:
+                f.write(json.dumps(doc) + "\n")
 
     def report(self, outcome: str, summary: str, **more: object) -> DeployReport:
         p = self.plan

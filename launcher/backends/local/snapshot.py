@@ -123,6 +123,7 @@ def make(jdir: Path, spec: Spec, run: int) -> Spec:
         ignore = shutil.ignore_patterns(*policy.exclude)
         shutil.copytree(src, dest, symlinks=True, ignore=ignore)
         cwd = dest
+    os.chmod(dest, 0o700)  # copytree copies the source's mode, git makes it by the umask
     return dataclasses.replace(spec, cwd=str(cwd.resolve()), source=src)
 
 

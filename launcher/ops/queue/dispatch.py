@@ -230,7 +230,7 @@ def _spawn_waiter(home: Path, e: Entry, spec: Spec) -> int | None:
         e.token,
     ]
     log = queue_dir(home) / f"{e.name}.log"
-    with open(log, "ab") as out:
+    with os.fdopen(state.open_append(log), "ab") as out:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
