@@ -901,6 +901,31 @@ for _name, _command in cli.commands.items():
     _command.short_help = verbs.VERBS[_name].summary
 
 
+def _refuse_empty(param: click.Parameter, inner: Any) -> Any:
+    """A parameter callback that refuses an empty value before ``inner`` sees it.
+
+    An empty name, path, host or duration is a slip (an unset shell variable, ``--name
+    "$NAME"``), never a choice: `start --name ''` once named the job after its command.
+    """
+
+    def check(ctx: click.Context, p: click.Parameter, value: Any) -> Any:
+        values = value if isinstance(value, tuple) else (value,)
+        if any(v == "" for v in values):
+            shown = max(p.opts, key=len) if isinstance(p, click.Option) else p.human_readable_name
+            raise click.BadParameter("an empty value; give one or leave it out", param_hint=shown)
+        return inner(ctx, p, value) if inner is not None else value
+
+    return check
+
+
+# Every text parameter of every verb (and the global ones) refuses '' in one place; a
+# job's own argv (UNPROCESSED: `python -c ''` is the job's business) is left alone.
+for _command in [cli, *cli.commands.values()]:
+    for _param in _command.params:
+        if _param.type is click.STRING or isinstance(_param.type, click.Path):
+            _param.callback = _refuse_empty(_param, _param.callback)
+
+
 GLOBAL_OPTIONS = {"--home": "DIR", "--host": "HOST"}
 
 

@@ -117,6 +117,8 @@ def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] 
     home = None
     if argv[:1] == ["--home"] and len(argv) >= 2:
         home, argv = argv[1], argv[2:]
+        if not home:
+            return None  # an empty --home is refused by the verb, never read as the default
     if len(argv) < 2 or argv[0] != "stop" or argv[1].startswith("-"):
         return None
     name, rest = argv[1], argv[2:]

@@ -45,6 +45,8 @@ def parse(argv: list[str]) -> FastCall | None:
     home = None
     if argv[:1] == ["--home"] and len(argv) >= 2:
         home, argv = argv[1], argv[2:]
+        if not home:
+            return None  # click refuses the empty value in its one line
     if len(argv) < 2 or argv[0] not in _FLAGS or argv[1].startswith("-"):
         return None
     verb, name, rest = argv[0], argv[1], argv[2:]

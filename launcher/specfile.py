@@ -26,7 +26,21 @@ from .inputs import check_env_key, closest, parse_duration, parse_signal
 def _str(v: object, what: str) -> str:
     if not isinstance(v, str):
         raise ConfigError(f"{what}: expected a string, got {type(v).__name__}")
+    return _no_nul(v, what)
+
+
+def _no_nul(v: str, what: str) -> str:
+    """No NUL: no path, argument or environment value can hold one (execve, open)."""
+    if "\0" in v:
+        raise ConfigError(f"{what}: {v!r} holds a NUL character")
     return v
+
+
+def _text(v: object, what: str) -> str:
+    """A string that names something (a path, a partition): '' is a slip, not a value."""
+    if not _str(v, what).strip():
+        raise ConfigError(f"{what}: an empty value; give one or leave the key out")
+    return str(v)
 
 
 def _bool(v: object, what: str) -> bool:
@@ -60,14 +74,14 @@ def _argv(v: object, what: str) -> list[str]:
             raise ConfigError(f"{what}: the command is empty")
         return argv
     if isinstance(v, list) and v and all(isinstance(a, str) for a in v):
-        return list(v)
+        return [_no_nul(a, what) for a in v]
     raise ConfigError(f"{what}: expected a non-empty list of strings (or one command string)")
 
 
 def _env(v: object, what: str) -> dict[str, str]:
     if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
         raise ConfigError(f"{what}: expected a table of string values")
-    return {check_env_key(k, what): x for k, x in v.items()}
+    return {check_env_key(k, what): _no_nul(x, what) for k, x in v.items()}
 
 
 def _gpus(v: object, what: str) -> str:
@@ -194,7 +208,7 @@ def _order(v: object, what: str) -> str:
 KEYS: dict[str, Callable[[object, str], Any]] = {
     "name": _name,
     "argv": _argv,
-    "cwd": _str,
+    "cwd": _text,
     "env": _env,
     "grace": parse_duration,
     "stop_signal": _signal,
@@ -207,7 +221,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "force": _bool,
     "tty": _bool,
     "gpu_timeout": parse_duration,
-    "checkpoint": _str,
+    "checkpoint": _text,
     "checkpoint_signal": _signal,
     "progress_regex": _regex,
     "total_steps": _int,
@@ -220,8 +234,8 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "backend": _choice("local", "slurm"),
     "nodes": _int,
     "gpus_per_node": _int,
-    "partition": _str,
-    "time": _str,
+    "partition": _text,
+    "time": _text,
     "sbatch_args": _strlist,
     "restart_on": _restart_on,
     "restart_window": parse_duration,

@@ -206,3 +206,80 @@ def test_help_exits_zero(harness: Harness) -> None:
         res = harness.tc(*args)
         assert res.rc == 0
         assert res.out
+
+
+def _text_options() -> list[tuple[str, str]]:
+    """(verb, option) for every text-valued option of every verb, and the global ones."""
+    import click  # noqa: PLC0415
+
+    from trainctl.launcher.cli import cli  # noqa: PLC0415
+
+    def text(p: click.Parameter) -> bool:
+        typed = p.type is click.STRING or isinstance(p.type, click.Path)
+        return isinstance(p, click.Option) and not p.is_flag and typed
+
+    found = [("", max(p.opts, key=len)) for p in cli.params if text(p)]
+    for verb, command in sorted(cli.commands.items()):
+        found += [(verb, max(p.opts, key=len)) for p in command.params if text(p)]
+    return found
+
+
+def test_every_text_option_refuses_an_empty_value(harness: Harness) -> None:
+    """Issue 44 §4: `start --name ''` named the job after its command. An empty value of
+    any option that takes text (a name, a path, a host, a duration) is one line, exit 2."""
+    h = harness
+    options = _text_options()
+    assert len(options) > 30  # the sweep reaches every verb (else it proves little)
+    wrong = []
+    for verb, opt in options:
+        argv = [opt, "", "list"] if not verb else [verb, opt, ""]
+        res = h.tc(*argv)
+        lines = res.err.strip().splitlines()
+        if res.rc != 2 or len(lines) != 1 or "empty value" not in lines[0]:
+            wrong.append(f"{' '.join(argv)!r}: rc {res.rc}: {res.err.strip()[:120]}")
+    assert not wrong, "\n".join(wrong)
+    no_jobs(h)
+
+
+_BAD_NAMES = ["", "job\n", "j" * 65, "-lead", "a b"]
+
+
+@pytest.mark.parametrize("bad", _BAD_NAMES)
+@pytest.mark.parametrize(
+    "where",
+    ["--name", "--after", "spec", "status", "stop", "logs", "deploy", "adopt", "attach", "wait"],
+)
+def test_every_name_refuses_a_bad_value(harness: Harness, where: str, bad: str) -> None:
+    """A bad name anywhere a job is named: one line, exit 2, nothing made."""
+    h = harness
+    if where == "--name":
+        res = h.tc("start", "--name", bad, "--", "true")
+    elif where == "--after":
+        res = h.tc("start", "--name", "ok", "--after", bad, "--", "true")
+    elif where == "spec":
+        spec = h.tmp / "job.toml"
+        spec.write_text(f"name = {json.dumps(bad)}\nargv = ['true']\n")
+        res = h.tc("start", "-c", str(spec))
+    elif where == "adopt":
+        res = h.tc("adopt", bad, "--pid", str(os.getpid()))
+    else:
+        res = h.tc(where, bad)
+    if bad.startswith("-") and where not in ("--name", "--after", "spec"):
+        assert res.rc == 2, res  # click reads it as an option: its own one line
+        assert len(res.err.strip().splitlines()) == 1, res.err
+    else:
+        one_line_error(res, 2, "empty value" if not bad else "name")
+    no_jobs(h)
+
+
+def test_a_nul_in_a_spec_files_name_is_one_line(harness: Harness) -> None:
+    """NUL cannot pass through argv (execve refuses it); a spec file can hold one."""
+    h = harness
+    spec = h.tmp / "job.toml"
+    spec.write_text('name = "a\\u0000b"\nargv = ["true"]\n')
+    one_line_error(h.tc("start", "-c", str(spec)), 2, "name")
+    for bad in ['cwd = "/tmp\\u0000x"', 'argv = ["a\\u0000b"]', 'env = { A = "\\u0000" }']:
+        argv = "" if bad.startswith("argv") else 'argv = ["true"]\n'
+        spec.write_text(f'name = "ok"\n{argv}{bad}\n')
+        one_line_error(h.tc("start", "-c", str(spec)), 2, "NUL")
+    no_jobs(h)
