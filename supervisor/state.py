@@ -186,7 +186,8 @@ def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(name):
         empty = "" if name else " an empty value;"
         raise ConfigError(
-            f"invalid job name {name!r}:{empty} use 1-64 of A-Z a-z 0-9 . _ -, starting alphanumeric"
+            f"invalid job name {name!r}:{empty} "
+            "use 1-64 of A-Z a-z 0-9 . _ -, starting alphanumeric"
         )
     return name
 
