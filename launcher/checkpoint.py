@@ -7,47 +7,83 @@ here for the file.
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import itertools
+import json
 import os
+import time
+from collections.abc import Callable
+from pathlib import Path
 
+from trainctl.supervisor import checkpoints
 from trainctl.supervisor.errors import ProcessTreeError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.state import log_path, progress_path
+from trainctl.supervisor.steps import number, steps_path
+from trainctl.supervisor.tail import tail_lines
 
 from .results import Checkpoint
 
-CHECKPOINT_POLL_S = 0.5  # a checkpoint is complete once its size held for one poll
+CHECKPOINT_POLL_S = 0.5
+NEXT_SAVE_POLL_S = 0.1  # --at next-checkpoint: the save is seen within this (a glob + a stat)
+_STEP_TAIL = 256 << 10
 
 
-def newest_checkpoint(spec: Spec) -> Checkpoint | None:
-    """Return the newest file matching the spec's ``checkpoint`` glob (relative to cwd)."""
+def step_lookup(jdir: Path, run: int) -> Callable[[float], float | None]:
+    """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines, else
+    the supervisor's timed samples of a ``progress_regex`` step); None before any."""
+    points: list[tuple[float, float]] = []
+    for path in (progress_path(jdir, run), steps_path(log_path(jdir, run))):
+        for line in tail_lines(path, _STEP_TAIL):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                t, step = number(doc.get("t")), number(doc.get("step"))
+                if t is not None and step is not None:
+                    points.append((t, step))
+    points.sort()
+
+    def at(moment: float) -> float | None:
+        before = [step for t, step in points if t <= moment + 0.05]
+        return before[-1] if before else None
+
+    return at
+
+
+def _record(v: checkpoints.Verdict) -> Checkpoint:
+    return Checkpoint(v.path, v.mtime, v.size, step=v.step, why=v.why)
+
+
+def checkpoint_view(
+    spec: Spec, jdir: Path | None = None, run: int | None = None
+) -> tuple[Checkpoint | None, Checkpoint | None]:
+    """(the newest complete checkpoint, a newer partial one) of the spec's glob."""
     if not spec.watch.checkpoint:
-        return None
-    pattern = os.path.join(spec.cwd, spec.watch.checkpoint)
-    best: Checkpoint | None = None
-    for path in glob.glob(pattern, recursive=True):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if best is None or st.st_mtime > best.mtime:
-            best = Checkpoint(path, st.st_mtime, st.st_size)
-    return best
+        return None, None
+    at = step_lookup(jdir, run) if jdir is not None and run else None
+    found = checkpoints.newest(spec.cwd, spec.watch.checkpoint, at)
+    done = _record(found.complete) if found.complete else None
+    partial = _record(found.partial) if found.partial else None
+    return done, partial
+
+
+def newest_checkpoint(
+    spec: Spec, jdir: Path | None = None, run: int | None = None
+) -> Checkpoint | None:
+    """The newest *complete* checkpoint of the spec's ``checkpoint`` glob (relative to
+    cwd), judged by its format (supervisor/checkpoints.py); a partial one never counts."""
+    return checkpoint_view(spec, jdir, run)[0]
 
 
 def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkpoint:
-    """Wait for a checkpoint newer than ``asked_at`` whose size held for one poll."""
-    last_size = [-1]
+    """Wait for a complete checkpoint written after ``asked_at``."""
 
     def complete() -> Checkpoint | None:
         ck = newest_checkpoint(spec)
-        if ck is None or ck.mtime < asked_at - 0.01:
-            last_size[0] = -1
-            return None
-        if ck.size == last_size[0]:  # unchanged for one poll interval: complete
-            return ck
-        last_size[0] = ck.size
-        return None
+        return ck if ck is not None and ck.mtime >= asked_at - 0.01 else None
 
     ck = poll_until(complete, timeout_s, CHECKPOINT_POLL_S)
     if ck is None:
@@ -56,3 +92,44 @@ def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkp
             f"after {spec.watch.checkpoint_signal}; the job was left running"
         )
     return ck
+
+
+def save_cadence(spec: Spec) -> float | None:
+    """The usual time between saves: the median gap of the newest checkpoints' mtimes
+    (None with fewer than two: one file rewritten in place shows no cadence)."""
+    if not spec.watch.checkpoint:
+        return None
+    times = []
+    for path in checkpoints.candidates(spec.cwd, spec.watch.checkpoint)[:8]:
+        with contextlib.suppress(OSError):
+            times.append(os.stat(path).st_mtime)
+    gaps = sorted(a - b for a, b in itertools.pairwise(sorted(times, reverse=True)) if a > b)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def wait_next_save(
+    spec: Spec,
+    asked_at: float,
+    timeout_s: float,
+    running: Callable[[], bool],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Checkpoint | None:
+    """Wait, signalling nothing, for the trainer's own next *complete* checkpoint: one
+    written after ``asked_at``. None when the job ended first (nothing left to wait for);
+    ProcessTreeError when none came within ``timeout_s`` (the job is left as it was)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ck = newest_checkpoint(spec)
+        if ck is not None and ck.mtime > asked_at:
+            return ck
+        if not running():
+            return None
+        if cancelled():
+            raise ProcessTreeError("cancelled while waiting for the next checkpoint")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ProcessTreeError(
+                f"no new complete checkpoint matching {spec.watch.checkpoint!r} within "
+                f"{timeout_s:g} s; the job was left running, untouched"
+            )
+        time.sleep(min(NEXT_SAVE_POLL_S, left))

@@ -76,7 +76,7 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 )
 @click.option(
     "--grace",
-    metavar="SECONDS",
+    metavar="DURATION",
     help="Seconds between stop signal and SIGKILL [default from config].",
 )
 @click.option(
@@ -217,20 +217,31 @@ def start(
     return int(verbs.load("start").run(c, flags, follow=follow, as_json=as_json))
 
 
+AT_CHOICES = ("now", "checkpoint", "next-checkpoint")
 _ckpt_opts = [
+    click.option(
+        "--at",
+        "at",
+        metavar="WHEN",
+        help="When the stop goes out: now (the default); checkpoint: first send the "
+        "checkpoint signal (spec checkpoint_signal, default USR2) to the processes that "
+        "catch it and wait for the checkpoint it writes; next-checkpoint: signal nothing, "
+        "wait for the trainer's own next complete save (a trainer without a handler that "
+        "saves every N steps), then stop at once. --dry-run says which this job can do.",
+    ),
     click.option(
         "--checkpoint",
         "ask_checkpoint",
         is_flag=True,
-        help="First send the checkpoint signal (spec checkpoint_signal, default USR2) "
-        "to the job processes that catch it, and wait for a new checkpoint.",
+        help="The same as --at checkpoint.",
     ),
     click.option(
         "--checkpoint-timeout",
         metavar="DURATION",
         default="10m",  # verbs/stop.py DEFAULT_CHECKPOINT_TIMEOUT
         show_default=True,
-        help="How long --checkpoint waits for the new checkpoint.",
+        help="How long --at checkpoint|next-checkpoint waits for the checkpoint; none by "
+        "then: exit 1, the job untouched.",
     ),
     click.option(
         "--require-checkpoint-within",
@@ -246,9 +257,18 @@ _ckpt_opts = [
 ]
 
 
-def _ckpt(ask: bool, timeout: str, within: str | None, force: bool) -> Any:
+def _ckpt(at: str | None, ask: bool, timeout: str, within: str | None, force: bool) -> Any:
     """The checkpoint flags of stop and restart, as the verbs take them."""
-    return verbs.load("stop").CheckpointFlags(ask, timeout, within, force)
+    if at is not None and at not in AT_CHOICES:
+        close = closest(at, AT_CHOICES)
+        hint = f"; did you mean {close}?" if close else ""
+        raise click.BadParameter(
+            f"{at!r}: use one of {', '.join(AT_CHOICES)}{hint}", param_hint="--at"
+        )
+    if ask and at not in (None, "checkpoint"):
+        raise click.UsageError(f"--checkpoint means --at checkpoint; it contradicts --at {at}")
+    ask = ask or at == "checkpoint"
+    return verbs.load("stop").CheckpointFlags(ask, timeout, within, force, at == "next-checkpoint")
 
 
 def ckpt_options(f: Any) -> Any:
@@ -278,7 +298,7 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 @click.argument("names", nargs=-1, metavar="NAME...")
 @click.option("--all", "every", is_flag=True, help="Stop every live job of the home.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stop --all.")
-@click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@click.option("--grace", metavar="DURATION", help="Override the job's grace period.")
 @click.option(
     "--order",
     metavar="ORDER",
@@ -290,7 +310,7 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 @click.option("--main-only", is_flag=True, help="The same as --order main.")
 @click.option(
     "--gpu-timeout",
-    metavar="SECONDS",
+    metavar="DURATION",
     help="How long to wait for the job's GPUs to be released [default from config: 30].",
 )
 @ckpt_options
@@ -314,6 +334,7 @@ def stop(
     order: str | None,
     main_only: bool,
     gpu_timeout: str | None,
+    at: str | None,
     ask_checkpoint: bool,
     checkpoint_timeout: str,
     require_checkpoint_within: str | None,
@@ -339,7 +360,7 @@ def stop(
             order=order,
             main_only=main_only,
             gpu_timeout=gpu_timeout,
-            ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
+            ckpt=_ckpt(at, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
             verbose=verbose,
             dry_run=dry_run,
@@ -349,10 +370,10 @@ def stop(
 
 @cli.command()
 @click.argument("name")
-@click.option("--grace", metavar="SECONDS", help="Override the job's grace period.")
+@click.option("--grace", metavar="DURATION", help="Override the job's grace period.")
 @click.option(
     "--health",
-    metavar="SECONDS",
+    metavar="DURATION",
     default="3s",
     show_default=True,
     help="Watch the new run this long; exit 1 with its cause if it dies in it (0: skip).",
@@ -375,6 +396,7 @@ def restart(
     health: str,
     follow: bool,
     reload: bool,
+    at: str | None,
     ask_checkpoint: bool,
     checkpoint_timeout: str,
     require_checkpoint_within: str | None,
@@ -393,7 +415,7 @@ def restart(
             c,
             name,
             grace=grace,
-            ckpt=_ckpt(ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
+            ckpt=_ckpt(at, ask_checkpoint, checkpoint_timeout, require_checkpoint_within, force),
             as_json=as_json,
             health=health,
             follow=follow,
@@ -432,7 +454,7 @@ def restart(
     show_default=True,
     help="How long to wait for the checkpoint; none within it: nothing is stopped.",
 )
-@click.option("--grace", metavar="SECONDS", help="Override the job's grace for the stop.")
+@click.option("--grace", metavar="DURATION", help="Override the job's grace for the stop.")
 @click.option(
     "--rolling", is_flag=True, help="Several jobs, one at a time; stop at the first failure."
 )
@@ -729,7 +751,7 @@ def logs(
 
 @cli.command()
 @click.argument("name")
-@click.option("--timeout", metavar="SECONDS", help="Give up after this long (exit 124).")
+@click.option("--timeout", metavar="DURATION", help="Give up after this long (exit 124).")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the run's end (phase, exit code, cause) as JSON."
 )

@@ -23,6 +23,7 @@ from .results import (
     ENDED_STATES,
     Checkpoint,
     CheckpointInfo,
+    CheckpointSeen,
     Failure,
     GpuRelease,
     MemoryView,
@@ -198,9 +199,12 @@ def stop_plan(p: StopPlan) -> None:
         print(f"  {m.pid:>7}  {m.role:<28} {term.middle(clean(m.cmd), term.width() - 40)}{gpu}")
     if p.checkpoint_glob:
         if p.checkpoint is None:
-            print(f"  checkpoint: none matches {p.checkpoint_glob}")
+            print(f"  checkpoint: none complete matches {p.checkpoint_glob}")
         else:
-            print(f"  checkpoint: {p.checkpoint}, {age(p.checkpoint_age_s or 0)} old")
+            at = "" if p.checkpoint_step is None else f"step {p.checkpoint_step:g}, "
+            print(f"  checkpoint: {p.checkpoint} ({at}{age(p.checkpoint_age_s or 0)} old)")
+    why_not = "; ".join(f"not {k}: {v}" for k, v in p.cannot_at.items())
+    print(f"  --at: can {', '.join(p.can_at)}" + (f" ({why_not})" if why_not else ""))
     if p.gpus:
         print(f"  GPUs {', '.join(map(str, p.gpus))}: the stop waits until they are released")
     if p.dooms:
@@ -354,12 +358,22 @@ def slurm_stop(name: str, run: int, r: SlurmStopReport) -> str:
     return "\n".join(lines)
 
 
+def as_written(path: str, glob: str, cwd: str) -> str:
+    """A checkpoint's path as the user wrote its glob: an absolute glob's stays absolute
+    (relative to a snapshot folder it read ../../../../out2/ckpt.pt), a relative one's
+    is relative to the job's directory."""
+    return path if os.path.isabs(glob) else os.path.relpath(path, cwd)
+
+
 def checkpoint_line(ck: Checkpoint | None, glob: str, cwd: str) -> str:
     """One human line about the newest checkpoint."""
     if ck is None:
         return f"no checkpoint yet (matching {glob!r})"
-    rel = os.path.relpath(ck.path, cwd)
-    return f"newest checkpoint: {rel} ({age(ck.age_s)} old)"
+    # as the user wrote the glob: an absolute one stays absolute (relative to a snapshot
+    # folder it read ../../../../out/ckpt.pt)
+    shown = as_written(ck.path, glob, cwd)
+    at = "" if ck.step is None else f"step {ck.step:g}, "
+    return f"newest complete checkpoint: {shown} ({at}{age(ck.age_s)} old)"
 
 
 _CARET = {i: f"^{chr(i + 64)}" for i in range(32)} | {0x7F: "^?"}
@@ -814,6 +828,14 @@ def _gpu_lines(s: Status) -> None:
         print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
 
 
+def _checkpoint_lines(ck: CheckpointSeen) -> None:
+    at = "" if ck.step is None else f"step {ck.step:g}, "
+    if ck.path:
+        print(f"  ckpt {ck.path} ({at}{age(ck.age_s)} old, complete)")
+    if ck.partial:
+        print(f"  ckpt {ck.partial}: partial ({ck.partial_why}); never resumed from")
+
+
 def _status_details(s: Status) -> None:
     """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
     if s.slurm:
@@ -843,8 +865,7 @@ def _status_details(s: Status) -> None:
     if s.memory is not None:
         print(f"  mem  {memory_line(s.memory)}")
     if s.checkpoint:
-        ck = s.checkpoint
-        print(f"  ckpt {ck.path} ({age(ck.age_s)} old)")
+        _checkpoint_lines(s.checkpoint)
     if s.progress:
         print(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
     _changed_lines(s)

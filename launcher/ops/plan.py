@@ -16,11 +16,29 @@ from trainctl.launcher.results import PlannedProc, StopPlan
 from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.forest import stop_roles
-from trainctl.supervisor.proctree import scan, target_of
+from trainctl.supervisor.proctree import Member, scan, target_of
 from trainctl.supervisor.spec import Spec, StopOrder
 
 from . import queue
 from .jobs import current_phase, existing_job
+
+
+def at_options(spec: Spec | None, live: list[Member]) -> tuple[list[str], dict[str, str]]:
+    """Which of --at now|checkpoint|next-checkpoint this job can do now, and why not.
+
+    ``checkpoint`` needs a glob and a live process that catches the checkpoint signal (a
+    plan never promises a signal nobody catches); ``next-checkpoint`` needs a glob."""
+    can, cannot = ["now"], {}
+    if spec is None or not spec.watch.checkpoint:
+        why = "the spec names no `checkpoint` glob"
+        return can, {"checkpoint": why, "next-checkpoint": why}
+    sig = signal.Signals[spec.watch.checkpoint_signal]
+    if any(procfs.catches(m.ref.pid, sig) for m in live):
+        can.append("checkpoint")
+    else:
+        cannot["checkpoint"] = f"no process of the job catches {sig.name}"
+    can.append("next-checkpoint")
+    return can, cannot
 
 
 def plan_stop(home: Path, name: str) -> StopPlan:
@@ -48,8 +66,12 @@ def plan_stop(home: Path, name: str) -> StopPlan:
         )
         for m in sorted(live, key=lambda m: m.ref.pid)
     ]
-    ck = newest_checkpoint(spec) if spec and spec.watch.checkpoint else None
+    ck = newest_checkpoint(spec, jdir, st.run) if spec and spec.watch.checkpoint else None
+    can, cannot = at_options(spec, live)
     return StopPlan(
+        can_at=can,
+        cannot_at=cannot,
+        checkpoint_step=ck.step if ck else None,
         dooms=queue.doomed_by_stop(home, name),
         name=name,
         run=st.run,

@@ -9,7 +9,7 @@ from dataclasses import field
 from pathlib import Path
 
 from trainctl.launcher import backends
-from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.checkpoint import checkpoint_view
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import human_duration
 from trainctl.launcher.progress import read_progress
@@ -228,8 +228,17 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
     """Checkpoint, progress and code drift for `status` (cheap: tails and one git diff)."""
     if spec is None:
         return _Training()
-    ck = newest_checkpoint(spec)
-    seen = None if ck is None else CheckpointSeen(ck.path, round(ck.age_s, 1), ck.size)
+    ck, partial = checkpoint_view(spec, jdir, st.run)
+    seen = None
+    if ck is not None or partial is not None:
+        seen = CheckpointSeen(
+            ck.path if ck else "",
+            round(ck.age_s, 1) if ck else 0.0,
+            ck.size if ck else 0,
+            ck.step if ck else None,
+            partial=partial.path if partial else None,
+            partial_why=partial.why if partial else None,
+        )
     code, spec_keys = _changes(st, spec, live=live)
     prog = read_progress(jdir, st, spec)
     if prog is not None and not live:  # an ended run has no rate and no ETA: only its end

@@ -128,7 +128,7 @@ def _checkpoint_spec(jdir: Path, name: str, needed: bool) -> Spec | None:
         if needed:
             raise ConfigError(
                 f"job {name} has no `checkpoint` glob in its spec; "
-                "--checkpoint and --require-checkpoint-within need one"
+                "--at checkpoint|next-checkpoint and --require-checkpoint-within need one"
             )
         return None
     return spec
@@ -148,11 +148,11 @@ def check_checkpoint(
     and, when ``force`` overrode the age limit, why the limit was not met.
     """
     jdir = existing_job(home, name)
-    state.read_state(jdir)  # an untrusted state refuses here, before anything else
+    st = state.read_state(jdir)  # an untrusted state refuses here, before anything else
     spec = _checkpoint_spec(jdir, name, needed=ask or require_within_s is not None)
     if spec is None:
         return CheckpointInfo(), None, None
-    ck = newest_checkpoint(spec)
+    ck = newest_checkpoint(spec, jdir, st.run)
     overridden = None
     if require_within_s is not None and (ck is None or ck.age_s > require_within_s):
         age = "there is none" if ck is None else f"the newest is {human_duration(ck.age_s)} old"

@@ -75,6 +75,8 @@ class Checkpoint:
     path: str
     mtime: float
     size: int
+    step: float | None = None  # from its name, else the progress step when it was written
+    why: str = ""  # what says it is complete (or not): "DCP .metadata", "size held", ...
 
     @property
     def age_s(self) -> float:
@@ -134,6 +136,10 @@ class StopPlan:
     checkpoint_age_s: float | None = None
     queued: bool = False  # the job (or its next run) is queued: the stop dequeues it
     dooms: list[str] = field(default_factory=list)  # queued jobs after it that would fail
+    # --at: what this job can do ("now", "checkpoint", "next-checkpoint"), and why not
+    can_at: list[str] = field(default_factory=lambda: ["now"])
+    cannot_at: dict[str, str] = field(default_factory=dict)
+    checkpoint_step: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON form."""
@@ -189,6 +195,9 @@ class CheckpointSeen:
     path: str
     age_s: float
     size: int
+    step: float | None = None  # the step it holds (its name, else progress when written)
+    partial: str | None = None  # a newer checkpoint that is not complete (never resumed)
+    partial_why: str | None = None  # what says so: "zip without its end record", ...
 
 
 @record(frozen=True)

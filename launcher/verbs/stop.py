@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from trainctl.launcher import render
-from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.checkpoint import newest_checkpoint, save_cadence, wait_next_save
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback, run_with_ticker
@@ -26,7 +26,9 @@ from trainctl.launcher.ops.stop import (
 )
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
+from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import job_dir
 
 from . import Invocation
@@ -40,10 +42,11 @@ DEFAULT_CHECKPOINT_TIMEOUT = "10m"
 class CheckpointFlags:
     """`--checkpoint`, `--checkpoint-timeout`, `--require-checkpoint-within`, `--force`."""
 
-    ask: bool = False
+    ask: bool = False  # --at checkpoint (--checkpoint): ask by signal, wait for it
     timeout: str = DEFAULT_CHECKPOINT_TIMEOUT
     within: str | None = None
     force: bool = False  # past the age limit; for stop, also end a mute supervisor
+    next_save: bool = False  # --at next-checkpoint: wait for the trainer's own next save
 
 
 NO_CHECKPOINT = CheckpointFlags()  # the flags' defaults: show the newest, ask for nothing
@@ -62,13 +65,15 @@ def prepare(
     within_s = None if within is None else parse_duration(within, "--require-checkpoint-within")
     say = (lambda _line: None) if quiet else render.line
     info, spec, overridden = check_checkpoint(
-        inv.home, name, require_within_s=within_s, ask=ask, force=flags.force
+        inv.home, name, require_within_s=within_s, ask=ask or flags.next_save, force=flags.force
     )
     if spec is None or spec.watch.checkpoint is None:
         return info
     say(render.checkpoint_line(info.newest, spec.watch.checkpoint, spec.cwd))
     if overridden is not None:
         say(f"no checkpoint within the limit ({overridden}); going ahead (--force)")
+    if flags.next_save:
+        return _await_next_save(inv, name, spec, info, timeout_s, quiet=quiet)
     if not ask:
         return info
     sig = spec.watch.checkpoint_signal
@@ -83,7 +88,8 @@ def prepare(
         )
         ck = newest_checkpoint(spec)
         if ck is not None and ck.mtime >= time.time() - took - 0.01:
-            text += f"; writing {os.path.relpath(ck.path, spec.cwd)} ({render.size(ck.size)})"
+            where = render.as_written(ck.path, spec.watch.checkpoint or "", spec.cwd)
+            text += f"; writing {where} ({render.size(ck.size)})"
         return text
 
     new = run_with_ticker(
@@ -91,8 +97,59 @@ def prepare(
     )
     if new is None:
         return info
-    say(f"checkpoint written: {os.path.relpath(new.path, spec.cwd)} ({new.size} bytes)")
+    where = render.as_written(new.path, spec.watch.checkpoint or "", spec.cwd)
+    say(f"checkpoint written: {where} ({new.size} bytes)")
     return CheckpointInfo(watched=True, newest=info.newest, written=new)
+
+
+def _await_next_save(
+    inv: Invocation,
+    name: str,
+    spec: Spec,
+    info: CheckpointInfo,
+    timeout_s: float,
+    *,
+    quiet: bool,
+) -> CheckpointInfo:
+    """--at next-checkpoint: signal nothing; wait for the trainer's own next complete save
+    (a trainer with no handler that saves every N steps loses no step), then go at once.
+    A Ctrl-C meanwhile ends the command and changes nothing (no signal was sent)."""
+    jdir = job_dir(inv.home, name)
+    run_no = state.read_state(jdir).run
+    asked_at, t0 = time.time(), time.monotonic()
+
+    def running() -> bool:
+        st = state.read_state(jdir)
+        return st.run == run_no and state.effective_phase(jdir, st) not in state.TERMINAL
+
+    def waiting() -> str:
+        return _waiting_line(spec, t0, timeout_s, jdir, run_no)
+
+    new = run_with_ticker(
+        lambda: wait_next_save(spec, asked_at, timeout_s, running), waiting, enabled=not quiet
+    )
+    if new is None:
+        return info
+    if not quiet:
+        shown = render.as_written(new.path, spec.watch.checkpoint or "", spec.cwd)
+        at = "" if new.step is None else f" (step {new.step:g})"
+        render.line(f"the job saved {shown}{at}: stopping it now")
+    return CheckpointInfo(watched=True, newest=info.newest, written=new)
+
+
+def _waiting_line(spec: Spec, since: float, timeout_s: float, jdir: Path, run: int) -> str:
+    """The live line while waiting for the next save: when the last one was and how
+    often they come ("last save at step 3500, 4m ago; saves every ~5m")."""
+    took = time.monotonic() - since
+    ck = newest_checkpoint(spec, jdir, run)
+    last = "no complete save yet"
+    if ck is not None:
+        at = "" if ck.step is None else f" at step {ck.step:g}"
+        last = f"last save{at}, {render.age(ck.age_s)} ago"
+    every = save_cadence(spec)
+    cadence = f"; saves every ~{render.age(every)}" if every else ""
+    left = render.age(max(0.0, timeout_s - took))
+    return f"waiting for the next checkpoint ({left} left): {last}{cadence}"
 
 
 def run(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from tests.conftest import TREES, Harness, wait_for
@@ -112,7 +114,7 @@ def test_require_checkpoint_within(harness: Harness) -> None:
     assert refused_restart.rc == 1
     forced = h.tc("stop", "rq", "--require-checkpoint-within", "30m", "--force")
     assert forced.rc == 0
-    assert "newest checkpoint: ck/old.json (1h00m old)" in forced.out
+    assert "newest complete checkpoint: ck/old.json (1h00m old)" in forced.out
 
 
 def test_progress_rate_eta_and_sparkline(harness: Harness) -> None:
@@ -319,3 +321,82 @@ def test_eta_of_log_reported_progress_uses_a_recent_window(harness: Harness) -> 
     assert 35 < rate < 70, doc["progress"]
     assert doc["progress"]["eta_s"] < 100000 / 35
     h.tc("stop", "eta", check=True)
+
+
+# nanoGPT's shape: no signal handler at all; saves ckpt.pt in place (a zip, as torch.save
+# writes) every SAVE_EVERY steps, the step inside the file only; reports each step.
+NO_HANDLER = """\
+import json, os, sys, time, zipfile
+out, every = sys.argv[1], int(sys.argv[2])
+os.makedirs(out, exist_ok=True)
+step = 0
+while True:
+    step += 1
+    time.sleep(0.04)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if step % every == 0:
+        with zipfile.ZipFile(os.path.join(out, "ckpt.pt"), "w") as z:
+            z.writestr("archive/data.pkl", json.dumps({"iter_num": step}) + " " * 200_000)
+"""
+
+
+def _start_no_handler(h: Harness, name: str, every: int = 25) -> Path:
+    out = h.tmp / "out"
+    h.tc(
+        "start", "--name", name, "--set", f"checkpoint={out}/ckpt.pt",
+        "--", sys.executable, "-c", NO_HANDLER, str(out), str(every),
+        check=True,
+    )  # fmt: skip
+    return out
+
+
+def _reported(h: Harness, name: str) -> int:
+    lines = (h.home / "jobs" / name / "logs" / "run-1.progress.jsonl").read_text().splitlines()
+    return max(int(json.loads(x)["step"]) for x in lines if x.strip())
+
+
+def test_stop_at_next_checkpoint_loses_only_the_steps_of_the_stop(harness: Harness) -> None:
+    """Issue 46 §2: a trainer with no handler that saves every 25 steps: the stop waits
+    for its own next save (signalling nothing meanwhile), then goes at once."""
+    h = harness
+    out = _start_no_handler(h, "ng")
+    wait_for((out / "ckpt.pt").exists, 30, "a first save")
+    time.sleep(0.3)  # mid-way between two saves
+    plan = h.tc("stop", "ng", "--dry-run", "--json", check=True).json()
+    assert plan["can_at"] == ["now", "next-checkpoint"]
+    assert "catches SIGUSR2" in plan["cannot_at"]["checkpoint"]
+    refused = h.tc("stop", "ng", "--at", "checkpoint")
+    assert refused.rc == 1
+    assert "--at next-checkpoint" in refused.err  # the refusal names the way that works
+    res = h.tc("stop", "ng", "--at", "next-checkpoint", timeout=60)
+    assert res.rc == 0, res
+    assert "stopping it now" in res.out
+    assert str(out / "ckpt.pt") in res.out  # an absolute glob: printed as written
+    saved = json.loads(zipfile.ZipFile(out / "ckpt.pt").read("archive/data.pkl"))["iter_num"]
+    lost = _reported(h, "ng") - saved
+    assert 0 <= lost <= 10, f"{lost} steps since the save were lost"  # ~0.4 s at 0.04 s/step
+    assert not h.job_pids("ng")
+
+
+def test_stop_at_next_checkpoint_bad_input_and_timeout(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "plain", "--", "sleep", "600", check=True)
+    res = h.tc("stop", "plain", "--at", "next-checkpoint")
+    assert res.rc == 2
+    assert "checkpoint` glob" in res.err
+    assert h.job_pids("plain")  # nothing changed
+    res = h.tc("stop", "plain", "--at", "nxt-checkpoint")
+    assert res.rc == 2
+    assert "did you mean next-checkpoint" in res.err
+    assert h.tc("stop", "plain", "--checkpoint", "--at", "now").rc == 2
+    h.tc("stop", "plain", check=True)
+    out = _start_no_handler(h, "slow", every=10_000)  # never saves within the timeout
+    t0 = time.monotonic()
+    res = h.tc("stop", "slow", "--at", "next-checkpoint", "--checkpoint-timeout", "2s")
+    assert res.rc == 1, res
+    assert "untouched" in res.err
+    assert time.monotonic() - t0 < 15
+    assert h.job_pids("slow")  # still running, untouched
+    assert not (out / "ckpt.pt").exists()
+    h.tc("stop", "slow", check=True)

@@ -80,7 +80,8 @@ class Local:
         if not targets:
             raise JobConflictError(
                 f"no process of job {st.name} catches {sig.name} ({len(members)} checked); "
-                "refusing: nothing was signalled"
+                "refusing: nothing was signalled (--at next-checkpoint waits for the "
+                "trainer's own next save instead)"
             )
         asked()
         asked_at = time.time()
