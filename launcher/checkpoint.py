@@ -8,9 +8,11 @@ here for the file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,7 @@ from trainctl.supervisor.errors import ProcessTreeError
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import log_path, progress_path
-from trainctl.supervisor.steps import number, steps_path
+from trainctl.supervisor.steps import number, progress_of, steps_path
 from trainctl.supervisor.tail import tail_lines
 
 from .results import Checkpoint
@@ -133,3 +135,27 @@ def wait_next_save(
                 f"{timeout_s:g} s; the job was left running, untouched"
             )
         time.sleep(min(NEXT_SAVE_POLL_S, left))
+
+
+def with_step(ck: Checkpoint | None, jdir: Path, run: int) -> Checkpoint | None:
+    """``ck`` with its step from the run's progress when its name carries none."""
+    if ck is None or ck.step is not None:
+        return ck
+    return dataclasses.replace(ck, step=step_lookup(jdir, run)(ck.mtime))
+
+
+def first_step(jdir: Path, run: int, spec: Spec) -> float | None:
+    """The first step run ``run`` reported ($TRAINCTL_PROGRESS, else progress_regex)."""
+    with contextlib.suppress(OSError), open(progress_path(jdir, run), "rb") as f:
+        for raw in f.read(_STEP_TAIL).split(b"\n"):
+            with contextlib.suppress(ValueError):
+                doc = json.loads(raw)
+                if isinstance(doc, dict) and (step := number(doc.get("step"))) is not None:
+                    return step
+    if spec.watch.progress_regex:
+        rx = re.compile(spec.watch.progress_regex)
+        with contextlib.suppress(OSError), open(log_path(jdir, run), "rb") as f:
+            for line in f.read(_STEP_TAIL).decode(errors="replace").splitlines():
+                if (nums := progress_of(line, rx)) is not None:
+                    return nums["step"]
+    return None

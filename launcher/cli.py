@@ -428,9 +428,26 @@ def restart(
 @click.argument("names", nargs=-1, required=True, metavar="NAME...")
 @click.option(
     "--at",
-    type=click.Choice(["checkpoint", "now"]),
-    help="When to stop the old run: after a fresh checkpoint (the default when the job "
-    "names a checkpoint glob) or now.",
+    type=click.Choice(["checkpoint", "next-checkpoint", "now"]),
+    help="When to stop the old run: checkpoint (ask for one by signal and wait for it: the "
+    "default when a process of the job catches checkpoint_signal), next-checkpoint (wait "
+    "for the trainer's own next save, signalling nothing: the default otherwise, when the "
+    "job names a checkpoint glob) or now.",
+)
+@click.option(
+    "--resume-tolerance",
+    metavar="STEPS",
+    default="2",
+    show_default=True,
+    help="The gate: the new run's first step must be at or past the handed checkpoint's "
+    "step minus this, else it started over and is rolled back.",
+)
+@click.option(
+    "--probation",
+    metavar="DURATION",
+    help="After the gate, a crash or stall rolls back until the new run's first complete "
+    "checkpoint, at most this long [default: 30m; 2m for a job without a checkpoint glob]. "
+    "deploy returns at the gate; status shows the probation.",
 )
 @click.option(
     "--health",
@@ -464,6 +481,8 @@ def deploy(
     c: Invocation,
     names: tuple[str, ...],
     at: str | None,
+    resume_tolerance: str,
+    probation: str | None,
     health: str | None,
     rollback: str,
     reload: bool,
@@ -487,6 +506,8 @@ def deploy(
             c,
             list(names),
             at=at,
+            resume_tolerance=resume_tolerance,
+            probation=probation,
             health=health,
             rollback=rollback,
             reload=reload,

@@ -759,6 +759,8 @@ def _changed_lines(s: Status) -> None:
         untracked = len(s.code.untracked) + s.code.untracked_more
         more = f", {untracked} untracked file(s) not in it" if untracked else ""
         print(f"  code {s.code.line()}{more}")
+    if s.probation:
+        print(f"  probation {s.probation}")
     if s.code_changed:
         print(
             f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
@@ -898,7 +900,12 @@ def deploy_plan(p: DeployPlan) -> None:
     new = p.to_code.line() if p.to_code else "not recorded"
     print(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
     print(f"  changes     {clean('; '.join(p.changes))}")
-    if p.at == "checkpoint":
+    if p.at == "next-checkpoint":
+        print(
+            f"  checkpoint  wait for the trainer's own next save (nothing is signalled), at most "
+            f"{human_duration(p.checkpoint_timeout_s)}; newest now: {p.newest_checkpoint or 'none'}"
+        )
+    elif p.at == "checkpoint":
         seen = (
             "none yet"
             if p.newest_checkpoint is None
@@ -912,7 +919,16 @@ def deploy_plan(p: DeployPlan) -> None:
         print("  checkpoint  none asked for (--at now)")
     gpus = f" on GPU(s) {', '.join(p.gpus)}" if p.gpus else ""
     print(f"  stop        run {p.from_run}: main pid {p.main_pid}, {p.members} member(s){gpus}")
-    print(f"  gate        progress past its first step within {human_duration(p.health_s)}")
+    resume = (
+        ""
+        if p.newest_step is None
+        else f", its first step at or past {p.newest_step - p.resume_tolerance:g}"
+    )
+    print(f"  gate        progress past its first step within {human_duration(p.health_s)}{resume}")
+    print(
+        f"  probation   until its first complete checkpoint, at most "
+        f"{human_duration(p.probation_s)}: a crash or stall rolls back"
+    )
     back = p.rollback_to if p.rollback_to else f"none ({p.no_rollback_why})"
     print(f"  rollback    {p.rollback}: {back}")
 
@@ -928,6 +944,12 @@ def deploy_report(r: DeployReport) -> None:
     line = f"deploy {r.name}: {r.outcome}: {clean(r.summary)}"
     if r.ok:
         print(line)
+        if r.probation_until is not None:
+            until = time.strftime("%H:%M:%S", time.localtime(r.probation_until))
+            print(
+                f"  on probation until {until} or its first complete checkpoint: a crash or "
+                f"stall meanwhile rolls back (`trainctl status {r.name}`)"
+            )
         return
     sys.stderr.write(f"trainctl: {line}\n")
     for text in r.last_lines[-10:]:

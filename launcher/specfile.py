@@ -223,6 +223,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "gpu_timeout": parse_duration,
     "checkpoint": _text,
     "checkpoint_signal": _signal,
+    "checkpoint_keep_max": _size,
     "progress_regex": _regex,
     "total_steps": _int,
     "stall_timeout": parse_duration,
@@ -284,6 +285,7 @@ class SpecDraft:
     gpu_timeout: float | None = None
     checkpoint: str | None = None
     checkpoint_signal: str | None = None
+    checkpoint_keep_max: int | None = None
     progress_regex: str | None = None
     total_steps: int | None = None
     stall_timeout: float | None = None

@@ -88,6 +88,9 @@ class Watch:
     on_stall: str = "mark"  # "mark" | "restart"
     snapshot_interval_s: float = 3.0
     sample_interval_s: float = 10.0  # the samples `trainctl web` draws (supervisor/samples.py)
+    # deploy: the checkpoint handed to new code is kept aside (a reflink, else a copy) up
+    # to this size, until the new code passed its gate and probation
+    checkpoint_keep_max: int = 4 << 30
 
 
 # The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and

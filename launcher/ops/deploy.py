@@ -38,7 +38,13 @@ import time
 from pathlib import Path
 
 from trainctl.launcher.backends.local import snapshot
-from trainctl.launcher.checkpoint import newest_checkpoint, wait_new_checkpoint
+from trainctl.launcher.checkpoint import (
+    first_step,
+    newest_checkpoint,
+    wait_new_checkpoint,
+    wait_next_save,
+    with_step,
+)
 from trainctl.launcher.config import Config
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import Checkpoint
@@ -49,46 +55,39 @@ from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
     ProcessTreeError,
-    StateError,
     TrainctlError,
 )
 from trainctl.supervisor.poll import poll_until
+from trainctl.supervisor.proctree import alive, scan, target_of
 from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.schema import build_document
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.tail import tail_lines
 
-from . import queue
+from . import keepsafe, queue
+from .deployfiles import (
+    LOCK,
+    cancel_path,
+    deploys_dir,
+    on_probation,
+    plan_path,
+    report_path,
+    steps_path,
+)
 from .jobs import current_phase, existing_job, live_members
+from .plan import at_options
 from .start import reloaded_spec, restart_job
 from .stop import ask_checkpoint
 
-LOCK = "deploy.lock"
 RESUME_VAR = "TRAINCTL_RESUME_FROM"
 DEPLOY_VAR = "TRAINCTL_DEPLOY"  # the deploy's id, in the new run's environment
 DEFAULT_HEALTH_S = 600.0
+DEFAULT_RESUME_TOLERANCE = 2.0  # steps: a trainer may report its save's step +-1
+DEFAULT_PROBATION_S = 1800.0
+DEFAULT_PROBATION_NO_GLOB_S = 120.0
 GATE_POLL_S = 0.2
-
-
-def deploys_dir(jdir: Path) -> Path:
-    return jdir / "deploys"
-
-
-def plan_path(jdir: Path, did: str) -> Path:
-    return deploys_dir(jdir) / f"{did}.plan.json"
-
-
-def steps_path(jdir: Path, did: str) -> Path:
-    return deploys_dir(jdir) / f"{did}.steps.jsonl"
-
-
-def report_path(jdir: Path, did: str) -> Path:
-    return deploys_dir(jdir) / f"{did}.report.json"
-
-
-def cancel_path(jdir: Path, did: str) -> Path:
-    return deploys_dir(jdir) / f"{did}.cancel"
+PROBATION_POLL_S = 0.5
 
 
 # ---------------------------------------------------------------- the plan (the verb)
@@ -106,6 +105,9 @@ def plan_deploy(
     force: bool,
     checkpoint_timeout_s: float,
     grace_s: float | None = None,
+    resume_tolerance: float = DEFAULT_RESUME_TOLERANCE,
+    probation_s: float | None = None,
+    dry_run: bool = False,
 ) -> DeployPlan:
     """Check that ``name`` can take a deploy now, and decide every step; change nothing."""
     jdir = existing_job(home, name)
@@ -114,8 +116,6 @@ def plan_deploy(
     _refuse_unless_running(name, st, phase, home)
     if st.backend != "local":
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
-    if state.is_locked(jdir, LOCK):
-        raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
     spec = state.read_spec(jdir)
     new_spec = reloaded_spec(spec, cfg) if reload else spec
     source = dataclasses.replace(new_spec, cwd=snapshot.source_of(new_spec))
@@ -127,10 +127,25 @@ def plan_deploy(
             f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
         )
     snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
-    at = _when(name, spec, at)
+    if state.is_locked(jdir, LOCK) and not (not dry_run and _end_probation(jdir, st.run)):
+        raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+    can, cannot = at_options(spec, list(alive(scan(target_of(st))).values()))
+    at = _when(name, spec, at, cannot)
     back = _rollback_target(jdir, spec, rollback)
-    ck = newest_checkpoint(spec)
+    ck = newest_checkpoint(spec, jdir, st.run)
+    if spec.watch.checkpoint and at == "now" and ck is None and not force:
+        raise ConfigError(
+            f"job {name}: nothing complete matches its checkpoint glob "
+            f"{spec.watch.checkpoint!r}: the new code would have nothing to resume from; "
+            "--at next-checkpoint waits for one (--force deploys anyway)"
+        )
+    _refuse_unprotected(name, spec, ck)
     return DeployPlan(
+        newest_step=ck.step if ck else None,
+        resume_tolerance=resume_tolerance,
+        probation_s=_probation(spec, probation_s),
+        keep_max=spec.watch.checkpoint_keep_max,
+        can_at=can,
         id=f"{int(time.time())}-{ids.short_id()}",
         name=name,
         from_run=st.run,
@@ -156,16 +171,56 @@ def plan_deploy(
     )
 
 
-def _when(name: str, spec: Spec, at: str | None) -> str:
-    """--at: after a fresh checkpoint by default when the job names a glob, else now."""
+def _end_probation(jdir: Path, run: int) -> bool:
+    """A new deploy ends the probation of the last one (the run it holds is about to be
+    replaced): its deployer is asked to let go; True once it has."""
+    rep = on_probation(jdir, run)
+    if rep is None:
+        return False
+    cancel_path(jdir, rep.id).touch()
+    return poll_until(lambda: None if state.is_locked(jdir, LOCK) else True, 5.0, 0.05) is True
+
+
+def _when(name: str, spec: Spec, at: str | None, cannot: dict[str, str]) -> str:
+    """--at: by default a checkpoint asked for by signal when a process catches it, else
+    the trainer's own next save, when the job names a glob; else now."""
     if at is None:
-        return "checkpoint" if spec.watch.checkpoint else "now"
-    if at == "checkpoint" and not spec.watch.checkpoint:
+        if not spec.watch.checkpoint:
+            return "now"
+        return "next-checkpoint" if "checkpoint" in cannot else "checkpoint"
+    if at != "now" and not spec.watch.checkpoint:
         raise ConfigError(
-            f"job {name} names no `checkpoint` glob: --at checkpoint cannot tell when one "
+            f"job {name} names no `checkpoint` glob: --at {at} cannot tell when one "
             "is written (use --at now, or set checkpoint in the spec)"
         )
+    if at == "checkpoint" and "checkpoint" in cannot:
+        raise JobConflictError(
+            f"job {name}: {cannot['checkpoint']}; nothing was signalled "
+            "(--at next-checkpoint waits for the trainer's own next save instead)"
+        )
     return at
+
+
+def _probation(spec: Spec, asked_s: float | None) -> float:
+    """--probation: else until the new run's first complete checkpoint, at most 30 min;
+    a job without a checkpoint glob: 2 min of running without a crash or a stall."""
+    if asked_s is not None:
+        return asked_s
+    return DEFAULT_PROBATION_S if spec.watch.checkpoint else DEFAULT_PROBATION_NO_GLOB_S
+
+
+def _refuse_unprotected(name: str, spec: Spec, ck: Checkpoint | None) -> None:
+    """A checkpoint rewritten in place and too big to keep aside: refuse, before
+    anything is stopped (new code that starts over would overwrite it for good)."""
+    cap = spec.watch.checkpoint_keep_max
+    if ck is None or ck.size <= cap or not keepsafe.rewritten_in_place(spec.watch.checkpoint):
+        return
+    raise ConfigError(
+        f"job {name}: its checkpoint {ck.path} ({ck.size >> 20} MiB) is rewritten in place "
+        f"and larger than checkpoint_keep_max ({cap >> 20} MiB): new code that started over "
+        "would overwrite it with nothing kept; raise checkpoint_keep_max (a reflink costs "
+        "no space where the file system has them), or save to a new name per step"
+    )
 
 
 def _refuse_unless_running(name: str, st: JobState, phase: Phase, home: Path) -> None:
@@ -224,31 +279,6 @@ def spawn_deployer(home: Path, name: str, did: str) -> subprocess.Popen[bytes]:
     )
 
 
-def read_report(jdir: Path, did: str) -> DeployReport | None:
-    path = report_path(jdir, did)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        raise StateError(f"{path} is not valid JSON") from None
-    doc.pop("ok", None)
-    return build_document(DeployReport, doc, str(path))
-
-
-def read_steps(jdir: Path, did: str, seen: int) -> list[DeployStep]:
-    """The steps written after the first ``seen``."""
-    try:
-        lines = steps_path(jdir, did).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines[seen:]:
-        with contextlib.suppress(ValueError, StateError):
-            out.append(build_document(DeployStep, json.loads(line), "deploy step"))
-    return out
-
-
 # ---------------------------------------------------------------- the deployer
 
 
@@ -264,6 +294,8 @@ class _Deploy:
     started_at: float = dataclasses.field(default_factory=time.time)
     checkpoint: Checkpoint | None = None
     step: str = "checkpoint"
+    kept: keepsafe.Kept | None = None
+    restored: bool = False
 
     def say(self, step: str, line: str, left_s: float | None = None) -> None:
         self.step = step
@@ -285,6 +317,9 @@ class _Deploy:
             from_commit=_commit(p.from_code),
             to_commit=_commit(p.to_code),
             checkpoint=self.checkpoint.path if self.checkpoint else None,
+            checkpoint_step=self.checkpoint.step if self.checkpoint else None,
+            kept=self.kept.path if self.kept else None,
+            restored=self.restored,
             started_at=self.started_at,
             ended_at=time.time(),
             **more,  # type: ignore[arg-type]
@@ -316,7 +351,7 @@ def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:
 
 def _run(d: _Deploy) -> DeployReport:
     p = d.plan
-    ended = _checkpoint_step(d, d.previous)
+    ended = _checkpoint_step(d, d.previous) or _keep_aside(d)
     if ended is not None:
         return ended
     d.say("stop", f"stopping run {p.from_run} (verified), then starting the new code")
@@ -334,39 +369,102 @@ def _run(d: _Deploy) -> DeployReport:
         return d.report("failed", f"the stop failed, nothing was started: {e}")
     d.say("start", f"run {started.run} started (main pid {started.main_pid})")
     gate = _gate(d, started.run)
-    if gate.ok:
-        d.say("done", f"run {started.run} passed its gate: {gate.why}")
-        return d.report(
-            "deployed", f"run {started.run} runs the new code: {gate.why}",
-            to_run=started.run, resumed_step=gate.first, reached_step=gate.step,
-        )  # fmt: skip
-    return _rollback(d, started.run, gate, resume)
+    if not gate.ok:
+        return _rollback(d, started.run, gate, resume)
+    return _on_probation(d, started.run, gate, resume)
+
+
+def _on_probation(d: _Deploy, run: int, gate: _Gate, resume: str | None) -> DeployReport:
+    """The gate passed: report it (the verb returns), then hold the new code to its
+    probation; a crash or stall in it rolls back (a second report)."""
+    p = d.plan
+    passed_at = time.time()
+    until = passed_at + p.probation_s
+    d.say("gate", f"run {run} passed its gate: {gate.why}")
+    rep = d.report(
+        "deployed", f"run {run} runs the new code: {gate.why}",
+        to_run=run, resumed_step=gate.first, reached_step=gate.step, probation_until=until,
+    )  # fmt: skip
+    trial = _probation_verdict(d, run, passed_at, until)
+    if trial.ok:
+        keepsafe.discard(d.kept.path if d.kept else None)
+        d.say("done", f"run {run} passed its probation: {trial.why}")
+        with contextlib.suppress(OSError):
+            state.append_event(d.jdir, "deploy_probation", id=p.id, run=run,
+                               outcome="passed", why=trial.why)  # fmt: skip
+        return rep
+    trial.why = f"on probation: {trial.why}"
+    return _rollback(d, run, trial, resume)
 
 
 def _checkpoint_step(d: _Deploy, spec: Spec) -> DeployReport | None:
     """Steps 1 and 2: the checkpoint (or the newest one, --at now), unless cancelled; a
     report when the deploy ends here (nothing was stopped)."""
     p = d.plan
-    if p.at == "checkpoint":
-        d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",
-              p.checkpoint_timeout_s)  # fmt: skip
+    if p.at == "now":
+        d.checkpoint = newest_checkpoint(spec)
+    else:
+        if p.at == "checkpoint":
+            d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",
+                  p.checkpoint_timeout_s)  # fmt: skip
+        else:
+            d.say("checkpoint", f"waiting for {p.name}'s own next save (nothing is signalled)",
+                  p.checkpoint_timeout_s)  # fmt: skip
         try:
-            d.checkpoint = _await_checkpoint(d, spec)
-        except _CancelledError:
-            return d.report("cancelled", "cancelled before the stop; nothing changed")
-        except (TrainctlError, TimeoutError) as e:
+            wait = _await_checkpoint if p.at == "checkpoint" else _await_next_save
+            d.checkpoint = wait(d, spec)
+        except (_CancelledError, TrainctlError, TimeoutError) as e:
+            if isinstance(e, _CancelledError) or cancel_path(d.jdir, p.id).exists():
+                return d.report("cancelled", "cancelled before the stop; nothing changed")
             return d.report("failed", f"no checkpoint: {e}; nothing was stopped")
         if d.checkpoint is None:
             return d.report("failed", f"job {p.name} is not running any more; nothing stopped")
         d.say("checkpoint", f"checkpoint {d.checkpoint.path} written")
-    else:
-        d.checkpoint = newest_checkpoint(spec)
+    d.checkpoint = with_step(d.checkpoint, d.jdir, p.from_run)
     if cancel_path(d.jdir, p.id).exists():
         return d.report("cancelled", "cancelled before the stop; nothing changed")
     return None
 
 
 def _none() -> None:
+    return None
+
+
+def _await_next_save(d: _Deploy, spec: Spec) -> Checkpoint | None:
+    p = d.plan
+
+    def running() -> bool:
+        st = state.read_state(d.jdir)
+        return st.run == p.from_run and current_phase(d.jdir, st) not in state.TERMINAL
+
+    return wait_next_save(
+        spec, time.time(), p.checkpoint_timeout_s, running,
+        lambda: cancel_path(d.jdir, p.id).exists(),
+    )  # fmt: skip
+
+
+def _keep_aside(d: _Deploy) -> DeployReport | None:
+    """Keep the handed checkpoint safe until the new code passed (keepsafe.py); a report
+    when the deploy ends here (nothing was stopped)."""
+    ck, p = d.checkpoint, d.plan
+    if ck is None:
+        return None
+    if ck.size > p.keep_max:
+        if keepsafe.rewritten_in_place(p.checkpoint_glob):
+            return d.report(
+                "refused", f"checkpoint {ck.path} is rewritten in place and over "
+                "checkpoint_keep_max: nothing would protect it; nothing was stopped",
+            )  # fmt: skip
+        d.say("keep", f"checkpoint {ck.path} is over checkpoint_keep_max: not kept aside "
+              "(a new name per save: the new code cannot overwrite it)")  # fmt: skip
+        return None
+    try:
+        d.kept = keepsafe.keep(ck, deploys_dir(d.jdir) / f"{p.id}.kept")
+    except OSError as e:
+        return d.report("failed", f"cannot keep checkpoint {ck.path} aside ({e.strerror}); "
+                        "nothing was stopped")  # fmt: skip
+    k = d.kept
+    d.say("keep", f"checkpoint kept aside by {k.how} in {k.took_s:.2f} s ({k.size >> 20} MiB)")
     return None
 
 
@@ -433,13 +531,13 @@ def _gate(d: _Deploy, run: int) -> _Gate:
                 return _Gate(True, "it finished cleanly within the gate", first, step)
             why = st.cause.summary if st.cause is not None and st.run == run else "it ended"
             return _Gate(False, f"run {run} ended: {why}", first, step, last_lines())
-        prog = read_progress(d.jdir, st, spec)
-        if prog is not None and prog.step is not None:
-            seen.append(prog.step)
-            if prog.step > seen[0]:
-                return _Gate(True, f"step {prog.step:g}, past step {seen[0]:g}", seen[0], prog.step)
-        ck = newest_checkpoint(spec)
+        stepped = _gate_by_steps(d, run, st, spec, seen)
+        if stepped is not None:
+            return stepped
+        ck = with_step(newest_checkpoint(spec), d.jdir, run)
         if ck is not None and ck.mtime > t0:
+            if ck.step is not None and (behind := _behind(d, ck.step, "saved")) is not None:
+                return _Gate(False, behind, first, step, last_lines())
             return _Gate(True, f"it wrote checkpoint {ck.path}", first, step)
         return None
 
@@ -452,8 +550,110 @@ def _gate(d: _Deploy, run: int) -> _Gate:
                  last_lines())  # fmt: skip
 
 
+def _gate_by_steps(
+    d: _Deploy, run: int, st: JobState, spec: Spec, seen: list[float]
+) -> _Gate | None:
+    """The run's first step must be at or past the handed checkpoint's (else it started
+    over); then it passes with a step past its first. ``seen``: its steps so far."""
+    prog = read_progress(d.jdir, st, spec)
+    if prog is None or prog.step is None:
+        return None
+    if not seen:  # the run's own first report, not the first the gate saw
+        first = first_step(d.jdir, run, spec)
+        seen.append(prog.step if first is None else first)
+        if (behind := _behind(d, seen[0], "started at")) is not None:
+            return _Gate(False, behind, seen[0], prog.step, _tail(d, run))
+    seen.append(prog.step)
+    if prog.step > seen[0]:
+        return _Gate(True, f"step {prog.step:g}, past step {seen[0]:g}", seen[0], prog.step)
+    return None
+
+
+def _behind(d: _Deploy, step: float, what: str) -> str | None:
+    """Why the new run did not resume (its step is behind the handed checkpoint's beyond
+    the tolerance); None when it is at or past it, or the handed step is unknown."""
+    ck = d.checkpoint
+    if ck is None or ck.step is None or step >= ck.step - d.plan.resume_tolerance:
+        return None
+    return (
+        f"did not resume: {what} step {step:g}, the checkpoint it was given is at step {ck.step:g}"
+    )
+
+
+def _probation_verdict(d: _Deploy, run: int, since: float, until: float) -> _Gate:
+    """After the gate: the run must live without a crash or a stall until its first
+    complete checkpoint (at or past the handed step), or until ``until``."""
+
+    def verdict() -> _Gate | None:
+        if cancel_path(d.jdir, d.plan.id).exists():
+            return _Gate(True, "a newer deploy ended the probation")
+        st = state.read_state(d.jdir)
+        if st.run != run:
+            return _Gate(True, f"run {run} was replaced by run {st.run}")
+        health = _health(d, st, run)
+        if health is not None:
+            return health
+        spec = state.read_spec(d.jdir)
+        ck = with_step(newest_checkpoint(spec), d.jdir, run)
+        if ck is not None and ck.mtime > since:
+            behind = None if ck.step is None else _behind(d, ck.step, "saved")
+            if behind is not None:
+                return _Gate(False, behind, lines=_tail(d, run))
+            return _Gate(True, f"it saved checkpoint {ck.path}")
+        return None
+
+    left = max(0.0, until - time.time())
+    when = time.strftime("%H:%M:%S", time.localtime(until))
+    d.say("probation", f"on probation until {when} or its first complete checkpoint; "
+          "a crash or stall meanwhile rolls back", left)  # fmt: skip
+    got = poll_until(verdict, left, PROBATION_POLL_S)
+    return got if got is not None else _Gate(True, f"no crash or stall in {left:g} s")
+
+
+def _health(d: _Deploy, st: JobState, run: int) -> _Gate | None:
+    """A verdict when run ``run`` ended, is restarting after a failure, or stalled."""
+    phase = current_phase(d.jdir, st)
+    why = st.cause.summary if st.cause is not None else "it failed"
+    if phase in state.TERMINAL:
+        if phase == Phase.STOPPED or (phase == Phase.EXITED and not st.exit_code):
+            return _Gate(True, f"run {run} ended cleanly or was stopped ({why})")
+        return _Gate(False, f"run {run} ended: {why}", lines=_tail(d, run))
+    if st.restart_at is not None:
+        return _Gate(False, f"run {run} failed and is restarting: {why}", lines=_tail(d, run))
+    if st.stalled_since is not None:
+        return _Gate(False, f"run {run} stalled", lines=_tail(d, run))
+    return None
+
+
+def _tail(d: _Deploy, run: int) -> list[str]:
+    return [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
+
+
+def _save_progress(d: _Deploy) -> bool:
+    """Before the old code runs again: put the handed checkpoint back if the new code
+    changed it, and move aside the new code's checkpoints that fell behind it. True when
+    the kept copy went back."""
+    ck, p = d.checkpoint, d.plan
+    if ck is None or not p.checkpoint_glob:
+        return False
+    spec = d.previous
+    if ck.step is not None:
+        moved = keepsafe.reject_behind(spec.cwd, p.checkpoint_glob, ck.mtime, ck.step, p.id)
+        if moved:
+            d.say("rollback", f"moved aside the new code's checkpoints behind step "
+                  f"{ck.step:g}: {', '.join(moved)}")  # fmt: skip
+    if d.kept is None or not keepsafe.changed_since(ck):
+        return False
+    keepsafe.restore(d.kept.path, ck)
+    d.say("rollback", f"checkpoint {ck.path} was changed by the new code: put back the one "
+          f"handed over{'' if ck.step is None else f' (step {ck.step:g})'}")  # fmt: skip
+    return True
+
+
 def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> DeployReport:
     p = d.plan
+    with contextlib.suppress(OSError):
+        d.restored = _save_progress(d)
     old, new = _commit(p.from_code) or "?", _commit(p.to_code) or "?"
     more = {"to_run": run, "cause": gate.why, "last_lines": gate.lines,
             "resumed_step": gate.first, "reached_step": gate.step}  # fmt: skip

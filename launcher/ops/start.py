@@ -194,6 +194,7 @@ def _watch(d: SpecDraft, cfg: Config) -> Watch:
         on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
         snapshot_interval_s=cfg.snapshot_interval_s,
         sample_interval_s=cfg.sample_interval_s,
+        checkpoint_keep_max=_or(d.checkpoint_keep_max, Watch().checkpoint_keep_max),
     )
 
 

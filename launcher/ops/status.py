@@ -31,6 +31,7 @@ from trainctl.supervisor.state import Phase
 from trainctl.supervisor.tail import last_line
 
 from . import queue
+from .deployfiles import on_probation
 from .jobs import existing_job, stop_under_way
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
@@ -123,6 +124,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         checkpoint=training.checkpoint,
         progress=training.progress,
         code_changed=training.code_changed,
+        probation=_probation(jdir, st.run),
         code=st.code,
         never_ran=st.main is None and st.supervisor is None and phase in state.TERMINAL,
         spec_changed=training.spec_changed,
@@ -222,6 +224,18 @@ class _Training:
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     spec_changed: list[str] = field(default_factory=list)
+
+
+def _probation(jdir: Path, run: int) -> str | None:
+    """The deploy that holds run ``run`` to its probation now, in words."""
+    rep = on_probation(jdir, run)
+    if rep is None or rep.probation_until is None:
+        return None
+    when = time.strftime("%H:%M:%S", time.localtime(rep.probation_until))
+    return (
+        f"deploy {rep.id}: on probation until {when} or its first complete checkpoint; "
+        "a crash or stall rolls back"
+    )
 
 
 def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: bool) -> _Training:

@@ -119,7 +119,7 @@ class DeployPlan:
     from_code: CodeRecord | None
     to_code: CodeRecord | None
     changes: list[str]  # what changed, in words (drift's lines)
-    at: str  # "checkpoint" (ask for one and wait for it) | "now"
+    at: str  # "checkpoint" (ask by signal, wait) | "next-checkpoint" (the trainer's own) | "now"
     checkpoint_glob: str | None = None
     checkpoint_signal: str = "SIGUSR2"
     newest_checkpoint: str | None = None
@@ -135,6 +135,11 @@ class DeployPlan:
     snapshot: str = "none"
     reload: bool = False
     grace_s: float | None = None
+    newest_step: float | None = None  # the newest complete checkpoint's step, now
+    resume_tolerance: float = 2.0  # the gate: first step >= the checkpoint's step - this
+    probation_s: float = 1800.0  # after the gate: until the first checkpoint, at most this
+    keep_max: int = 4 << 30  # the handed checkpoint is kept aside up to this size
+    can_at: list[str] = field(default_factory=lambda: ["now"])
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON form (`deploy --dry-run --json`, the plan file)."""
@@ -172,6 +177,10 @@ class DeployReport:
     last_lines: list[str] = field(default_factory=list)
     started_at: float = 0.0
     ended_at: float = 0.0
+    checkpoint_step: float | None = None  # the step of the checkpoint handed over
+    kept: str | None = None  # where the handed checkpoint is kept aside until probation ends
+    restored: bool = False  # the kept copy was put back (the new code overwrote it)
+    probation_until: float | None = None  # deployed, on probation until then (or a save)
 
     @property
     def ok(self) -> bool:

@@ -10,6 +10,7 @@ from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration, parse_seconds
 from trainctl.launcher.ops import deploy as ops
+from trainctl.launcher.ops import deployfiles as files
 from trainctl.launcher.results.ops import DeployPlan, DeployReport
 from trainctl.supervisor.errors import ConfigError, SpawnError
 from trainctl.supervisor.state import job_dir
@@ -24,6 +25,8 @@ def run(
     names: list[str],
     *,
     at: str | None = None,
+    resume_tolerance: str = "2",
+    probation: str | None = None,
     health: str | None = None,
     rollback: str = "auto",
     reload: bool = False,
@@ -42,11 +45,14 @@ def run(
         raise ConfigError("--health must be more than 0: the gate is the point of a deploy")
     timeout_s = parse_duration(checkpoint_timeout, "--checkpoint-timeout")
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
+    tolerance = _steps(resume_tolerance)
+    probation_s = None if probation is None else parse_duration(probation, "--probation")
 
     def plan(name: str) -> DeployPlan:
         return ops.plan_deploy(
             inv.home, name, inv.cfg, at=at, health_s=health_s, rollback=rollback,
             reload=reload, force=force, checkpoint_timeout_s=timeout_s, grace_s=grace_s,
+            resume_tolerance=tolerance, probation_s=probation_s, dry_run=dry_run,
         )  # fmt: skip
 
     if dry_run:
@@ -80,6 +86,17 @@ def run(
     )
 
 
+def _steps(raw: str) -> float:
+    """--resume-tolerance: a number of steps, 0 or more."""
+    try:
+        steps = float(raw)
+    except ValueError:
+        steps = -1.0
+    if not steps >= 0 or steps == float("inf"):
+        raise ConfigError(f"--resume-tolerance {raw!r}: expected a number of steps, 0 or more")
+    return steps
+
+
 def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
     """Hand the deploy to its deployer; follow its steps until its report is written."""
     jdir = job_dir(inv.home, plan.name)
@@ -90,18 +107,21 @@ def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
         render.line(f"deploy {plan.name} ({plan.id}): deployer pid {proc.pid}")
     try:
         while True:
-            for step in ops.read_steps(jdir, plan.id, seen):
+            for step in files.read_steps(jdir, plan.id, seen):
                 seen += 1
                 stopped = stopped or step.step != "checkpoint"
                 if not quiet:
                     render.deploy_step(step)
-            rep = ops.read_report(jdir, plan.id)
+            rep = files.read_report(jdir, plan.id)
             if rep is not None:
-                proc.wait()
+                if rep.probation_until is None:
+                    proc.wait()
+                else:  # the deployer holds the new code to its probation on its own
+                    proc.returncode = 0  # detached on purpose; init reaps it
                 if not quiet:
                     render.deploy_report(rep)
                 return rep
-            if proc.poll() is not None and ops.read_report(jdir, plan.id) is None:
+            if proc.poll() is not None and files.read_report(jdir, plan.id) is None:
                 raise SpawnError(
                     f"the deployer of {plan.name} exited ({proc.returncode}) without a report; "
                     f"see {jdir / 'events.jsonl'}"
@@ -114,9 +134,9 @@ def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
 def _interrupted(where: Path, plan: DeployPlan, pid: int, *, stopped: bool) -> DeployReport:
     """Ctrl-C: before the stop, the deploy is cancelled; after it, it goes on by itself."""
     if not stopped:
-        ops.cancel_path(where, plan.id).touch()
+        files.cancel_path(where, plan.id).touch()
         for _ in range(100):  # the deployer sees it before its stop (or is past it)
-            rep = ops.read_report(where, plan.id)
+            rep = files.read_report(where, plan.id)
             if rep is not None:
                 render.deploy_report(rep)
                 return rep

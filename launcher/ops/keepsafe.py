@@ -1,0 +1,144 @@
+"""The checkpoint a deploy hands to new code, kept safe until that code has proven itself.
+
+New code that starts over (its resume flag missing, a changed path) overwrites the
+checkpoint it was given: nanoGPT's ``ckpt.pt`` went from iteration 10,150 to 650 that
+way, and the deploy was called a success. So before anything is stopped, the handed
+checkpoint is kept aside under ``<job>/deploys/<id>.kept/``:
+
+- a reflink (``FICLONE``: btrfs, XFS, bcachefs, OverlayFS over them), which costs no
+  space and a few milliseconds whatever the size;
+- else a copy (``copy_file_range``: in-kernel, server-side on NFS 4.2), up to
+  ``checkpoint_keep_max``;
+- else, when the checkpoint is rewritten in place (a glob without wildcards), a
+  refusal before anything is stopped, since nothing would protect it.
+
+On a rollback the kept copy goes back into place if the new code changed the original,
+and the new code's own checkpoints that fell behind the handed step are moved aside (to
+``<id>.rejected/``), so the newest complete checkpoint never goes back. After the gate
+and probation pass, the kept copy is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob as globmod
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.launcher.results import Checkpoint
+from trainctl.supervisor import checkpoints
+
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """Where a checkpoint was kept aside, how, and what it cost."""
+
+    path: str
+    how: str  # "reflink" | "copy"
+    took_s: float
+    size: int
+
+
+def rewritten_in_place(pattern: str | None) -> bool:
+    """A glob without wildcards names one path the trainer writes again and again."""
+    return bool(pattern) and not globmod.has_magic(pattern or "")
+
+
+def _clone_file(src: str, dst: str) -> str:
+    """Clone ``src`` to a new ``dst``: a reflink where the file system has them."""
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        try:
+            fcntl.ioctl(fout.fileno(), FICLONE, fin.fileno())
+        except OSError:
+            pass
+        else:
+            shutil.copystat(src, dst)
+            return "reflink"
+        left = os.fstat(fin.fileno()).st_size
+        while left > 0:
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), min(left, 1 << 30))
+            if n == 0:
+                break
+            left -= n
+    shutil.copystat(src, dst)
+    return "copy"
+
+
+def clone(src: str, dst: str) -> str:
+    """Clone a checkpoint file or directory tree (symlinks kept as links, never followed
+    out of the tree); return how ("reflink" if every file was one, else "copy")."""
+    if not os.path.isdir(src):
+        return _clone_file(src, dst)
+    hows: set[str] = set()
+
+    def copy(s: str, d: str) -> str:
+        hows.add(_clone_file(s, d))
+        return d
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=copy)
+    return "copy" if "copy" in hows else "reflink"
+
+
+def keep(ck: Checkpoint, where: Path) -> Kept:
+    """Keep ``ck`` aside under ``where`` (created 0700); its name is kept."""
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    dst = where / os.path.basename(ck.path.rstrip("/"))
+    how = clone(ck.path, str(dst))
+    return Kept(str(dst), how, time.monotonic() - t0, ck.size)
+
+
+def changed_since(ck: Checkpoint) -> bool:
+    """The handed checkpoint's path no longer holds what was handed over."""
+    v = checkpoints.judge(ck.path, look_again=False)
+    return v is None or (v.mtime, v.size) != (ck.mtime, ck.size)
+
+
+def restore(kept: str, ck: Checkpoint) -> None:
+    """Put the kept copy back at the checkpoint's path: cloned beside it, then renamed
+    over it (a directory: the changed one is renamed aside first, then removed)."""
+    target = ck.path.rstrip("/")
+    tmp = f"{target}.trainctl-restore"
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(tmp) if os.path.isdir(tmp) else os.unlink(tmp)
+    clone(kept, tmp)
+    if os.path.isdir(target) and not os.path.islink(target):
+        old = f"{target}.trainctl-replaced"
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def reject_behind(cwd: str, pattern: str, since: float, step: float, tag: str) -> list[str]:
+    """Move aside the complete checkpoints written after ``since`` whose step is behind
+    ``step`` (new code that started over), so the newest complete one is the handed one
+    again. Each goes to a hidden folder beside it, ``.trainctl-rejected-TAG/`` (same file
+    system: a rename; a glob's ``*`` and ``**`` never reach a hidden folder). Returns
+    what was moved."""
+    moved = []
+    for path in checkpoints.candidates(cwd, pattern):
+        v = checkpoints.judge(path, look_again=False)
+        if v is None or v.mtime <= since or v.step is None or v.step >= step:
+            continue
+        where = Path(os.path.dirname(path.rstrip("/"))) / f".trainctl-rejected-{tag}"
+        with contextlib.suppress(OSError):
+            where.mkdir(mode=0o700, exist_ok=True)
+            os.rename(path, where / os.path.basename(path.rstrip("/")))
+            moved.append(path)
+    return moved
+
+
+def discard(kept: str | None) -> None:
+    """Remove a kept copy (the new code passed its gate and probation)."""
+    if kept is None:
+        return
+    parent = Path(kept).parent
+    shutil.rmtree(parent, ignore_errors=True)

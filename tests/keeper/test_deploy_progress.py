@@ -1,0 +1,143 @@
+"""A deploy keeps the progress (issue 46 §2-§4), on a trainer of nanoGPT's shape: no
+signal handler, ``out/ckpt.pt`` rewritten in place every SAVE_EVERY steps (a zip, as
+torch.save writes it), the step only inside the file, resume by its own flag.
+
+- new code that starts over fails the gate at its first step and is rolled back; the
+  checkpoint it overwrote in place is put back: the newest complete step never goes down;
+- new code that crashes after passing the gate is rolled back within its probation, and
+  `history` shows it;
+- `deploy --at next-checkpoint` waits for the trainer's own save (it catches no signal).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from tests.conftest import Harness, wait_for
+from tests.keeper.test_deploy import GIT, log, progress
+
+TRAINER = """\
+import json, os, sys, time, zipfile
+VERSION = 1
+MODE = "ok"
+out = sys.argv[1]
+resume = "--init_from=resume" in sys.argv or os.environ.get("TRAINCTL_RESUME_FROM")
+ckpt = os.path.join(out, "ckpt.pt")
+step = 0
+if resume and MODE != "scratch" and os.path.exists(ckpt):
+    step = json.loads(zipfile.ZipFile(ckpt).read("archive/data.pkl"))["iter_num"]
+print(f"v{VERSION} start step={step}", flush=True)
+t0 = time.time()
+while True:
+    step += 1
+    time.sleep(0.05)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if MODE == "late-crash" and time.time() - t0 > 3:
+        raise RuntimeError(f"v{VERSION}: eval blew up at step {step}")
+    early = MODE == "scratch" and step == 2  # saves before the gate can see it: in place
+    if (step % 10 == 0 and MODE != "late-crash") or early:
+        with zipfile.ZipFile(ckpt, "w") as z:
+            z.writestr("archive/data.pkl", json.dumps({"iter_num": step}) + " " * 50_000)
+"""
+
+
+def repo(h: Harness) -> Path:
+    r = h.tmp / "repo"
+    r.mkdir()
+    (r / "train.py").write_text(TRAINER)
+    subprocess.run([*GIT, "-C", str(r), "init", "-q"], check=True)
+    subprocess.run([*GIT, "-C", str(r), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(r), "commit", "-qm", "v1"], check=True)
+    return r
+
+
+def commit(r: Path, v: int, mode: str) -> None:
+    text = (r / "train.py").read_text()
+    text = text.replace(f"VERSION = {v - 1}", f"VERSION = {v}").replace(
+        'MODE = "ok"', f'MODE = "{mode}"'
+    )
+    (r / "train.py").write_text(text)
+    subprocess.run([*GIT, "-C", str(r), "commit", "-qam", f"v{v}"], check=True)
+
+
+def saved_step(out: Path) -> int:
+    data = zipfile.ZipFile(out / "ckpt.pt").read("archive/data.pkl")
+    return int(json.loads(data)["iter_num"])
+
+
+def start(h: Harness, name: str, r: Path) -> Path:
+    out = h.tmp / "out"
+    out.mkdir()
+    h.tc(
+        "start", "--name", name, "--cwd", str(r), "--grace", "5",
+        "--set", "snapshot=git", "--set", f"checkpoint={out}/ckpt.pt",
+        "--", sys.executable, "train.py", str(out),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: progress(h, name, 1) >= 25, 30, f"{name} to save twice")
+    return out
+
+
+def test_new_code_that_starts_over_is_rolled_back_and_the_checkpoint_put_back(
+    harness: Harness,
+) -> None:
+    h = harness
+    r = repo(h)
+    out = start(h, "ng", r)
+    commit(r, 2, "scratch")
+    plan = h.tc("deploy", "ng", "--dry-run", "--json", check=True).json()
+    assert plan["at"] == "next-checkpoint"  # it catches no signal: its own next save
+    res = h.tc("deploy", "ng", "--health", "30s", "--json", timeout=120)
+    assert res.rc == 1, res
+    rep = res.json()
+    assert rep["outcome"] == "rolled-back", rep
+    handed = rep["checkpoint_step"]
+    assert handed is not None
+    assert handed >= 30
+    assert rep["cause"].startswith("did not resume: started at step 1, ")
+    assert f"the checkpoint it was given is at step {handed:g}" in rep["cause"]
+    # the old code resumed from the handed step, from the very file v2 rewrote in place
+    back = rep["rollback_run"]
+    wait_for(lambda: "v1 start" in log(h, "ng", back), 20, "the rollback to start")
+    resumed = int(log(h, "ng", back).split("v1 start step=")[1].split()[0])
+    assert resumed == handed
+    wait_for(lambda: progress(h, "ng", back) > handed + 10, 30, "the rollback to train")
+    assert saved_step(out) >= handed  # never went back
+    assert rep["restored"] is True  # v2 had overwritten it at its step 2: put back
+    status = h.tc("status", "ng", "--json", check=True).json()
+    assert status["checkpoint"]["step"] >= handed
+    rows = h.tc("history", "ng", "--json", check=True).json()
+    assert any("rollback from run 2" in m for m in rows[-1]["marks"])
+    h.tc("stop", "ng", check=True)
+
+
+def test_new_code_that_crashes_after_its_gate_is_rolled_back_in_probation(
+    harness: Harness,
+) -> None:
+    h = harness
+    r = repo(h)
+    start(h, "pb", r)
+    commit(r, 2, "late-crash")
+    t0 = time.monotonic()
+    res = h.tc("deploy", "pb", "--health", "30s", "--probation", "60s", timeout=120)
+    assert res.rc == 0, res  # it passed its gate: deploy returns, on probation
+    assert "on probation until" in res.out
+    assert time.monotonic() - t0 < 60
+    status = h.tc("status", "pb", check=True).out
+    assert "probation" in status
+    # ~3 s after its start it raises: the deployer rolls back by itself
+    wait_for(lambda: h.state("pb")["run"] == 3, 60, "the rollback")
+    wait_for(lambda: "v1 start" in log(h, "pb", 3), 20, "v1 again")
+    rows = h.tc("history", "pb", "--json", check=True).json()
+    assert any("rollback from run 2" in m for m in rows[-1]["marks"]), rows
+    assert any("rolled-back" in m for m in rows[1]["marks"]), rows
+    events = (h.home / "jobs" / "pb" / "events.jsonl").read_text()
+    assert "on probation: run 2 ended" in events
+    assert "eval blew up" in events
+    h.tc("stop", "pb", check=True)
