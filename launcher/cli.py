@@ -148,6 +148,13 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     "can type into it (breakpoint(), pdb, a prompt). The log still gets all its output.",
 )
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="Return as soon as main has exec'd. By default start watches the run for 1.5 s "
+    "and, when it ended already (a missing script, a bad flag, an import error), says how, "
+    "with its last lines, and exits 1.",
+)
 @json_opt
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
@@ -175,6 +182,7 @@ def start(
     singleton: str | None,
     backfill: bool,
     tty: bool,
+    no_wait: bool,
     follow: bool,
     as_json: bool,
     argv: tuple[str, ...],
@@ -213,6 +221,7 @@ def start(
         singleton=singleton,
         backfill=backfill,
         tty=tty,
+        no_wait=no_wait,
     )
     return int(verbs.load("start").run(c, flags, follow=follow, as_json=as_json))
 

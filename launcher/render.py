@@ -24,6 +24,7 @@ from .results import (
     Checkpoint,
     CheckpointInfo,
     CheckpointSeen,
+    EndedAtOnce,
     Failure,
     GpuRelease,
     MemoryView,
@@ -166,6 +167,27 @@ def stop_doc(res: StopResult, checkpoint: CheckpointInfo | None = None) -> None:
 def status_doc(s: Status) -> None:
     """Print a status as JSON."""
     emit_json(s.to_doc())
+
+
+def ended_at_once(e: EndedAtOnce, *, shown_log: bool = False) -> None:
+    """A run that ended within `start`'s first look: how, and its last lines."""
+    code = (
+        ""
+        if e.exit_code is None or f"code {e.exit_code}" in e.cause
+        else f" (exit code {e.exit_code})"
+    )
+    if e.state == "restarting":
+        sys.stderr.write(
+            f"trainctl: {e.name} run {e.run} ended at once: {clean(e.cause)}; the restart "
+            f"policy starts it again (`trainctl status {e.name}`)\n"
+        )
+    elif e.failed:
+        sys.stderr.write(f"trainctl: {e.name} run {e.run} ended at once{code}: {clean(e.cause)}\n")
+    else:
+        print(f"{e.name} run {e.run} already ended{code}: {clean(e.cause)}")
+    if not shown_log:
+        for line in e.last_lines:
+            sys.stderr.write(f"  | {clean(line)}\n")
 
 
 def start(res: StartResult) -> None:

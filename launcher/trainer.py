@@ -85,6 +85,15 @@ def report(step: int, **metrics: Any) -> None:
         f.write(line + "\n")
 
 
+def mark_complete(path: str) -> None:
+    """Say that the checkpoint at ``path`` (a file or a folder) is complete: an empty
+    ``<path>.complete`` beside a file, or ``.complete`` inside a folder. Call it after
+    the checkpoint is written; trainctl then never takes a half-written one for it."""
+    target = os.path.join(path, ".complete") if os.path.isdir(path) else path + ".complete"
+    with open(target, "w"):
+        pass
+
+
 def run_number() -> int:
     """The run number (1 for the first run, +1 per restart); 0 outside trainctl."""
     return int(os.environ.get("TRAINCTL_RUN", "0"))

@@ -221,6 +221,9 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         TRAINCTL_HOME=str(tmp_path / "home"),
         TCTEST_MARK=mark,
         TRAINCTL_CONFIG=str(tmp_path / "config.toml"),
+        # start returns at exec, as before its first-look watch (tests/cli/test_start_watch.py
+        # tests the watch): 1.5 s on each of the suite's hundreds of starts
+        TRAINCTL_START_WATCH="0",
     )
     (tmp_path / "config.toml").write_text("")  # named, so it must exist: tests write to it
     h = Harness(tmp=tmp_path, mark=mark, env=env)

@@ -56,7 +56,7 @@ def run_log(home: Path, name: str, run: int | None, *, node: str | None = None) 
 def _last(lines: list[T], tail: int | None) -> list[T]:
     if tail is None:
         return lines
-    return lines[len(lines) - tail :] if tail else []
+    return lines[max(0, len(lines) - tail) :] if tail else []  # fewer lines than asked: all
 
 
 def _read(path: Path, tail: int | None, since_offset: int = 0) -> tuple[int, bytes]:

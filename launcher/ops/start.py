@@ -13,8 +13,8 @@ from typing import TypeVar
 
 from trainctl.launcher import backends
 from trainctl.launcher.config import HOOK_KEYS, Config
-from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
-from trainctl.launcher.results import GpuRequest, StartResult, StopResult
+from trainctl.launcher.inputs import parse_duration, parse_env, parse_seconds, parse_signal
+from trainctl.launcher.results import EndedAtOnce, GpuRequest, StartResult, StopResult
 from trainctl.launcher.results.ops import Health
 from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor import hooks, state
@@ -40,8 +40,9 @@ from trainctl.supervisor.spec import (
     Watch,
 )
 from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
+from trainctl.supervisor.tail import tail_lines
 
-from .jobs import existing_job, live_members
+from .jobs import current_phase, existing_job, live_members
 from .queue import queued_names
 from .stop import stop_job
 
@@ -423,3 +424,46 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
         return Health(window_s, died=True, cause=st.cause, last_lines=lines)
 
     return poll_until(ended, window_s, HEALTH_POLL_S) or Health(window_s)
+
+
+# How long `start` watches a new run before it returns (--no-wait: not at all). A command
+# that cannot run (`python3 nosuch.py`, a bad flag, an ImportError in the entry script)
+# ends within a few hundred ms of its exec on these machines (Python's start is ~30 ms,
+# an import error of a torch script ~1 s is the exception); 1.5 s catches those while a
+# person at the prompt barely notices, and a script that starts many jobs says --no-wait.
+START_WATCH_S = 1.5
+WATCH_VAR = "TRAINCTL_START_WATCH"  # another watch (a duration; 0: none, as --no-wait)
+
+
+def start_watch_s() -> float:
+    """How long `start` watches a new run: $TRAINCTL_START_WATCH, else START_WATCH_S."""
+    raw = os.environ.get(WATCH_VAR)
+    return START_WATCH_S if raw is None else parse_duration(raw, WATCH_VAR)
+
+
+def ended_at_once(home: Path, name: str, run: int, within_s: float) -> EndedAtOnce | None:
+    """Watch run ``run`` for up to ``within_s``; how it ended, if it did (None: it runs).
+
+    A run the restart policy is about to start again counts as ended ("restarting"):
+    the user still learns at once that their command fails."""
+    jdir = state.job_dir(home, name)
+
+    def ended() -> state.JobState | None:
+        st = state.read_state(jdir)
+        if st.run != run:
+            return st  # already restarted: run N+1 exists
+        done = current_phase(jdir, st) in state.TERMINAL or st.restart_at is not None
+        return st if done else None
+
+    st = poll_until(ended, within_s, 0.05) if within_s > 0 else ended()
+    if st is None:
+        return None
+    restarting = st.run != run or st.restart_at is not None
+    phase = "restarting" if restarting else str(current_phase(jdir, st))
+    cause = st.cause.summary if st.cause is not None else f"exit code {st.exit_code}"
+    failure = st.last_failure
+    if restarting and failure is not None and failure.cause is not None:
+        cause = failure.cause.summary
+    lines = [x.rstrip("\n")[-300:] for x in tail_lines(state.log_path(jdir, run), 4096)][-5:]
+    failed = phase == "failed" or (phase == "exited" and bool(st.exit_code))
+    return EndedAtOnce(name, run, phase, cause, st.exit_code, failed, lines)

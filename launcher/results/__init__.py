@@ -35,6 +35,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointInfo",
     "CheckpointSeen",
+    "EndedAtOnce",
     "Failure",
     "Frame",
     "GpuInventory",
@@ -305,6 +306,19 @@ class StopResult:
     def held_gpus(self) -> list[GpuRelease]:
         """The GPUs the stop could not prove released."""
         return [g for g in getattr(self.report, "gpus", []) if not g.ok]
+
+
+@record(frozen=True)
+class EndedAtOnce:
+    """A run that ended within `start`'s first look (or by the end of `start -f`)."""
+
+    name: str
+    run: int
+    state: str  # exited | failed | stopped | restarting
+    cause: str
+    exit_code: int | None
+    failed: bool
+    last_lines: list[str]
 
 
 @record(frozen=True)

@@ -11,7 +11,7 @@ from trainctl.launcher import backends, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.ops.queue import QueueAsk, dispatch
-from trainctl.launcher.ops.start import default_name, resolve_spec
+from trainctl.launcher.ops.start import default_name, ended_at_once, resolve_spec, start_watch_s
 from trainctl.launcher.results import GpuRequest, Queued
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
@@ -48,6 +48,7 @@ class StartFlags:
     singleton: str | None = None  # "name" or "spec"
     backfill: bool = False
     tty: bool = False  # --tty: main on a pseudo-terminal, for `trainctl attach`
+    no_wait: bool = False  # --no-wait: return at exec, not after the first second
 
     def ask(self) -> QueueAsk:
         """What the flags ask of the queue."""
@@ -98,6 +99,7 @@ def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
 
 def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool = False) -> int:
     """Start the job; with --follow, stream its log until it ends (Ctrl-C only detaches)."""
+    watch_s = 0.0 if f.no_wait else start_watch_s()  # a bad setting: before anything starts
     file_draft, cli = layers(f)
     draft = file_draft.merged(cli)
     if not draft.name and draft.argv:
@@ -126,11 +128,24 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         render.emit_json(got.to_doc()) if as_json else render.queued(got)
         return ExitCode.OK
     res = got
+    ended = None
+    if res.main_pid and watch_s > 0 and not follow:
+        ended = ended_at_once(inv.home, res.name, res.run, watch_s)
     if as_json:
         # "state" tells a script a start from a queued one (`"state": "queued"`)
-        render.emit_json({**asdict(res), "state": "running" if res.main_pid else "submitted"})
+        live = "running" if res.main_pid else "submitted"
+        doc = {**asdict(res), "state": ended.state if ended else live}
+        if ended is not None:
+            doc["cause"] = ended.cause
+            doc["exit_code"] = ended.exit_code
+        render.emit_json(doc)
     else:
         render.start(res)
+        if ended is not None:
+            render.ended_at_once(ended)
     if follow:
         follow_new_run(inv, spec.name, Path(res.log))
-    return ExitCode.OK
+        ended = ended_at_once(inv.home, res.name, res.run, 0.0)
+        if ended is not None and ended.failed:
+            render.ended_at_once(ended, shown_log=True)
+    return ExitCode.FAILED if ended is not None and ended.failed else ExitCode.OK

@@ -71,6 +71,25 @@ def test_logs_tail_reads_only_the_end_and_follow_starts_at_ten_lines(harness: Ha
     assert h.tc("logs", "lg", "-n", "sideways").rc == 2
 
 
+def test_logs_n_against_every_length_around_n(harness: Harness) -> None:
+    """Issue 44 §8: 10 lines asked of a 7-line log printed lines 4-6 (a negative slice).
+    Every length around N, with and without a final newline, and with -t."""
+    h = harness
+    h.tc("start", "--name", "ln", "--", "true", check=True)
+    h.tc("wait", "ln", "--timeout", "20")
+    log = h.home / "jobs" / "ln" / "logs" / "run-1.log"
+    for length in (0, 1, 2, 7, 9, 10, 11):
+        for ended in (True, False):
+            lines = [f"line {i}" for i in range(1, length + 1)]
+            log.write_text("\n".join(lines) + ("\n" if ended and lines else ""))
+            for n in {max(0, length - 1), length, length + 1, 10}:
+                want = lines[max(0, length - n) :] if n else []
+                out = h.tc("logs", "ln", "-n", str(n), check=True).out.splitlines()
+                assert out == want, (length, ended, n, out)
+    timed = h.tc("logs", "ln", "-n", "20", "-t", check=True).out.splitlines()
+    assert [x.split(" ", 2)[-1] for x in timed] == [f"line {i}" for i in range(1, 12)]
+
+
 def test_a_chatty_job_cannot_grow_its_log_without_bound(harness: Harness) -> None:
     h = harness
     Path(h.env["TRAINCTL_CONFIG"]).write_text("[supervisor]\nsnapshot_interval_s = 0.1\n")

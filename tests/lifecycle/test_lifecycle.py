@@ -231,8 +231,9 @@ def test_start_follow_streams_until_the_job_ends(harness: Harness) -> None:
         "sh",
         "-c",
         "echo one; sleep 0.3; printf 'caf\\303\\251 two\\n'; exit 3",
-        check=True,
     )
+    assert res.rc == 1, res  # issue 44 §6: the run it followed failed: so does start -f
+    assert "fol run 1 ended at once: exit code 3" in res.err
     assert "started fol run 1" in res.out
     assert "one\n" in res.out
     assert "café two\n" in res.out
