@@ -12,7 +12,7 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_env, parse_seconds, parse_signal
 from trainctl.launcher.ops.queue import QueueAsk, dispatch
 from trainctl.launcher.ops.start import default_name, ended_at_once, resolve_spec, start_watch_s
-from trainctl.launcher.results import GpuRequest, Queued
+from trainctl.launcher.results import GpuRequest, Queued, StartResult
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.spec import parse_order
@@ -127,7 +127,13 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
     if isinstance(got, Queued):
         render.emit_json(got.to_doc()) if as_json else render.queued(got)
         return ExitCode.OK
-    res = got
+    return _started(inv, got, spec.name, watch_s, follow=follow, as_json=as_json)
+
+
+def _started(
+    inv: Invocation, res: StartResult, name: str, watch_s: float, *, follow: bool, as_json: bool
+) -> int:
+    """Say the run started; watch its first moments (or follow it): how it ended, if it did."""
     ended = None
     if res.main_pid and watch_s > 0 and not follow:
         ended = ended_at_once(inv.home, res.name, res.run, watch_s)
@@ -144,7 +150,7 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         if ended is not None:
             render.ended_at_once(ended)
     if follow:
-        follow_new_run(inv, spec.name, Path(res.log))
+        follow_new_run(inv, name, Path(res.log))
         ended = ended_at_once(inv.home, res.name, res.run, 0.0)
         if ended is not None and ended.failed:
             render.ended_at_once(ended, shown_log=True)
