@@ -55,8 +55,21 @@ def step_lookup(jdir: Path, run: int) -> Callable[[float], float | None]:
     return at
 
 
-def _record(v: checkpoints.Verdict) -> Checkpoint:
-    return Checkpoint(v.path, v.mtime, v.size, step=v.step, why=v.why)
+def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:
+    return Checkpoint(user_path(spec, v.path), v.mtime, v.size, step=v.step, why=v.why)
+
+
+def user_path(spec: Spec, path: str) -> str:
+    """A checkpoint path as the user knows it: a run in a snapshot reaches its relative
+    checkpoint folder through a link to the source's (backends/local/snapshot.py), so a
+    path under the snapshot that is the source's own file is named by the source's path."""
+    if spec.source is None or not path.startswith(spec.cwd.rstrip("/") + "/"):
+        return path
+    theirs = os.path.join(spec.source, os.path.relpath(path, spec.cwd))
+    with contextlib.suppress(OSError):
+        if os.path.samefile(theirs, path):
+            return theirs
+    return path
 
 
 def checkpoint_view(
@@ -67,8 +80,8 @@ def checkpoint_view(
         return None, None
     at = step_lookup(jdir, run) if jdir is not None and run else None
     found = checkpoints.newest(spec.cwd, spec.watch.checkpoint, at)
-    done = _record(found.complete) if found.complete else None
-    partial = _record(found.partial) if found.partial else None
+    done = _record(found.complete, spec) if found.complete else None
+    partial = _record(found.partial, spec) if found.partial else None
     return done, partial
 
 

@@ -8,6 +8,7 @@ compares with the disk now and says "code changed on disk since start".
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import os
 import re
@@ -136,6 +137,7 @@ def code_version(spec: Spec, diff_to: Path | None = None) -> CodeRecord | None:
         lock_file=lock,
         lock_sha=_file_sha(lock) if lock else None,
         snapshot=None if spec.snapshot.mode == "none" else spec.snapshot.mode,
+        tree_sha=tree_sha(spec) if spec.snapshot.mode == "copy" else None,
     )
     head = _git(spec.cwd, "rev-parse", "HEAD")
     if head is not None:
@@ -189,6 +191,31 @@ def _file_sha(path: str) -> str | None:
         return None
 
 
+def tree_sha(spec: Spec) -> str:
+    """The identity of what a copy snapshot takes: every file of the source (its cwd)
+    outside ``snapshot_exclude``, by relative name, size and mtime (a stat each, not a
+    read: drift looks at it once a minute; an edit changes the mtime)."""
+    root = spec.source or spec.cwd
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not _matches(d, spec.snapshot.exclude))
+        for name in sorted(files):
+            if _matches(name, spec.snapshot.exclude):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            rel = os.path.relpath(path, root)
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode(errors="replace"))
+    return h.hexdigest()
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
 def code_version_entry(spec: Spec) -> tuple[str | None, str | None]:
     """Return the entry script and its hash, when argv names a file."""
     script = entry_script(spec)
@@ -225,6 +252,8 @@ def drift(recorded: CodeRecord | None, spec: Spec) -> list[str]:
             since = _git(spec.cwd, "diff", start) if _COMMIT.fullmatch(start) else None
             if since is None or _sha(since.encode()) != recorded.diff_sha:
                 changes.append(f"git HEAD {start[:8]} -> {head[:8] or '?'}")
+    if recorded.tree_sha is not None and tree_sha(spec) != recorded.tree_sha:
+        changes.append("files of the copied tree changed")
     if recorded.entry_sha is not None:
         _, now_sha = code_version_entry(spec)
         if now_sha != recorded.entry_sha:

@@ -26,10 +26,17 @@ class CodeRecord:
     lock_sha: str | None = None
     diff_file: str | None = None  # the uncommitted diff, kept with the run (under a cap)
     snapshot: str | None = None  # git | copy: the run executes from its own copy of the code
+    tree_sha: str | None = None  # snapshot = copy: every file the copy takes (name, size, mtime)
 
     def line(self) -> str:
-        """The code in one line: ``3f2a9c1e (dirty, snapshot git)``."""
+        """The code in one line: ``3f2a9c1e+5d41402a (dirty, snapshot git)``: the commit,
+        and the uncommitted diff's hash beside it when the tree was dirty (two runs of one
+        commit with different edits read apart)."""
         what = [self.git_head[:8]] if self.git_head else []
+        if what and self.dirty and self.diff_sha:
+            what[0] += f"+{self.diff_sha[:8]}"
+        if not what and self.tree_sha:
+            what.append(f"tree {self.tree_sha[:8]}")
         if not what and self.entry_sha:
             what.append(f"{os.path.basename(self.entry or '?')} {self.entry_sha[:8]}")
         notes = [
@@ -43,7 +50,7 @@ class CodeRecord:
     def recorded(self) -> bool:
         """Tell whether anything was recorded (neither a git tree nor an entry script:
         nothing to compare against)."""
-        return self.git_head is not None or self.entry_sha is not None
+        return self.git_head is not None or self.entry_sha is not None or self.tree_sha is not None
 
 
 @record(frozen=True)

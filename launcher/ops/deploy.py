@@ -61,6 +61,7 @@ from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.proctree import alive, scan, target_of
 from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.sections import CodeRecord
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import JobState, Phase
 from trainctl.supervisor.tail import tail_lines
@@ -330,10 +331,16 @@ class _Deploy:
         return rep
 
 
-def _commit(code: object) -> str | None:
-    head = getattr(code, "git_head", None)
-    sha = getattr(code, "entry_sha", None)
-    return (head or sha or None) and str(head or sha)[:12]
+def _commit(code: CodeRecord | None) -> str | None:
+    """The code in a deploy's lines: the commit, with the uncommitted diff's hash beside it
+    when dirty (``3f2a9c1e7b2d+5d41402a``); else the copied tree's or entry script's."""
+    if code is None:
+        return None
+    if code.git_head:
+        dirty = f"+{code.diff_sha[:8]}" if code.dirty and code.diff_sha else ""
+        return code.git_head[:12] + dirty
+    sha = code.tree_sha or code.entry_sha
+    return sha[:12] if sha else None
 
 
 def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:

@@ -8,6 +8,7 @@ newest run stands now. The steps come from each run's progress file (or log).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -17,6 +18,8 @@ from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.sections import CodeRecord
 
 from .jobs import current_phase, existing_job
 
@@ -42,11 +45,14 @@ def _num(v: object) -> float | None:
 
 
 def _code_line(ev: dict[str, Any]) -> str:
-    head = ev.get("git_head") or ""
-    sha = str(ev.get("entry_sha") or "")[:8]
-    what = str(head)[:8] if head else (f"entry {sha}" if sha else "?")
-    notes = [n for n in ("dirty" if ev.get("dirty") else "", ev.get("snapshot") or "") if n]
-    return what + (f" ({', '.join(str(n) for n in notes)})" if notes else "")
+    """A `code` event in CodeRecord.line()'s words (the diff's hash beside a dirty commit)."""
+    with contextlib.suppress(TrainctlError, TypeError, ValueError):
+        fields = {k: v for k, v in ev.items() if k in _CODE_FIELDS}
+        return build_document(CodeRecord, fields, "code event").line()
+    return "?"
+
+
+_CODE_FIELDS = {f.name for f in dataclasses.fields(CodeRecord)}
 
 
 def job_history(home: Path, name: str) -> list[HistoryRow]:

@@ -283,7 +283,12 @@ def _changes(st: state.JobState, spec: Spec, *, live: bool) -> tuple[list[str], 
     when a stat says the disk moved since (an older supervisor, one that has not looked
     yet, an `scp` a moment ago, an edited spec file)."""
     # nothing recorded at start (no git, no entry script): nothing to compare
-    fresh_code = bool(st.code) and live and (st.drift_checked_at is None or _entry_edited_since(st))
+    # a copy snapshot's code is its whole tree: an imported module's edit touches nothing
+    # the supervisor's fingerprint watches, so status looks (a stat per file)
+    tree = st.code is not None and st.code.tree_sha is not None
+    fresh_code = (
+        bool(st.code) and live and (st.drift_checked_at is None or tree or _entry_edited_since(st))
+    )
     fresh_spec = spec_file_touched(spec)
     code = list(st.code_drift) if live and not fresh_code else []
     if not (fresh_code or fresh_spec):

@@ -119,12 +119,98 @@ def make(jdir: Path, spec: Spec, run: int) -> Spec:
         top = _toplevel(src) or src
         _worktree(top, dest)
         cwd = dest / os.path.relpath(os.path.realpath(src), os.path.realpath(top))
+        outside = _git_ignored(top)
     else:
+        top = src
         ignore = shutil.ignore_patterns(*policy.exclude)
         shutil.copytree(src, dest, symlinks=True, ignore=ignore)
         cwd = dest
+        outside = _copy_excluded(src, policy.exclude)
     os.chmod(dest, 0o700)  # copytree copies the source's mode, git makes it by the umask
+    outside += _checkpoint_home(spec, src, top)
+    link_outside(top, dest, outside)
     return dataclasses.replace(spec, cwd=str(cwd.resolve()), source=src)
+
+
+# Never linked into a snapshot: the repository itself, and bytecode (a snapshot compiles
+# its own; sharing the source's __pycache__ would mix two versions' caches)
+_NEVER_LINKED = (".git", "__pycache__", "*.pyc")
+MAX_LINKS = 10_000
+
+
+def _git_ignored(top: str) -> list[str]:
+    """The git-ignored files and folders of the work tree (a folder as one entry): the
+    data, checkpoints, venvs and outputs that are in no commit, so in no worktree."""
+    res = _git(top, "ls-files", "--others", "--ignored", "--exclude-standard", "--directory")
+    if res.returncode != 0:
+        return []
+    return [p.rstrip("/") for p in res.stdout.decode(errors="replace").splitlines() if p]
+
+
+def _copy_excluded(src: str, exclude: tuple[str, ...]) -> list[str]:
+    """What `snapshot_exclude` left out of a copy, as paths relative to ``src`` (a folder
+    as one entry)."""
+    out = []
+    for folder, dirs, files in os.walk(src):
+        rel = os.path.relpath(folder, src)
+        for name in [*dirs, *files]:
+            if _excluded(name, exclude):
+                out.append(os.path.normpath(os.path.join(rel, name)))
+        dirs[:] = [d for d in dirs if not _excluded(d, exclude)]
+        if len(out) > MAX_LINKS:
+            break
+    return out
+
+
+def _checkpoint_home(spec: Spec, src: str, top: str) -> list[str]:
+    """The folder a relative `checkpoint` glob writes to (``out`` of ``out/ckpt.pt``),
+    made in the source when it is missing there and in no commit: the trainer's first
+    save then lands where the user and the next run look, not in the snapshot."""
+    pattern = spec.watch.checkpoint
+    if not pattern or os.path.isabs(pattern):
+        return []
+    fixed = []
+    for part in Path(pattern).parts[:-1]:
+        if glob_magic(part):
+            break
+        fixed.append(part)
+    if not fixed or fixed[0] == "..":
+        return []
+    folder = os.path.join(src, *fixed)
+    rel = os.path.relpath(folder, top)
+    if rel.startswith(".."):
+        return []
+    if not os.path.exists(folder):
+        tracked = _git(top, "ls-files", "--error-unmatch", rel).returncode == 0
+        if tracked:
+            return []
+        os.makedirs(folder, exist_ok=True)
+    return [os.path.relpath(os.path.join(src, fixed[0]), top)]
+
+
+def glob_magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def link_outside(top: str, dest: Path, rel_paths: list[str]) -> list[str]:
+    """Link each of ``rel_paths`` (relative to the source ``top``) into the snapshot at the
+    same place, to the source's own path: a job reads its git-ignored data and writes its
+    outputs by the same relative paths as without a snapshot, in the user's directories.
+    A path the snapshot already has (tracked code) is never replaced. Returns the links."""
+    made = []
+    for rel in sorted(set(rel_paths))[:MAX_LINKS]:
+        if (
+            rel in (".", "")
+            or rel.startswith("..")
+            or any(_excluded(part, _NEVER_LINKED) for part in Path(rel).parts)
+        ):
+            continue
+        link, target = dest / rel, os.path.join(top, rel)
+        if os.path.lexists(link) or not os.path.lexists(target) or not link.parent.is_dir():
+            continue
+        os.symlink(target, link)
+        made.append(rel)
+    return made
 
 
 def _worktree(top: str, dest: Path) -> None:
