@@ -568,6 +568,23 @@ def web(c: Invocation, port: int, bind: str, allow: str | None, open_browser: bo
 
 @cli.command()
 @click.argument("name")
+@json_opt
+@pass_ctx
+def report(c: Invocation, name: str, as_json: bool) -> int:
+    """How much of job NAME's time since its first start was productive (goodput), and
+    where the rest went: queued, start-up, restore, checkpoint saves, steps redone, down
+    between runs, stalled, deploys; and each interruption with what it cost.
+
+    \b
+    From what trainctl records (events, $TRAINCTL_PROGRESS or progress_regex): no change
+    to the training code. Without progress reporting it gives what it can and says which
+    figures need it.
+    """
+    return int(verbs.load("report").run(c, name, as_json=as_json))
+
+
+@cli.command()
+@click.argument("name")
 @click.option("--read-only", is_flag=True, help="Watch only; keys and resizes go nowhere.")
 @click.option(
     "--detach-keys",

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         DeployPlan,
         DeployReport,
         DeployStep,
+        Goodput,
         Health,
         HistoryRow,
         HostAnswer,
@@ -976,6 +977,34 @@ def deploy_report(r: DeployReport) -> None:
     sys.stderr.write(f"trainctl: {line}\n")
     for text in r.last_lines[-10:]:
         sys.stderr.write(f"  | {clean(text)}\n")
+
+
+def goodput(g: Goodput) -> None:
+    """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
+    state = "running" if g.running else "ended"
+    if g.goodput is None:
+        print(f"{g.name}: {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}")
+    else:
+        print(
+            f"{g.name}: goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} "
+            f"of {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
+        )
+    lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]
+    steps = "" if not g.steps_lost else f" ({g.steps_lost:g} steps redone)"
+    print(f"  lost      {', '.join(lost) or 'nothing'}{steps}")
+    if g.typical_step_s:
+        print(f"  step      {duration(g.typical_step_s)} typical")
+    for i in g.interruptions:
+        when = time.strftime("%m-%d %H:%M:%S", time.localtime(i.at))
+        print(
+            f"  run {i.run:<4} {when}  lost {duration(i.lost_s):>8}, {i.steps_lost:g} steps: "
+            f"{clean(i.cause)}"
+        )
+    if g.needs_progress:
+        print(
+            "  no progress reported: productive time, goodput, start-up, restore, saves and "
+            "steps redone need $TRAINCTL_PROGRESS or progress_regex (docs/training.md)"
+        )
 
 
 def history(name: str, rows: list[HistoryRow]) -> None:

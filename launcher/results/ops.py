@@ -273,3 +273,36 @@ class LogTail:
     log: str
     offset: int  # where the next read starts
     lines: list[str] = field(default_factory=list)
+
+
+@record(frozen=True)
+class Interruption:
+    """One end of a run that cost time: when, why, and what it cost."""
+
+    run: int
+    at: float
+    cause: str
+    lost_s: float  # the steps redone, the time down, the next run's restore
+    steps_lost: float
+
+
+@record(frozen=True)
+class Goodput:
+    """`trainctl report NAME`: productive time against wall time, and the lost time by
+    bucket (launcher/ops/goodput.py says how each is measured)."""
+
+    name: str
+    wall_s: float
+    productive_s: float | None  # None: the job reports no progress
+    goodput: float | None  # productive_s / wall_s, 0-1
+    lost_s: dict[str, float]
+    steps_lost: float | None
+    interruptions: list[Interruption]
+    runs: int
+    typical_step_s: float | None = None
+    needs_progress: list[str] = field(default_factory=list)  # figures that need progress
+    running: bool = False
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form (`report --json`, MCP)."""
+        return asdict(self)

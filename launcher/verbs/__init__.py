@@ -30,6 +30,7 @@ VERBS: dict[str, Verb] = {
     "restart": Verb("restart", "Stop a job (verified), then start its spec again."),
     "deploy": Verb("deploy", "Bring new code into a running job: checkpoint, gate, rollback."),
     "history": Verb("history", "One row per run of a job: code, end, deploys, rollbacks."),
+    "report": Verb("report", "Goodput: productive time, lost time by cause, interruptions."),
     "status": Verb("status", "Show one job's phase, pids, members and last log line."),
     "list": Verb("list_", "List the jobs: phase, run, main pid, members, last log line."),
     "ps": Verb("ps", "Show a job's live process tree."),

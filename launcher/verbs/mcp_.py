@@ -141,6 +141,13 @@ ONE_JOB = (
         "step, how it ended, and the deploys and rollbacks that touched it.",
     ),
     (
+        "job_report",
+        "report",
+        "A job's goodput: productive time against wall time since its first start, the lost "
+        "time by cause (start-up, restore, checkpoint saves, steps redone, down, stalled, "
+        "deploys, queued) and each interruption with its cost.",
+    ),
+    (
         "job_stack",
         "stack",
         "The Python stack of every process of a job, grouped (py-spy): what a hung or slow "

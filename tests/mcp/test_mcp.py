@@ -66,7 +66,7 @@ def test_read_only_tools_on_a_real_job_and_refusals(harness: Harness) -> None:
             assert names == {
                 "list_jobs", "job_status", "job_ps", "job_logs", "gpus", "job_stack",
                 "doctor", "plan_stop", "stop_job", "restart_job", "start_job",
-                "job_history", "deploy_job",
+                "job_history", "deploy_job", "job_report",
             }  # fmt: skip
             stop_tool = next(t for t in (await c.list_tools()).tools if t.name == "stop_job")
             assert "pkill" in (stop_tool.description or "")
@@ -100,6 +100,8 @@ def test_read_only_tools_on_a_real_job_and_refusals(harness: Harness) -> None:
             assert "--allow deploy" in said
             history = _doc(await c.call_tool("job_history", {"name": "train"}))
             assert [(r["run"], r["phase"]) for r in history] == [(1, None)]  # it runs
+            report = _doc(await c.call_tool("job_report", {"name": "train"}))
+            assert (report["runs"], report["running"]) == (1, True)
             assert _doc(await c.call_tool("job_status", {"name": "train"}))["state"] == "running"
 
     anyio.run(talk)
@@ -178,7 +180,7 @@ def test_concurrent_calls_each_get_their_own_jobs_result(harness: Harness) -> No
 def test_every_tool_refuses_a_bad_name_with_one_line(harness: Harness, name: str) -> None:
     h = harness
     tools = ("job_status", "job_ps", "job_logs", "job_stack", "plan_stop", "stop_job",
-             "restart_job", "job_history", "deploy_job")  # fmt: skip
+             "restart_job", "job_history", "deploy_job", "job_report")  # fmt: skip
 
     async def talk() -> list[str]:
         async with _session(h, "--allow", "stop,restart,start,deploy") as c:

@@ -1,0 +1,281 @@
+"""Goodput: how much of a job's time since its first start was productive, and where the
+rest went, from what trainctl already records, with no change to the user's code.
+
+Sources: ``events.jsonl`` (each run's start; its end: the moment main exited, with the
+cause; stalls; deploys; the queue's wait) and each run's progress (its
+``$TRAINCTL_PROGRESS`` lines with their ``t``, or the supervisor's timed samples of a
+``progress_regex`` step).
+
+Per run, with its progress points (time, step):
+
+- its *typical step* is the median gap between consecutive steps (over all runs);
+- **productive** time is the time in which steps advanced: each gap up to 3 typical steps
+  whole, a longer one as one typical step, less the steps that were redone afterwards;
+- a gap longer than 3 typical steps is a **checkpoint save stall**, or **stalled** when the
+  stall watchdog marked the run stalled meanwhile;
+- **start-up** (the first run, or one that did not resume) and **restore** (a run that
+  resumed) are the time from its start to its first step, less one typical step;
+- **steps redone**: at each interruption, the steps since the checkpoint the next run
+  resumed from (its first step - 1), plus the time from the last step to the end; the
+  last run, stopped, is measured against the newest complete checkpoint;
+- **down** is the time between a run's end and the next run's start (a restart backoff, a
+  person's reaction), **deploys** that time when a deploy started the next run, **queued**
+  the time the queue held the job for its GPUs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.launcher.checkpoint import newest_checkpoint
+from trainctl.launcher.results.ops import Goodput, Interruption
+from trainctl.supervisor import state
+from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.steps import number, steps_path
+
+from .jobs import current_phase, existing_job
+
+SLOW = 3.0  # a gap over this many typical steps is not a step: a save, or a stall
+BUCKETS = (
+    "queued",
+    "startup",
+    "restore",
+    "checkpoint_save",
+    "steps_redone",
+    "down",
+    "stalled",
+    "deploys",
+)
+NEEDS_PROGRESS = ("productive_s", "goodput", "startup", "restore", "checkpoint_save",
+                  "steps_redone", "steps_lost")  # fmt: skip
+
+
+@dataclass
+class _Run:
+    run: int
+    start: float
+    end: float | None = None  # main exited (None: it runs)
+    cause: str | None = None
+    stopped: bool = False  # ended by a stop (not an interruption of its own)
+    by_deploy: bool = False  # a deploy started it
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+def _events(jdir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(jdir / "events.jsonl", "rb") as f:
+            for raw in f:
+                try:
+                    doc = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and isinstance(doc.get("event"), str):
+                    out.append(doc)
+    except OSError:
+        return []
+    return out
+
+
+def _cause(doc: dict[str, Any]) -> str | None:
+    cause = doc.get("cause")
+    return cause.get("summary") if isinstance(cause, dict) else None
+
+
+def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
+    """The runs, the queue's wait, and the stalled periods, from the events."""
+    runs: dict[int, _Run] = {}
+    queued, stalls, current = 0.0, [], None
+    stalled_at: float | None = None
+    for ev in evs:
+        kind, ts = ev["event"], number(ev.get("ts")) or 0.0
+        run = ev.get("run") if isinstance(ev.get("run"), int) else current
+        if kind == "started" and isinstance(run, int):
+            current = run
+            runs[run] = _Run(run, ts)
+        elif kind == "dispatched":
+            queued += number(ev.get("waited_s")) or 0.0
+        elif kind == "main_exited" and current in runs and runs[current].end is None:
+            runs[current].end = ts
+        elif kind in ("ended", "restart_scheduled") and run in runs:
+            r = runs[run]
+            r.end = r.end or ts
+            r.cause = r.cause or _cause(ev)
+            r.stopped = (ev.get("cause") or {}).get("kind") == "stopped"
+        elif kind == "stalled":
+            stalled_at = ts
+        elif kind == "unstalled" and stalled_at is not None:
+            stalls.append((stalled_at, ts))
+            stalled_at = None
+        elif kind == "deploy" and isinstance(ev.get("to_run"), int) and ev["to_run"] in runs:
+            runs[ev["to_run"]].by_deploy = True
+    if stalled_at is not None:
+        stalls.append((stalled_at, time.time()))
+    return runs, queued, stalls
+
+
+def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
+    """(t, step) of the run, in time order: its reported lines, else timed samples."""
+    for path in (state.progress_path(jdir, run), steps_path(state.log_path(jdir, run))):
+        pts = []
+        try:
+            with open(path, "rb") as f:
+                for raw in f:
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError:
+                        continue
+                    if isinstance(doc, dict):
+                        t, step = number(doc.get("t")), number(doc.get("step"))
+                        if t is not None and step is not None:
+                            pts.append((t, step))
+        except OSError:
+            continue
+        if pts:
+            return sorted(pts)
+    return []
+
+
+def _typical(jdir: Path, runs: dict[int, _Run]) -> float | None:
+    """Read each run's progress; the median gap between steps over all runs."""
+    for r in runs.values():
+        r.points = _points(jdir, r.run)
+    gaps = [
+        b[0] - a[0]
+        for r in runs.values()
+        for a, b in itertools.pairwise(r.points)
+        if b[1] > a[1] and b[0] > a[0]
+    ]
+    return statistics.median(gaps) if gaps else None
+
+
+def _overlaps(a: float, b: float, periods: list[tuple[float, float]]) -> bool:
+    return any(s < b and e > a for s, e in periods)
+
+
+def report(home: Path, name: str) -> Goodput:
+    """The goodput of job ``name`` since its first start (or queueing)."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    runs, queued, stalls = _runs(_events(jdir))
+    if not runs:
+        raise TrainctlError(f"job {name} has no recorded run yet")
+    typical = _typical(jdir, runs)
+    ordered = [runs[k] for k in sorted(runs)]
+    live = current_phase(jdir, st) not in state.TERMINAL
+    now = time.time()
+    first = ordered[0].start - queued
+    last_end = now if live else max((r.end or r.start) for r in ordered)
+    lost = dict.fromkeys(BUCKETS, 0.0)
+    lost["queued"] = queued
+    productive = 0.0
+    steps_lost = 0.0
+    interruptions: list[Interruption] = []
+    for i, r in enumerate(ordered):
+        nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+        end = r.end if r.end is not None else (now if nxt is None and live else None)
+        productive += _steps_time(r, typical, stalls, lost)
+        _start_cost(r, i, typical, lost)
+        if nxt is not None:
+            gap = max(0.0, nxt.start - (end or nxt.start))
+            lost["deploys" if nxt.by_deploy else "down"] += gap
+        steps, redone_s = _redone(r, nxt, typical, end, final_ck=_final_ck(jdir, st, r, nxt))
+        steps_lost += steps
+        lost["steps_redone"] += redone_s
+        productive -= steps * (typical or 0.0)
+        if end is not None and (nxt is not None or not r.stopped):
+            interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s))
+    wall = max(0.0, last_end - first)
+    has_progress = typical is not None
+    return Goodput(
+        name=name,
+        wall_s=round(wall, 3),
+        productive_s=round(max(0.0, productive), 3) if has_progress else None,
+        goodput=round(max(0.0, productive) / wall, 4) if has_progress and wall > 0 else None,
+        lost_s={k: round(v, 3) for k, v in lost.items()},
+        steps_lost=steps_lost if has_progress else None,
+        interruptions=interruptions,
+        runs=len(ordered),
+        typical_step_s=None if typical is None else round(typical, 4),
+        needs_progress=[] if has_progress else list(NEEDS_PROGRESS),
+        running=live,
+    )
+
+
+def _steps_time(r: _Run, typical: float | None, stalls: list[tuple[float, float]],
+                lost: dict[str, float]) -> float:  # fmt: skip
+    """Time in which run ``r``'s steps advanced; its long gaps go to save stalls/stalled."""
+    if typical is None:
+        return 0.0
+    advancing = 0.0
+    for a, b in itertools.pairwise(r.points):
+        gap = b[0] - a[0]
+        if gap <= SLOW * typical:
+            advancing += gap
+            continue
+        advancing += typical
+        lost["stalled" if _overlaps(a[0], b[0], stalls) else "checkpoint_save"] += gap - typical
+    return advancing
+
+
+def _start_cost(r: _Run, i: int, typical: float | None, lost: dict[str, float]) -> None:
+    """Start-up (a first run, or one that did not resume) or restore (one that resumed):
+    from its start to its first step, less the step itself."""
+    if not r.points or typical is None:
+        return
+    resumed = i > 0 and r.points[0][1] > 1 + 1e-9
+    lost["restore" if resumed else "startup"] += max(0.0, r.points[0][0] - r.start - typical)
+
+
+def _interruption(
+    r: _Run, nxt: _Run | None, end: float, typical: float | None, steps: float, redone_s: float
+) -> Interruption:
+    """What run ``r``'s end cost: the steps redone, the time down, the next run's restore."""
+    down = max(0.0, nxt.start - end) if nxt else 0.0
+    restore = 0.0
+    if nxt is not None and nxt.points:
+        restore = max(0.0, nxt.points[0][0] - nxt.start - (typical or 0.0))
+    return Interruption(
+        run=r.run,
+        at=end,
+        cause=r.cause or "?",
+        lost_s=round(redone_s + down + restore, 3),
+        steps_lost=steps,
+    )
+
+
+def _final_ck(jdir: Path, st: state.JobState, r: _Run, nxt: _Run | None) -> float | None:
+    """For the last run, ended: the step of the newest complete checkpoint now."""
+    if nxt is not None or r.end is None:
+        return None
+    try:
+        ck = newest_checkpoint(state.read_spec(jdir), jdir, r.run)
+    except TrainctlError:
+        return None
+    return None if ck is None else ck.step
+
+
+def _redone(
+    r: _Run, nxt: _Run | None, typical: float | None, end: float | None, *, final_ck: float | None
+) -> tuple[float, float]:
+    """(steps, seconds) of run ``r`` thrown away at its end: the steps past the checkpoint
+    the next run resumed from (its first step - 1), and the time from its last step to
+    its end (a step in progress)."""
+    if not r.points or typical is None or end is None:
+        return 0.0, 0.0
+    last_t, last_step = r.points[-1]
+    if nxt is not None and nxt.points:
+        resumed_from = nxt.points[0][1] - 1
+    elif final_ck is not None:
+        resumed_from = final_ck
+    else:
+        return 0.0, 0.0
+    steps = max(0.0, last_step - resumed_from)
+    tail = max(0.0, end - last_t) if steps or nxt is not None else 0.0
+    return steps, steps * typical + tail

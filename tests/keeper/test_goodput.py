@@ -1,0 +1,88 @@
+"""`trainctl report` (issue 46 §7) on a scripted trainer whose time is known: 2 s of
+start-up, 0.1 s steps, a 1 s save every 50 steps, a SIGKILL of itself at step 57 in its
+first run, restarted by the policy (1 s backoff), resumed from step 50."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.conftest import Harness, wait_for
+from tests.keeper.test_deploy import progress
+
+SCRIPTED = """\
+import json, os, signal, sys, time
+ck = sys.argv[1]
+time.sleep(2.0)  # start-up: imports, data, the model
+step = int(open(ck).read()) if os.path.exists(ck) else 0
+while True:
+    step += 1
+    time.sleep(0.1)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if step % 50 == 0:
+        time.sleep(1.0)  # the save
+        with open(ck + ".tmp", "w") as f:
+            f.write(str(step))
+        os.replace(ck + ".tmp", ck)
+    if step == 57 and os.environ["TRAINCTL_RUN"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def near(got: float, want: float, what: str) -> None:
+    # 5 % of the script, plus what a busy 2-core machine adds to a process start
+    assert abs(got - want) <= 0.05 * want + 0.25, f"{what}: {got:.3f} s, script {want} s"
+
+
+def test_report_matches_the_scripted_run(harness: Harness) -> None:
+    h = harness
+    ck = h.tmp / "ckpt.txt"
+    h.tc(
+        "start", "--name", "gp", "--set", "restart=on-failure", "--set", "restart_backoff=1s",
+        "--set", f"checkpoint={ck}", "--", sys.executable, "-c", SCRIPTED, str(ck),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: h.state("gp")["run"] == 2 and progress(h, "gp", 2) >= 62, 60, "run 2")
+    h.tc("stop", "gp", check=True)
+    g = h.tc("report", "gp", "--json", check=True).json()
+    print(g)
+    assert g["steps_lost"] == 7  # 51..57 were done twice
+    lost = g["lost_s"]
+    near(lost["startup"], 2.0, "startup")
+    near(lost["restore"], 2.0, "restore")
+    near(lost["checkpoint_save"], 1.0, "checkpoint save")
+    near(lost["steps_redone"], 0.7, "steps redone")
+    near(lost["down"], 1.0, "down (the backoff)")
+    assert lost["stalled"] == lost["deploys"] == lost["queued"] == 0
+    assert g["typical_step_s"] is not None
+    near(g["typical_step_s"], 0.1, "typical step")
+    (first,) = g["interruptions"]
+    assert first["run"] == 1
+    assert first["steps_lost"] == 7
+    assert "SIGKILL" in first["cause"] or "-9" in first["cause"] or "killed" in first["cause"]
+    # productive: the steps that count (62 or so, at 0.1 s), nothing redone
+    steps_kept = progress(h, "gp", 2)
+    near(g["productive_s"], steps_kept * 0.1, "productive")
+    assert 0 < g["goodput"] < 1
+    total = g["productive_s"] + sum(lost.values())
+    near(total, g["wall_s"], "productive + lost against wall")
+    text = h.tc("report", "gp", check=True).out
+    assert "goodput 0." in text
+    assert "7 steps redone" in text
+
+
+def test_report_without_progress_and_of_an_unknown_job(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "np", "--", "sleep", "600", check=True)
+    h.tc("stop", "np", check=True)
+    g = h.tc("report", "np", "--json", check=True).json()
+    assert g["goodput"] is None
+    assert g["productive_s"] is None
+    assert "goodput" in g["needs_progress"]
+    assert g["wall_s"] > 0
+    text = h.tc("report", "np", check=True).out
+    assert "$TRAINCTL_PROGRESS or progress_regex" in text
+    res = h.tc("report", "ghost")
+    assert res.rc == 2
+    assert len(res.err.strip().splitlines()) == 1
+    assert "no job named" in res.err
