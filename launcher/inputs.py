@@ -114,8 +114,9 @@ def human_duration(secs: float) -> str:
 
     Beyond an hour the seconds are dropped: an age of "1h" should not flicker to "1h1s".
     """
-    if secs < 60:
-        return f"{secs:g}s"
+    short = float(f"{secs:.3g}")  # at most 3 significant digits: "0.999903s" is "1s"
+    if short < 60:
+        return f"{short:g}s"
     if secs < 3600:
         m, s = divmod(round(secs), 60)
         return f"{m}m{s}s" if s else f"{m}m"

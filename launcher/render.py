@@ -348,8 +348,8 @@ def _signalled_lines(r: StopReport, *, verbose: bool) -> set[int]:
         print(f"    ... and {more} more (--json names up to 64)")
     if r.exited_unsignalled and verbose:
         print(
-            f"  unsignalled {r.exited_unsignalled} exited without the signal "
-            "(their parent shut them down)"
+            f"  unsignalled {r.exited_unsignalled} exited without the signal (a parent "
+            "shut its children down, or a launcher exited once its workers were gone)"
         )
     return named
 
@@ -829,18 +829,18 @@ def progress_line(p: Progress, ended: str | None = None) -> str:
     """`step 687/2000 (34%) loss 2.0900 ▇▆▅▄▃ 3.2 steps/s ETA 6m50s`; for a run that
     ended (``ended``: its state), `stopped at step 290/500 (58%) loss ...`, no rate."""
     step, total = p.step, p.total_steps
-    parts = [
-        (f"{ended} at " if ended else "")
-        + f"step {step:g}"
-        + (f"/{total} ({100 * step / total:.0f}%)" if total and step is not None else "")
-    ]
+    past = bool(total and step is not None and step > total)
+    of_total = ""
+    if total and step is not None:
+        of_total = f"/{total} (past total)" if past else f"/{total} ({100 * step / total:.0f}%)"
+    parts = [(f"{ended} at " if ended else "") + f"step {step:g}" + of_total]
     for k, v in list(p.metrics.items())[:3]:
         parts.append(f"{k} {v:.4g}")
     if len(p.history) > 1:
         parts.append(sparkline(p.history))
     if p.steps_per_s:
         parts.append(f"{p.steps_per_s:.2f} steps/s")
-    if p.eta_s is not None:
+    if p.eta_s is not None and not past:  # past its total: no estimate means anything
         parts.append(f"ETA {duration(p.eta_s)}")
     return "  ".join(parts)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainctl.launcher import backends
-from trainctl.launcher.inputs import closest
+from trainctl.launcher.inputs import closest, human_duration
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.poll import poll_until
@@ -140,5 +140,5 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
 
     final = poll_until(ended, timeout_s, WAIT_POLL_S)
     if final is None:
-        raise TimeoutError(f"job {name} still {last[0]} after {timeout_s:g} s")
+        raise TimeoutError(f"job {name} still {last[0]} after {human_duration(timeout_s)}")
     return final

@@ -304,7 +304,7 @@ def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
     while entry_path(home, name).exists():
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            raise TimeoutError(f"job {name} still queued after {timeout_s:g} s")
+            raise TimeoutError(f"job {name} still queued after {timeout_s:.3g} s")
         # No waiter (after a reboot, or killed) for a few seconds, longer than a new
         # waiter takes to lock its entry: nothing will ever dispatch it. Say so.
         if waiter_alive(home, name):
