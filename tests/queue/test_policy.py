@@ -11,6 +11,7 @@ import pytest
 
 from trainctl.launcher.ops.queue import After, Entry, HomeView, blockers
 from trainctl.supervisor import ids, state
+from trainctl.supervisor.reports import Cause
 from trainctl.supervisor.state import JobState, Phase
 
 
@@ -73,6 +74,22 @@ def test_a_dependency_that_ended_the_other_way_can_never_be_met(home: Path) -> N
     assert "good run 1 ended exited" in got.failed
     got = blockers(HomeView(home), entry("y", "bad:any"), [], set())
     assert got.failed is None
+
+
+def test_a_dependency_that_left_the_queue_without_running_dooms_even_any(home: Path) -> None:
+    """Issue 44 §11: z's own dependency failed, so z never ran; `--after z:any` ran anyway
+    (a failed phase is 'any'). Nothing ran to be waited for: docs/queue.md says it fails."""
+    jdir = state.job_dir(home, "z")
+    jdir.mkdir(mode=0o700, parents=True)
+    never = JobState(
+        name="z", run=1, phase=Phase.FAILED, marker=ids.new_marker(), started_at=time.time(),
+        ended_at=time.time(), boot_id=state.current_boot_id(),
+        cause=Cause(kind="dependency", summary="after w:ok, but w run 1 was stopped"),
+    )  # fmt: skip
+    state.write_state(jdir, never)
+    for when in ("any", "failed", "ok"):
+        got = blockers(HomeView(home), entry("y", f"z:{when}"), [], set())
+        assert got.failed == f"after z:{when}, but z run 1 left the queue without running"
 
 
 def test_a_stopped_dependency_dooms_an_ok_dependent(home: Path) -> None:

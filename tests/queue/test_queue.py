@@ -143,6 +143,22 @@ def test_after_ok_runs_after_a_clean_exit_and_fails_when_the_dependency_fails(
     assert spans(h)["bad"][1] <= spans(h)["either"][0]
 
 
+def test_after_any_of_a_job_that_left_the_queue_without_running_fails(harness: Harness) -> None:
+    """Issue 44 §11: z never ran (its own dependency failed); y waited for z:any and ran."""
+    h = harness
+    gate = h.tmp / "gate"
+    start(h, "w", gate=gate, code=3)
+    assert start(h, "z", "--after", "w:ok", secs=0.1)["state"] == "queued"
+    assert start(h, "y", "--after", "z:any", secs=0.1)["state"] == "queued"
+    gate.touch()
+    assert h.tc("wait", "y", "--timeout", "60").rc == 1
+    doc = h.tc("status", "y", "--json").json()
+    assert isinstance(doc, dict)
+    assert doc["cause"]["kind"] == "dependency"
+    assert "z run 1 left the queue without running" in doc["cause"]["summary"]
+    assert "y" not in spans(h)  # it never ran
+
+
 def test_stop_of_a_queued_job_dequeues_it_and_nothing_starts(harness: Harness) -> None:
     h = harness
     hold_gpu_0(h, 1)

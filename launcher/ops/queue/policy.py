@@ -22,6 +22,10 @@ def _dep_verdict(h: HomeView, dep: After, queued: set[str]) -> str | None:
     st = h.state_of(dep.job)
     if st is None or st.run < dep.run or h.live(dep.job):
         return _dep_pending(h, dep, st, queued)
+    if st.main is None and st.cause is not None and st.cause.kind == "dependency":
+        # it left the queue without running (its own dependency failed): whatever the
+        # `when`, nothing ran to be waited for (docs/queue.md)
+        return f"after {dep.label()}, but {dep.job} run {st.run} left the queue without running"
     ok = st.phase == Phase.EXITED and (st.exit_code or 0) == 0
     failed = st.phase == Phase.FAILED or (st.phase == Phase.EXITED and bool(st.exit_code))
     if dep.when == "any" or (dep.when == "ok" and ok) or (dep.when == "failed" and failed):
