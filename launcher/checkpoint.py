@@ -23,7 +23,6 @@ from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import log_path, progress_path
 from trainctl.supervisor.steps import number, progress_of, steps_path
-from trainctl.supervisor.tail import tail_lines
 
 from .results import Checkpoint
 
@@ -35,24 +34,9 @@ _STEP_TAIL = 256 << 10
 def step_lookup(jdir: Path, run: int) -> Callable[[float], float | None]:
     """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines, else
     the supervisor's timed samples of a ``progress_regex`` step); None before any."""
-    points: list[tuple[float, float]] = []
-    for path in (progress_path(jdir, run), steps_path(log_path(jdir, run))):
-        for line in tail_lines(path, _STEP_TAIL):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                t, step = number(doc.get("t")), number(doc.get("step"))
-                if t is not None and step is not None:
-                    points.append((t, step))
-    points.sort()
-
-    def at(moment: float) -> float | None:
-        before = [step for t, step in points if t <= moment + 0.05]
-        return before[-1] if before else None
-
-    return at
+    return checkpoints.step_lookup(
+        [progress_path(jdir, run), steps_path(log_path(jdir, run))], _STEP_TAIL
+    )
 
 
 def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:

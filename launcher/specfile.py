@@ -240,6 +240,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "sbatch_args": _strlist,
     "restart_on": _restart_on,
     "restart_window": parse_duration,
+    "restart_no_progress": _int,
     "stall_action": _choice("mark", "restart"),
     "on_start": _hook,
     "on_exit": _hook,
@@ -302,6 +303,7 @@ class SpecDraft:
     sbatch_args: list[str] | None = None
     restart_on: list[str] | None = None
     restart_window: float | None = None
+    restart_no_progress: int | None = None
     stall_action: str | None = None
     on_start: list[str] | None = None
     on_exit: list[str] | None = None

@@ -30,6 +30,7 @@ from .sections import Adoption
 from .spawn import Spawned, job_env, spawn_main
 from .spec import Spec, spec_from_doc, spec_to_doc
 from .state import (
+    RESUME_VAR,
     JobState,
     MemberSnap,
     Phase,
@@ -107,10 +108,11 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
         raise
     progress = progress_path(jdir, run)
     _create_private(progress)
+    env = job_env(spec, jdir, marker, run, progress)
+    if ho.resume_from is not None:
+        env[RESUME_VAR] = ho.resume_from
     try:
-        spawned = spawn_main(
-            spec, job_env(spec, jdir, marker, run, progress), log_path(jdir, run), procs_fds
-        )
+        spawned = spawn_main(spec, env, log_path(jdir, run), procs_fds)
     except SpawnError:
         _restore(jdir, before, cgroup, mem)  # main never ran: a failed start changes nothing
         raise
@@ -341,6 +343,7 @@ def _record_starting(
         restarts=ho.restarts,
         last_failure=ho.last_failure,
         restart_history=ho.restart_history,
+        resumed_from=ho.resume_from,
         boot_id=current_boot_id(),
         unit=own_unit(),
         mounts_kept=ho.mounts_kept,

@@ -10,8 +10,8 @@ The kind (:class:`Cause` ``kind``) is what the supervisor saw:
 ``signal``           main was killed by a signal trainctl did not send (``signal``)
 ``oom``              the kernel's OOM killer took a process of the job (``oom_pid``,
                      ``oom_cmd``, the group's ``oom_kills`` and the cap, if one was set)
-``restarts-exhausted`` / ``crash-loop``  the restart policy gave up; ``last`` is the final
-                     run's own cause
+``restarts-exhausted`` / ``crash-loop`` / ``no-progress``
+                     the restart policy gave up; ``last`` is the final run's own cause
 ``lost``             the supervisor is gone (derived by `status`, never stored)
 ==================== ========================================================================
 

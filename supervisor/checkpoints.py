@@ -36,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .steps import number
+from .tail import tail_lines
+
 SETTLED_S = 2.0  # untouched this long: its size is as good as seen twice
 SECOND_LOOK_S = 0.25  # the pause between two looks at a file written moments ago
 MARKER = ".complete"
@@ -254,6 +257,52 @@ def newest(
         if partial is None:
             partial = v
     return Newest(None, partial)
+
+
+def complete_ones(
+    cwd: str,
+    pattern: str,
+    step_at: Callable[[float], float | None] | None = None,
+    *,
+    want: int = 2,
+    limit: int = 50,
+) -> list[Verdict]:
+    """The newest ``want`` complete checkpoints, newest first (a restart hands the newest;
+    a run that failed right after resuming from it is retried once from the one before)."""
+    out: list[Verdict] = []
+    for path in candidates(cwd, pattern)[:limit]:
+        v = judge(path)
+        if v is None or not v.complete:
+            continue
+        if v.step is None and step_at is not None:
+            v = Verdict(v.path, v.complete, v.why, v.mtime, v.size, step_at(v.mtime))
+        out.append(v)
+        if len(out) >= want:
+            break
+    return out
+
+
+def step_lookup(files: list[Path], tail_bytes: int = 256 << 10) -> Callable[[float], float | None]:
+    """The progress step at a moment, from timed JSON lines (``t`` and ``step``): a run's
+    $TRAINCTL_PROGRESS, or the supervisor's samples of a ``progress_regex`` step."""
+    points: list[tuple[float, float]] = []
+    for path in files:
+        for line in tail_lines(path, tail_bytes):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                t, step = number(doc.get("t")), number(doc.get("step"))
+                if t is not None and step is not None:
+                    points.append((t, step))
+    points.sort()
+
+    def at(moment: float) -> float | None:
+        before = [step for t, step in points if t <= moment + 0.05]
+        return before[-1] if before else None
+
+    return at
 
 
 def mark_complete(path: str) -> None:

@@ -52,6 +52,9 @@ class Handover:
     adopt: AdoptRequest | None = None
     # what the run's scope keeps mounted until it has stopped (RequiresMountsFor=)
     mounts_kept: tuple[str, ...] = ()
+    # a restart: the newest complete checkpoint ($TRAINCTL_RESUME_FROM of the new run only;
+    # the spec is not changed, so a later start or restart never hands a stale one)
+    resume_from: str | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form sent over the handshake socket."""

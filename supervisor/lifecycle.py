@@ -98,6 +98,9 @@ class StopFinished:
 
     report: StopReport
     cause: Cause | None = None
+    # the newest complete checkpoint's step when the run ended (None: none, or no glob)
+    ckpt_step: float | None = None
+    resumed_from: str | None = None  # the checkpoint the run was handed (its RESUME_FROM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +371,8 @@ class _Ending:
     reason: str  # stop | main exited | stalled
     verdict: Verdict
     fields: dict[str, Any]  # the state's fields for the end of the run: exit code, when
+    ckpt_step: float | None = None
+    resumed_from: str | None = None
 
 
 def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
@@ -385,9 +390,10 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         reason=reason,
         history=life.history,
         now=life.now,
+        ckpt_step=ev.ckpt_step,
     )
     ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
-    end = _Ending(report, cause, reason, verdict, ended)
+    end = _Ending(report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from)
     life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
     return life, [*leftover_log, *actions]
 
@@ -415,8 +421,9 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
         run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
     )
     entry = RestartEntry(
-        run=life.run, at=life.now, cause=cause.summary, kind=cause.kind, matched=end.verdict.matched
-    )
+        run=life.run, at=life.now, cause=cause.summary, kind=cause.kind,
+        matched=end.verdict.matched, ckpt_step=end.ckpt_step, resumed_from=end.resumed_from,
+    )  # fmt: skip
     history = (*life.history, entry)[-50:]
     report = dataclasses.replace(end.report, cause=cause)
     fields = {

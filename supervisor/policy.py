@@ -28,12 +28,15 @@ def decide(
     reason: str,
     history: tuple[RestartEntry, ...] = (),
     now: float = 0.0,
+    ckpt_step: float | None = None,
 ) -> Verdict:
     """Whether to relaunch after a run ended with ``cause``.
 
     ``reason``: "stop" (a user stopped it: never restarted), "main exited" (main ended on
     its own), "stalled" (the watchdog stopped it because ``on_stall = "restart"``).
-    ``history``: the restarts made so far (when each was made), for ``restart_window``.
+    ``history``: the restarts made so far (when each was made, and the newest complete
+    checkpoint's step at each failure), for ``restart_window`` and the breaker on progress.
+    ``ckpt_step``: the newest complete checkpoint's step now (None: unknown).
     """
     r = spec.restart
     if reason == "stalled":
@@ -55,12 +58,29 @@ def decide(
         matched = _matched(spec, cause)
         if matched is None:
             return Verdict(False, _not_listed(spec, cause))
-    over = _over_budget(spec, restarts, history, now)
+    over = _no_progress(spec, history, ckpt_step) or _over_budget(spec, restarts, history, now)
     if over is not None:
         return over
     if not cleaned_up:
         return Verdict(False, "the failed run left processes or GPU memory behind; not relaunching")
     return Verdict(True, matched=matched)
+
+
+def _no_progress(
+    spec: Spec, history: tuple[RestartEntry, ...], ckpt_step: float | None
+) -> Verdict | None:
+    """The breaker on progress: the last ``no_progress`` restarts all failed with the same
+    newest complete checkpoint as the failure before them: they are looping on it."""
+    k = spec.restart.no_progress
+    if not k or ckpt_step is None or len(history) < k:
+        return None
+    if any(h.ckpt_step != ckpt_step for h in history[-k:]):
+        return None
+    return Verdict(
+        False,
+        f"no progress: {k} restarts, all from step {ckpt_step:g} (restart_no_progress)",
+        gave_up="no-progress",
+    )
 
 
 def _over_budget(

@@ -73,6 +73,8 @@ class RestartEntry:
     cause: str | None = None  # the failed run's cause, as a line
     kind: str | None = None
     matched: str | None = None  # the restart_on entry it met
+    ckpt_step: float | None = None  # the newest complete checkpoint's step when it failed
+    resumed_from: str | None = None  # the checkpoint the failed run was handed
 
 
 def signal_name(num: int) -> str:

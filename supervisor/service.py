@@ -25,7 +25,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import causes, control, ids, memory, systemd
+from . import causes, checkpoints, control, ids, memory, systemd
 from . import lifecycle as lc
 from .errors import TrainctlError
 from .gpu.verify import fresh_baselines
@@ -37,10 +37,13 @@ from .spawn import Spawned
 from .spec import Spec, StopOrder
 from .stacks import before_kill_writer
 from .state import (
+    RESUME_VAR,
     JobState,
     error_file,
     log_path,
+    progress_path,
 )
+from .steps import steps_path
 from .stop import run_stop
 from .terminal import Terminal, log_appender
 from .watchers import Watchers
@@ -232,7 +235,42 @@ class Supervisor(Watchers):
                 memory.remove(self._memory_group(), self._target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
             self._stamper.step()  # the times of the last lines (in the loop: one writer)
-        self.send(lc.StopFinished(report, cause))
+            ones = []
+            if not self.life.user_stop:  # the breaker on progress needs the newest step
+                ones = await anyio.to_thread.run_sync(self._complete_checkpoints)
+        step = ones[0].step if ones else None
+        resumed = self.state.resumed_from or self.spec.env.get(RESUME_VAR)
+        self.send(lc.StopFinished(report, cause, ckpt_step=step, resumed_from=resumed))
+
+    def _complete_checkpoints(self) -> list[checkpoints.Verdict]:
+        """The two newest complete checkpoints (never raises: a checkpoint folder that
+        cannot be read costs the breaker on progress its figure, not the stop)."""
+        pattern = self.spec.watch.checkpoint
+        if not pattern:
+            return []
+        run = self.state.run
+        files = [progress_path(self.jdir, run), steps_path(log_path(self.jdir, run))]
+        try:
+            return checkpoints.complete_ones(
+                self.spec.cwd, pattern, checkpoints.step_lookup(files), want=2
+            )
+        except OSError:
+            return []
+
+    def _resume_target(self) -> tuple[str | None, str | None]:
+        """(the checkpoint the next run is handed, the one skipped): the newest complete
+        one; the one before it, once, when the failed run was handed the newest and failed
+        before it saved anything newer (a checkpoint it cannot resume from)."""
+        ones = self._complete_checkpoints()
+        if not ones:
+            return None, None
+        newest = ones[0]
+        handed = self.state.resumed_from or self.spec.env.get(RESUME_VAR)
+        failed_on_it = handed == newest.path
+        tried = {h.resumed_from for h in self.life.history}
+        if failed_on_it and len(ones) > 1 and ones[1].path not in tried:
+            return ones[1].path, newest.path
+        return newest.path, None
 
     def _analyse_safely(self) -> Cause | None:
         """The analysis, or None (the plain exit-code cause) if it breaks: a log or error
@@ -296,6 +334,10 @@ class Supervisor(Watchers):
     async def _relaunch(self, failure: Failure) -> None:
         st = self.state
         failure = dataclasses.replace(failure, at=time.time())
+        resume, skipped = await anyio.to_thread.run_sync(self._resume_target)
+        if skipped is not None:
+            self.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
+                             why="the run failed right after resuming from it")  # fmt: skip
         leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
         handover = Handover(
             run=st.run + 1,
@@ -304,6 +346,7 @@ class Supervisor(Watchers):
             restarts=st.restarts + 1,
             last_failure=failure,
             restart_history=self.life.history,
+            resume_from=resume,  # a complete checkpoint, never a partial one
         )
         self.listener.close()  # the new supervisor binds the socket path itself
         home = self.jdir.parent.parent
@@ -321,6 +364,8 @@ class Supervisor(Watchers):
             run=handover.run,
             main_pid=reply.main_pid,
             restarts=handover.restarts,
+            resume_from=resume,
+            skipped=skipped,
         )
         self.send(lc.Relaunched())
 

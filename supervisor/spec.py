@@ -74,6 +74,9 @@ class RestartPolicy:
     # crash-loop breaker: at most max_restarts restarts within any window this long
     # (None: max_restarts over the job's whole life)
     window_s: float | None = None
+    # the breaker on progress: this many restarts in a row that never advanced the newest
+    # complete checkpoint end the job (0: off)
+    no_progress: int = 3
 
 
 @record(frozen=True)

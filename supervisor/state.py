@@ -132,6 +132,7 @@ class JobState:
     gpus: tuple[GpuLease, ...] = ()
     restarts: int = 0  # automatic relaunches so far (restart policy)
     last_failure: Failure | None = None  # the failed run the restart policy answered
+    resumed_from: str | None = None  # the checkpoint a restart handed this run
     # each automatic restart so far (newest last, at most 50)
     restart_history: tuple[RestartEntry, ...] = ()
     cause: Cause | None = None  # why the run ended (supervisor/causes.py)
@@ -250,6 +251,10 @@ def open_append(path: Path) -> int:
 def stacks_path(jdir: Path, run: int, moment: str) -> Path:
     """Where the Python stacks of run ``run`` at ``moment`` (stall, before-kill) go."""
     return jdir / "stacks" / f"run-{run}.{moment}.json"
+
+
+# the checkpoint a run is handed: a deploy's, a restart's (`trainer.resume_from()` reads it)
+RESUME_VAR = "TRAINCTL_RESUME_FROM"
 
 
 def helper_env(marker: str) -> dict[str, str]:

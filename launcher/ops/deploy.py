@@ -81,7 +81,7 @@ from .plan import at_options
 from .start import reloaded_spec, restart_job
 from .stop import ask_checkpoint
 
-RESUME_VAR = "TRAINCTL_RESUME_FROM"
+RESUME_VAR = state.RESUME_VAR
 DEPLOY_VAR = "TRAINCTL_DEPLOY"  # the deploy's id, in the new run's environment
 DEFAULT_HEALTH_S = 600.0
 DEFAULT_RESUME_TOLERANCE = 2.0  # steps: a trainer may report its save's step +-1

@@ -140,5 +140,5 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
 
     final = poll_until(ended, timeout_s, WAIT_POLL_S)
     if final is None:
-        raise TimeoutError(f"job {name} still {last[0]} after {human_duration(timeout_s)}")
+        raise TimeoutError(f"job {name} still {last[0]} after {human_duration(timeout_s or 0.0)}")
     return final

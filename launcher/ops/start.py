@@ -182,6 +182,7 @@ def _restart_policy(d: SpecDraft) -> RestartPolicy:
         exit_codes=None if d.restart_exit_codes is None else tuple(d.restart_exit_codes),
         on=tuple(d.restart_on or ("failure",)),
         window_s=d.restart_window,
+        no_progress=_or(d.restart_no_progress, 3),
     )
 
 
