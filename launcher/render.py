@@ -853,6 +853,15 @@ def _gpu_lines(s: Status) -> None:
         print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
 
 
+def _stall_lines(s: Status) -> None:
+    if s.stall_deadline_s is not None:
+        print(f"  stall deadline {duration(s.stall_deadline_s)} (stall_timeout = auto: learned)")
+    if s.stalled_for_s is not None:
+        print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
+        if s.stall_stacks:
+            print(f"  stacks at the stall: {s.stall_stacks} (now: trainctl stack {s.name})")
+
+
 def _checkpoint_lines(ck: CheckpointSeen) -> None:
     at = "" if ck.step is None else f"step {ck.step:g}, "
     if ck.path:
@@ -894,10 +903,7 @@ def _status_details(s: Status) -> None:
     if s.progress:
         print(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
     _changed_lines(s)
-    if s.stalled_for_s is not None:
-        print(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
-        if s.stall_stacks:
-            print(f"  stacks at the stall: {s.stall_stacks} (now: trainctl stack {s.name})")
+    _stall_lines(s)
     if s.error:
         print(f"  note {clean(s.error)}")
 

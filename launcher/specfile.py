@@ -43,6 +43,13 @@ def _text(v: object, what: str) -> str:
     return str(v)
 
 
+def _stall_timeout(v: object, what: str) -> float | str:
+    """A duration, or "auto": a deadline the supervisor learns from the run's steps."""
+    if v == "auto":
+        return "auto"
+    return parse_duration(v, what)
+
+
 def _bool(v: object, what: str) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{what}: expected true or false")
@@ -226,7 +233,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "checkpoint_keep_max": _size,
     "progress_regex": _regex,
     "total_steps": _int,
-    "stall_timeout": parse_duration,
+    "stall_timeout": _stall_timeout,
     "restart": _choice("never", "on-failure"),
     "max_restarts": _int,
     "restart_backoff": parse_duration,
@@ -289,7 +296,7 @@ class SpecDraft:
     checkpoint_keep_max: int | None = None
     progress_regex: str | None = None
     total_steps: int | None = None
-    stall_timeout: float | None = None
+    stall_timeout: float | str | None = None  # seconds, or "auto"
     restart: str | None = None
     max_restarts: int | None = None
     restart_backoff: float | None = None

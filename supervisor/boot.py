@@ -106,13 +106,8 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
         _close_all(procs_fds)
         _restore(jdir, before, cgroup, mem)
         raise
-    progress = progress_path(jdir, run)
-    _create_private(progress)
-    env = job_env(spec, jdir, marker, run, progress)
-    if ho.resume_from is not None:
-        env[RESUME_VAR] = ho.resume_from
     try:
-        spawned = spawn_main(spec, env, log_path(jdir, run), procs_fds)
+        spawned = spawn_main(spec, _run_env(jdir, spec, ho), log_path(jdir, run), procs_fds)
     except SpawnError:
         _restore(jdir, before, cgroup, mem)  # main never ran: a failed start changes nothing
         raise
@@ -313,6 +308,16 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     fds.clear()
+
+
+def _run_env(jdir: Path, spec: Spec, ho: Handover) -> dict[str, str]:
+    """The job's environment for run ``ho.run``; a restart's checkpoint to resume from."""
+    progress = progress_path(jdir, ho.run)
+    _create_private(progress)
+    env = job_env(spec, jdir, ho.marker, ho.run, progress)
+    if ho.resume_from is not None:
+        env[RESUME_VAR] = ho.resume_from
+    return env
 
 
 def _create_private(path: Path) -> None:

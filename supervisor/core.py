@@ -33,6 +33,7 @@ from .reports import Cause
 from .roster import Roster
 from .spawn import Spawned, exit_code_of
 from .spec import Spec
+from .stall import StallLearner
 from .state import (
     JobState,
     Phase,
@@ -107,13 +108,8 @@ class SupervisorCore:
         lock_fd: int,
     ) -> None:
         self.listener = listener
-        self.jdir, self.spec, self.state, self.spawned, self.cgroup = (
-            jdir,
-            spec,
-            state,
-            spawned,
-            cgroup,
-        )
+        self.jdir, self.spec, self.state = jdir, spec, state
+        self.spawned, self.cgroup = spawned, cgroup
         self.log = _configure_events(jdir, spec.name)
         self.lock_fd = lock_fd
         self.life = lc.Life(restarts=state.restarts, run=state.run, history=state.restart_history)
@@ -140,6 +136,7 @@ class SupervisorCore:
         self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
         self._terminal: Terminal | None = None  # `--tty`: main's pty (see service.run)
         self._stamper = LogStamper(log_path(jdir, state.run))  # when the log grew
+        self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:

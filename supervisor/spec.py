@@ -88,6 +88,7 @@ class Watch:
     progress_regex: str | None = None
     total_steps: int | None = None
     stall_timeout_s: float | None = None
+    stall_auto: bool = False  # stall_timeout = "auto": a deadline learned from the run (stall.py)
     on_stall: str = "mark"  # "mark" | "restart"
     snapshot_interval_s: float = 3.0
     sample_interval_s: float = 10.0  # the samples `trainctl web` draws (supervisor/samples.py)

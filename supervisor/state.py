@@ -133,6 +133,7 @@ class JobState:
     restarts: int = 0  # automatic relaunches so far (restart policy)
     last_failure: Failure | None = None  # the failed run the restart policy answered
     resumed_from: str | None = None  # the checkpoint a restart handed this run
+    stall_deadline_s: float | None = None  # stall_timeout = "auto": the deadline learned
     # each automatic restart so far (newest last, at most 50)
     restart_history: tuple[RestartEntry, ...] = ()
     cause: Cause | None = None  # why the run ended (supervisor/causes.py)

@@ -22,7 +22,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import handoff, logs, memory, procfs, samples, steps
+from . import checkpoints, handoff, logs, memory, procfs, samples, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, TrainctlError
@@ -94,8 +94,6 @@ class Watchers(ControlServer):
             pause = min(pause * 2, self.spec.watch.snapshot_interval_s)
             self.reap()
             self._rebind(why="the socket file was gone")
-            if self._check_stall():
-                await self._write_stall_stacks()
             self._sample_steps()
             if self.life.stage is not lc.Stage.RUNNING:
                 continue
@@ -272,6 +270,9 @@ class Watchers(ControlServer):
         pace = logs.Pace(self.spec.logs.max_bytes, STAMP_S)
         while True:
             self._stamper.step()
+            # the stall watchdog looks here too: a learned deadline is seconds, not minutes
+            if self._check_stall():
+                await self._write_stall_stacks()
             size = await self._bound_log()
             await anyio.sleep(pace.next_look(size, time.monotonic()))
 
@@ -295,16 +296,42 @@ class Watchers(ControlServer):
             return 0
         return logs.size_of(log)
 
-    def _check_stall(self) -> bool:
-        """Mark or clear STALLED; True the moment a stall is first seen."""
-        timeout = self.spec.watch.stall_timeout_s
-        if not timeout or self.life.stage is not lc.Stage.RUNNING:
-            return False
-        st = self.state
+    def _stall_idle(self) -> tuple[float, float, bool]:
+        """(when the run last wrote, how long it has been quiet, whether that is a stall)."""
+        st, now = self.state, time.time()
         progress = progress_path(self.jdir, st.run)
         last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
-        idle = time.time() - last
-        if idle < timeout:
+        if not self.spec.watch.stall_auto:
+            timeout = self.spec.watch.stall_timeout_s or 0.0
+            return last, now - last, now - last >= timeout
+        ckpt = self._newest_checkpoint_mtime()
+        learner = self._stall_learner
+        learner.observe(last, ckpt)
+        deadline = learner.deadline_s
+        if deadline is not None and (
+            st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
+        ):
+            self._observe(stall_deadline_s=round(deadline, 2))
+        return last, now - last, learner.stalled_for(now, ckpt) is not None
+
+    def _newest_checkpoint_mtime(self) -> float:
+        pattern = self.spec.watch.checkpoint
+        if not pattern:
+            return 0.0
+        found = checkpoints.candidates(self.spec.cwd, pattern)[:1]
+        return mtime(Path(found[0])) if found else 0.0
+
+    def _check_stall(self) -> bool:
+        """Mark or clear STALLED; True the moment a stall is first seen."""
+        watch = self.spec.watch
+        if (
+            not (watch.stall_timeout_s or watch.stall_auto)
+            or self.life.stage is not lc.Stage.RUNNING
+        ):
+            return False
+        st = self.state
+        last, idle, stalled = self._stall_idle()
+        if not stalled:
             if st.stalled_since is not None:
                 self._observe(stalled_since=None)
                 self.log.info("unstalled")

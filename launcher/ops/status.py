@@ -120,6 +120,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         restart_in_s=None if st.restart_at is None else round(max(0.0, st.restart_at - now), 1),
         stalled_for_s=None if st.stalled_since is None else round(now - st.stalled_since, 1),
         stall_stacks=_stall_stacks(jdir, st),
+        stall_deadline_s=st.stall_deadline_s,
         slurm=seen.slurm,
         checkpoint=training.checkpoint,
         progress=training.progress,

@@ -392,6 +392,7 @@ class Status:
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     probation: str | None = None  # a deploy holds the run to its probation: until when
+    stall_deadline_s: float | None = None  # stall_timeout = "auto": the learned deadline
     source: str | None = None  # the run executes from a snapshot of this directory
     never_ran: bool = False  # recorded, but nothing of it ever ran (a doomed dependent)
     code: CodeRecord | None = None  # the code the run started with (and where it runs from)

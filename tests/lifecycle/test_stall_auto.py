@@ -1,0 +1,76 @@
+"""`stall_timeout = "auto"` (issue 46 §8): the deadline is learned from the run's own
+steps, so a hung rank is seen in seconds; a save that takes far longer than a step (the
+checkpoint being written) is never called a stall."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from tests.conftest import Harness, wait_for
+
+# 0.1 s steps; every 20 steps a 5 s save that writes its file as it goes (as torch.save
+# does), then reports the next step. Runs until stopped.
+SAVER = """\
+import json, os, sys, time
+ck = sys.argv[1]
+os.makedirs(ck, exist_ok=True)
+step = 0
+while True:
+    step += 1
+    time.sleep(0.1)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if step % 20 == 0:
+        with open(os.path.join(ck, f"step_{step:06d}.pt"), "wb") as f:
+            for _ in range(10):  # 5 s of writing
+                f.write(b"w" * 4096)
+                f.flush()
+                time.sleep(0.5)
+"""
+
+
+def _events(h: Harness, name: str) -> list[str]:
+    path = h.home / "jobs" / name / "events.jsonl"
+    return [json.loads(x)["event"] for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_learned_deadline_sees_a_hung_rank_and_never_a_save(harness: Harness) -> None:
+    h = harness
+    ck = h.tmp / "ck"
+    h.tc(
+        "start", "--name", "sa", "--set", "stall_timeout=auto",
+        "--set", f"checkpoint={ck}/step_*.pt",
+        "--", sys.executable, "-c", SAVER, str(ck),
+        check=True,
+    )  # fmt: skip
+    # two saves of 5 s each, with 20 steps around them: never a stall
+    wait_for((ck / "step_000040.pt").exists, 60, "two saves")
+    wait_for(lambda: h.state("sa")["stall_deadline_s"] is not None, 30, "a learned deadline")
+    time.sleep(5.5)  # the second save runs to its end
+    assert "stalled" not in _events(h, "sa")
+    deadline = h.state("sa")["stall_deadline_s"]
+    assert deadline < 5, deadline  # learned from the steps, not from the 5 s saves
+    assert "stall deadline " in h.tc("status", "sa").out  # status shows the learned one
+    # a hung rank: SIGSTOP of main (ours: it carries the test's marker)
+    pid = h.state("sa")["main"]["pid"]
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "stalled" in _events(h, "sa"), 30, "the stall")
+        seen = time.monotonic() - stopped_at
+        assert seen < deadline + 3, seen  # the deadline and a look or two, not minutes
+        wait_for(lambda: "stacks_written" in _events(h, "sa"), 30, "the stacks")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    h.tc("stop", "sa", check=True)
+
+
+def test_stall_timeout_takes_auto_or_a_duration(harness: Harness) -> None:
+    h = harness
+    res = h.tc("start", "--name", "x", "--set", "stall_timeout=sometimes", "--", "true")
+    assert res.rc == 2
+    assert len(res.err.strip().splitlines()) == 1
