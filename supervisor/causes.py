@@ -213,6 +213,9 @@ def job_reason(
     text, rank, source = None, None, None
     if ef is not None:
         text, rank, source = ef.text, ef.rank, "torchelastic"
+    own_exit = _root_exit(tail, root_rank, tb)
+    if text is None and own_exit is not None:
+        text, rank, source = own_exit, root_rank, "log"
     if text is None and tb is not None:
         text = tb[0]
         source = source or "log"
@@ -229,6 +232,8 @@ def job_reason(
             text, source = line, "log"
         if rank is None:
             rank = line_rank  # c10d prefixes its watchdog lines with [rankN]:
+    if rank is None and text and (inside := _RANK_IN_TEXT.search(text)):
+        rank = int(inside.group(1))  # "[Rank 1] Watchdog caught collective operation timeout"
     return Reason(
         text=text,
         klass=klass,
@@ -237,6 +242,26 @@ def job_reason(
         at=ef.at if ef else None,
         exit_code=ef.exit_code if ef else None,
     )
+
+
+def _root_exit(tail: str, root_rank: int | None, tb: tuple[str, int | None] | None) -> str | None:
+    """The root-cause rank's own exit, when it left no traceback of its own: torchrun's
+    Root Cause block names it (``rank: 1 ... exitcode: -9``), and a peer's traceback is
+    only the consequence (``Connection closed by peer``): `rank 1 killed by SIGKILL`."""
+    found = _ROOT_CODE.search(tail)
+    if root_rank is None or found is None:
+        return None
+    own = tb is not None and tb[1] == root_rank
+    maybe_own = tb is not None and tb[1] is None and not _CONSEQUENTIAL.search(tb[0])
+    if own or maybe_own:
+        return None  # its own traceback (or one that may be its own and is no consequence)
+    code = int(found.group(1))
+    if code < 0:
+        return f"rank {root_rank} killed by {signal_name(-code)} (exit code {code})"
+    return f"rank {root_rank} exited with code {code}, with no traceback of its own"
+
+
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")
 
 
 def _class_in_tail(
@@ -249,7 +274,10 @@ def _class_in_tail(
         if klass is not None:
             m = _RANK_PREFIX.match(raw)
             line = (raw[m.end() :] if m else raw).strip()[:REASON_CHARS]
-            return klass, line, int(m.group(1)) if m else None
+            # an NCCL watchdog names its rank inside its text: "[Rank 1] Watchdog caught..."
+            inside = _RANK_IN_TEXT.search(line)
+            rank = int(m.group(1)) if m else (int(inside.group(1)) if inside else None)
+            return klass, line, rank
     return None, None, None
 
 

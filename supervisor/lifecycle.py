@@ -451,10 +451,15 @@ def _end(life: Life, end: _Ending) -> Outcome:
     else:
         # an adopted main's end is `exited`: its exit code is unknown, not a failure
         final = Phase.EXITED if cause.kind in ("clean", "unknown") else Phase.FAILED
+    fields: dict[str, Any] = {}
     if verdict.gave_up:
+        # the run the policy gave up on is the last failure now, not the one before it
+        fields["last_failure"] = Failure(
+            run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
+        )
         cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why)
     report = dataclasses.replace(end.report, cause=cause)
-    fields = {**end.fields, "last_stop": report, "cause": cause}
+    fields = {**end.fields, **fields, "last_stop": report, "cause": cause}
     actions: list[Action] = []
     if verdict.why:
         actions.append(Log("not_restarting", {"why": verdict.why}))

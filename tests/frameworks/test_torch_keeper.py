@@ -149,3 +149,37 @@ def test_an_nccl_watchdog_timeout_names_its_rank(harness: Harness) -> None:
     cause = res.json()["cause"]  # type: ignore[index]
     assert cause["reason_class"] == "nccl-timeout", cause
     assert cause["rank"] == 1, cause
+
+
+def test_a_sigkilled_rank_is_the_cause_not_its_peers_broken_pipe(harness: Harness) -> None:
+    """Issue 44 §5: `kill -9` of rank 1's worker under torchrun without @record: rank 0
+    then dies of the closed connection. The cause is rank 1's own end."""
+    h = harness
+    out = h.tmp / "out"
+    out.mkdir()
+    h.tc(
+        "start", "--name", "k9", "--cwd", str(h.tmp), "--env", "OMP_NUM_THREADS=1",
+        "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", f"--master-port={free_port()}",
+        str(TREES / "torch_train.py"), str(out),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: all((out / f"rank{r}.ready").exists() for r in range(2)), 90, "ranks")
+    pids = h.job_pids("k9")
+    main = h.state("k9")["main"]["pid"]
+
+    def ppid(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+    rank1 = next(  # torchrun's own child (not a DataLoader worker) with LOCAL_RANK=1
+        pid
+        for pid in pids
+        if ppid(pid) == main
+        and b"LOCAL_RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    )
+    kill_verified(rank1, pids[rank1])  # ours: a worker of this test's own job
+    res = h.tc("wait", "k9", "--json", timeout=120)
+    assert res.rc != 0, res
+    cause = res.json()["cause"]  # type: ignore[index]
+    assert cause["reason"] == "rank 1 killed by SIGKILL (exit code -9)", cause
+    assert cause["rank"] == 1
+    assert "Connection closed" not in cause["summary"]

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import Harness, alive, kill_verified, wait_for
 from tests.helpers import one_line_error
+from trainctl.supervisor.causes import job_reason
 
 FAILS = textwrap.dedent(
     """
@@ -163,6 +164,11 @@ def test_restart_on_an_exit_code_and_the_crash_loop_breaker(harness: Harness) ->
     assert doc["run"] == 3
     assert doc["cause"]["kind"] == "crash-loop"
     assert "3 failures within 10m" in doc["cause"]["summary"]
+    # issue 44 §5: the last failure is the run the policy gave up on, not the one before
+    st = h.tc("status", "loop", "--json").json()
+    assert isinstance(st, dict)
+    assert st["last_failure"]["run"] == 3, st["last_failure"]
+    assert "last failure: run 3" in h.tc("status", "loop").out
 
 
 def test_a_lost_run_says_lost(harness: Harness) -> None:
@@ -251,3 +257,53 @@ def test_an_nccl_watchdog_abort_names_the_rank_of_its_lines(harness: Harness) ->
     assert cause["reason_class"] == "nccl-timeout", cause
     assert cause["rank"] == 1, cause
     assert "(rank 1)" in cause["summary"]
+
+
+ROOT_KILLED_LOG = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "train.py", line 40, in <module>
+[rank0]:     dist.all_reduce(t)
+[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer
+E1203 10:00:01 torch/distributed/elastic/multiprocessing/api.py: failed (exitcode: -9)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_10:00:01
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_10:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4243)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4243
+============================================================
+"""
+
+
+def test_a_root_cause_rank_without_a_traceback_is_its_own_exit(tmp_path: Path) -> None:
+    """Issue 44 §5: rank 1 SIGKILLed; rank 0's 'Connection closed by peer' is only the
+    consequence. The reason is rank 1's own exit, as torchrun's Root Cause block says."""
+    log = tmp_path / "run-1.log"
+    log.write_text(ROOT_KILLED_LOG)
+    r = job_reason(log, None, 0.0, {})
+    assert r.text == "rank 1 killed by SIGKILL (exit code -9)", r
+    assert r.rank == 1
+
+
+def test_a_watchdog_line_that_names_its_rank_only_in_its_text(tmp_path: Path) -> None:
+    log = tmp_path / "run-1.log"
+    log.write_text(
+        "step 10\n[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n"
+    )
+    r = job_reason(log, None, 0.0, {})
+    assert r.klass == "nccl-timeout", r
+    assert r.rank == 1, r
