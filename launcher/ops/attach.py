@@ -7,6 +7,7 @@ keyboard and the screen are the verb's (launcher/verbs/attach.py).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,3 +113,13 @@ def last_stop(home: Path, name: str) -> StopReport | SlurmStopReport | None:
         return state.read_state(existing_job(home, name)).last_stop
     except TrainctlError:
         return None
+
+
+def still_served(home: Path, name: str) -> bool:
+    """The job's run and its supervisor live: a connection it closed was this viewer's
+    alone (dropped for lagging), not the supervisor's end."""
+    with contextlib.suppress(TrainctlError, OSError):
+        jdir = state.job_dir(home, name)
+        st = state.read_state(jdir)
+        return state.supervisor_alive(jdir, st) and st.phase not in state.TERMINAL
+    return False

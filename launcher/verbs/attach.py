@@ -23,7 +23,7 @@ from typing import Any
 
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
-from trainctl.launcher.ops.attach import Attached, attach, last_stop
+from trainctl.launcher.ops.attach import Attached, attach, last_stop, still_served
 from trainctl.supervisor import terminal as wire
 from trainctl.supervisor.errors import ConfigError
 
@@ -61,9 +61,16 @@ class DetachMatcher:
     held: bytes = b""
 
     def feed(self, data: bytes) -> tuple[bytes, bool]:
-        """Return (the bytes for the job, whether the sequence was completed)."""
+        """Return (the bytes for the job, whether the sequence was completed).
+
+        The prefix typed twice sends it once to the job (tmux's send-prefix, screen's
+        ``C-a a``): a job that needs Ctrl-\\ still gets it."""
         out = bytearray()
         for b in data:
+            if len(self.seq) > 1 and self.held == self.seq[:1] and bytes([b]) == self.held:
+                out += self.held
+                self.held = b""
+                continue
             held = self.held + bytes([b])
             if self.seq.startswith(held):
                 if held == self.seq:
@@ -123,8 +130,8 @@ class _Session:
     def run(self) -> Outcome:
         self.sel.register(self.att.sock, selectors.EVENT_READ, self._on_sock)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_winch)
-        if not self.read_only:
-            self.sel.register(0, selectors.EVENT_READ, self._on_keys)
+        # a read-only viewer's keys go nowhere, but its detach keys still detach
+        self.sel.register(0, selectors.EVENT_READ, self._on_keys)
         old_wake = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         old_winch = signal.signal(signal.SIGWINCH, lambda *_: None)
         try:
@@ -175,7 +182,7 @@ class _Session:
             self.sel.unregister(0)
             return None
         out, detached = self.matcher.feed(data)
-        if out:
+        if out and not self.read_only:
             self._send(wire.INPUT, out)
         if detached:
             self._send(wire.DETACH)
@@ -230,8 +237,14 @@ def _report(home: Path, name: str, outcome: Outcome) -> int:
     if outcome.how == "detached":
         _say(f"detached from {name}; it keeps running (trainctl attach {name} to come back)")
         return ExitCode.OK
+    if outcome.how == "lost" and still_served(home, name):
+        outcome = Outcome("dropped")  # the supervisor closed on us, and lives: we lagged
     if outcome.how == "dropped":
-        _say(f"detached from {name}: this terminal fell too far behind its output")
+        _say(
+            f"detached from {name}: this terminal fell too far behind its output (a burst it "
+            f"could not keep up with); {name} keeps running: trainctl attach {name} to come "
+            "back, or trainctl logs -f for the whole output"
+        )
         return ExitCode.FAILED
     if outcome.how == "lost":
         _say(f"the connection to {name}'s supervisor was lost; `trainctl status {name}`")

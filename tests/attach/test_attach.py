@@ -210,8 +210,15 @@ def test_detach_keys_and_frames() -> None:
     assert m.feed(b"abc") == (b"abc", False)
     assert m.feed(b"x\x1c") == (b"x", False)  # held: it may be the start of the sequence
     assert m.feed(b"q") == (b"\x1cq", False)  # it was not: both go to the job
+    # the prefix twice sends it once (tmux's send-prefix): it is not the start of a detach
     assert m.feed(b"\x1c\x1c") == (b"\x1c", False)
-    assert m.feed(b"d") == (b"", True)
+    assert m.feed(b"d") == (b"d", False)
+    assert m.feed(b"\x1cd") == (b"", True)
+    custom = DetachMatcher(parse_detach_keys("ctrl-a,x"))
+    assert custom.feed(b"\x01\x01x") == (b"\x01x", False)
+    assert custom.feed(b"\x01x") == (b"", True)
+    single = DetachMatcher(parse_detach_keys("ctrl-q"))  # one key: it always detaches
+    assert single.feed(b"a\x11") == (b"a", True)
     r = FrameReader()
     wire = frame(OUTPUT, b"hello") + frame(INPUT, b"")
     assert r.feed(wire[:3]) == []
@@ -233,3 +240,53 @@ def test_a_spec_files_tty_and_custom_detach_keys(harness: Harness) -> None:
     assert "got \x01q" in log_of(h, "fromspec")  # the held ^A went through with its q
     assert h.tc("status", "fromspec").rc == 0
     assert h.tc("stop", "fromspec").rc == 0
+
+
+def test_a_read_only_viewer_detaches_with_the_keys_and_types_nothing(harness: Harness) -> None:
+    """Issue 44 §9: a --read-only viewer could not detach with the detach keys."""
+    h = harness
+    start_tty(h, "ro", ECHO)
+    wait_for(lambda: "ready" in log_of(h, "ro"), 20, "the job")
+    viewer = _attach_proc(h, "ro", "--read-only")
+    _, err = viewer.communicate(b"typed\n\x1cd", timeout=20)
+    assert viewer.returncode == 0, err
+    assert b"detached from ro; it keeps running" in err
+    time.sleep(0.3)
+    assert "got typed" not in log_of(h, "ro")  # a viewer's keys go nowhere
+    assert h.tc("status", "ro").rc == 0
+    assert h.tc("stop", "ro").rc == 0
+
+
+BURST = """
+import os, sys, time
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+sys.stdout.write(("x" * 99 + "\\n") * 50_000)  # 5 MB at once
+sys.stdout.flush()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_viewer_that_falls_behind_is_told_so_and_how_to_come_back(harness: Harness) -> None:
+    """Issue 44 §9: dropped for lagging behind a 5 MB burst, the viewer said 'supervisor
+    lost' (exit 4). It fell behind: it says so, and how to attach again."""
+    h = harness
+    go = h.tmp / "go"
+    h.tc(
+        "start", "--name", "lag", "--tty", "--grace", "5", "--", sys.executable, "-c", BURST,
+        str(go), check=True,
+    )  # fmt: skip
+    wait_for(lambda: "ready" in log_of(h, "lag"), 20, "the job")
+    viewer = _attach_proc(h, "lag", "--read-only")
+    time.sleep(0.5)
+    go.touch()  # its stdout is a pipe nobody reads yet: it falls behind
+    wait_for(lambda: len(log_of(h, "lag")) > 4_000_000, 30, "the burst")
+    time.sleep(2)
+    _, err = viewer.communicate(timeout=30)
+    assert viewer.returncode == 1, err[-500:]
+    assert b"fell too far behind" in err
+    assert b"trainctl attach lag to come back" in err
+    assert h.tc("status", "lag").rc == 0  # the job runs on
+    assert h.tc("stop", "lag").rc == 0
