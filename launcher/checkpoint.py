@@ -19,10 +19,12 @@ from pathlib import Path
 
 from trainctl.supervisor import checkpoints
 from trainctl.supervisor.errors import ProcessTreeError
+from trainctl.supervisor.logtimes import read_stamps
 from trainctl.supervisor.poll import poll_until
 from trainctl.supervisor.spec import Spec
 from trainctl.supervisor.state import log_path, progress_path
 from trainctl.supervisor.steps import number, progress_of, steps_path
+from trainctl.supervisor.tail import read_end
 
 from .results import Checkpoint
 
@@ -31,12 +33,44 @@ NEXT_SAVE_POLL_S = 0.1  # --at next-checkpoint: the save is seen within this (a 
 _STEP_TAIL = 256 << 10
 
 
-def step_lookup(jdir: Path, run: int) -> Callable[[float], float | None]:
-    """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines, else
-    the supervisor's timed samples of a ``progress_regex`` step); None before any."""
-    return checkpoints.step_lookup(
+def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[float], float | None]:
+    """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines; for a
+    ``progress_regex``, the log's lines timed by its stamps (supervisor/logtimes.py), else
+    the supervisor's samples); None before any."""
+    timed = checkpoints.step_lookup(
         [progress_path(jdir, run), steps_path(log_path(jdir, run))], _STEP_TAIL
     )
+    if not regex:
+        return timed
+    points = _log_steps(log_path(jdir, run), re.compile(regex))
+
+    def at(moment: float) -> float | None:
+        before = [step for t, step in points if t <= moment + 0.05]
+        return before[-1] if before else timed(moment)
+
+    return at
+
+
+def _log_steps(log: Path, rx: re.Pattern[str]) -> list[tuple[float, float]]:
+    """(time, step) of the log's last lines that ``rx`` matches, each timed by the stamp
+    of the look that first saw it (within 0.5 s)."""
+    stamps = read_stamps(log)
+    if not stamps.times:
+        return []
+    data, _ = read_end(log, _STEP_TAIL)
+    try:
+        size = log.stat().st_size
+    except OSError:
+        return []
+    offset = size - len(data)
+    out = []
+    for raw in data.split(b"\n"):
+        offset += len(raw) + 1
+        nums = progress_of(raw.decode(errors="replace"), rx)
+        at = stamps.time_of(offset - 1)
+        if nums is not None and at is not None:
+            out.append((at, nums["step"]))
+    return out
 
 
 def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:
@@ -62,7 +96,7 @@ def checkpoint_view(
     """(the newest complete checkpoint, a newer partial one) of the spec's glob."""
     if not spec.watch.checkpoint:
         return None, None
-    at = step_lookup(jdir, run) if jdir is not None and run else None
+    at = step_lookup(jdir, run, spec.watch.progress_regex) if jdir is not None and run else None
     found = checkpoints.newest(spec.cwd, spec.watch.checkpoint, at)
     done = _record(found.complete, spec) if found.complete else None
     partial = _record(found.partial, spec) if found.partial else None
@@ -134,11 +168,13 @@ def wait_next_save(
         time.sleep(min(NEXT_SAVE_POLL_S, left))
 
 
-def with_step(ck: Checkpoint | None, jdir: Path, run: int) -> Checkpoint | None:
+def with_step(
+    ck: Checkpoint | None, jdir: Path, run: int, regex: str | None = None
+) -> Checkpoint | None:
     """``ck`` with its step from the run's progress when its name carries none."""
     if ck is None or ck.step is not None:
         return ck
-    return dataclasses.replace(ck, step=step_lookup(jdir, run)(ck.mtime))
+    return dataclasses.replace(ck, step=step_lookup(jdir, run, regex)(ck.mtime))
 
 
 def first_step(jdir: Path, run: int, spec: Spec) -> float | None:

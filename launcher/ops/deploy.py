@@ -427,7 +427,7 @@ def _checkpoint_step(d: _Deploy, spec: Spec) -> DeployReport | None:
         if d.checkpoint is None:
             return d.report("failed", f"job {p.name} is not running any more; nothing stopped")
         d.say("checkpoint", f"checkpoint {d.checkpoint.path} written")
-    d.checkpoint = with_step(d.checkpoint, d.jdir, p.from_run)
+    d.checkpoint = with_step(d.checkpoint, d.jdir, p.from_run, spec.watch.progress_regex)
     if cancel_path(d.jdir, p.id).exists():
         return d.report("cancelled", "cancelled before the stop; nothing changed")
     return None
@@ -541,7 +541,7 @@ def _gate(d: _Deploy, run: int) -> _Gate:
         stepped = _gate_by_steps(d, run, st, spec, seen)
         if stepped is not None:
             return stepped
-        ck = with_step(newest_checkpoint(spec), d.jdir, run)
+        ck = with_step(newest_checkpoint(spec), d.jdir, run, spec.watch.progress_regex)
         if ck is not None and ck.mtime > t0:
             if ck.step is not None and (behind := _behind(d, ck.step, "saved")) is not None:
                 return _Gate(False, behind, first, step, last_lines())
@@ -601,7 +601,7 @@ def _probation_verdict(d: _Deploy, run: int, since: float, until: float) -> _Gat
         if health is not None:
             return health
         spec = state.read_spec(d.jdir)
-        ck = with_step(newest_checkpoint(spec), d.jdir, run)
+        ck = with_step(newest_checkpoint(spec), d.jdir, run, spec.watch.progress_regex)
         if ck is not None and ck.mtime > since:
             behind = None if ck.step is None else _behind(d, ck.step, "saved")
             if behind is not None:

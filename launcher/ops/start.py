@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from trainctl.launcher import backends
+from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.config import HOOK_KEYS, Config
 from trainctl.launcher.inputs import parse_duration, parse_env, parse_seconds, parse_signal
 from trainctl.launcher.results import EndedAtOnce, GpuRequest, StartResult, StopResult
@@ -399,9 +400,21 @@ def restart_job(
             GpuRequest(spec.gpu.indices + ",") if spec.gpu.indices else None
         )
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
+        if respec is None:  # a plain restart resumes from the newest complete checkpoint,
+            env = _resume_env(env, spec, jdir, st.run)  # as the stop just left it
         new = dataclasses.replace(spec, env=env)
         started = start_locked(home, jdir, new, cfg, gpus, keep_cwd=keep_cwd)
     return stopped, started
+
+
+def _resume_env(env: dict[str, str], spec: Spec, jdir: Path, run: int) -> dict[str, str]:
+    """``env`` with $TRAINCTL_RESUME_FROM naming the newest complete checkpoint (none:
+    unset, never a stale one from an earlier restart or deploy)."""
+    out = {k: v for k, v in env.items() if k != state.RESUME_VAR}
+    ck = newest_checkpoint(spec, jdir, run) if spec.watch.checkpoint else None
+    if ck is not None:
+        out[state.RESUME_VAR] = ck.path
+    return out
 
 
 HEALTH_POLL_S = 0.05
