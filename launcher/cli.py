@@ -698,15 +698,25 @@ def top(c: Invocation, interval: str, once: bool, as_json: bool, all_hosts: bool
 
 @cli.command()
 @ALL_HOSTS
+@click.option(
+    "--clear",
+    metavar="N",
+    type=int,
+    help="Mark GPU N healthy again (after a reset): runs may be handed it again.",
+)
 @json_opt
 @pass_ctx
-def gpus(c: Invocation, all_hosts: bool, as_json: bool) -> int:
+def gpus(c: Invocation, all_hosts: bool, clear: int | None, as_json: bool) -> int:
     """Show every GPU: memory, utilisation, the job leasing it, and who is on it.
 
     Each process is owned by a job (found by its marker), `foreign` (no marker), or
-    `orphan` (the marker of a job that is no longer running). Without an NVIDIA driver it
-    prints one line and exits 0.
+    `orphan` (the marker of a job that is no longer running). A GPU that took a reset-
+    or reboot-class fault (its Xid, NVIDIA's action) shows `unhealthy: Xid 79 at 03:12`
+    and is handed to no run until a reboot (reboot class) or `--clear N`. Without an
+    NVIDIA driver it prints one line and exits 0.
     """
+    if clear is not None:
+        return int(verbs.load("gpus").clear(c, clear, as_json=as_json))
     return int(verbs.load("gpus").run(c, as_json=as_json, all_hosts=all_hosts))
 
 

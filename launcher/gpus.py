@@ -18,6 +18,7 @@ from trainctl.supervisor.gpu import (
     Gpu,
     GpuBackend,
     NoDriverError,
+    health,
     open_backend,
 )
 from trainctl.supervisor.gpu.verify import fd_scan, holders_of
@@ -130,9 +131,9 @@ def resolve_gpus(
         parsed = _parse(request, gpus)
         leasable = [g for g in gpus if g.leasable]
         candidates = leasable if isinstance(parsed, int) else parsed
-        busy: dict[str, str] = {}
+        busy = _unhealthy(home, candidates)  # reset- or reboot-class faults: never handed out
         fds = fd_scan(backend)
-        for g in candidates:
+        for g in [g for g in candidates if g.uuid not in busy]:
             try:
                 holders = holders_of(g, backend, fds)
             except GpuError as e:  # this GPU's process list fails: it is not free
@@ -161,6 +162,20 @@ def resolve_gpus(
         return [GpuLease(g.index, g.uuid, g.name, g.memory_used_bytes, g.mig) for g in chosen]
     finally:
         backend.close()
+
+
+def _unhealthy(home: Path, candidates: list[Gpu]) -> dict[str, str]:
+    """{uuid: why} of the candidates a reset- or reboot-class fault made unhealthy."""
+    sick = health.unhealthy(home)
+    busy = {}
+    for g in candidates:
+        bad = sick.get(g.index)
+        if bad is not None and bad.uuid in (None, g.uuid):
+            busy[g.uuid] = (
+                f"GPU {g.label} is {bad.line()}; `trainctl gpus --clear {g.index}` once the "
+                "driver shows it healthy again"
+            )
+    return busy
 
 
 def _count_of(n: int, gpus: list[Gpu], leasable: list[Gpu], busy: dict[str, str]) -> list[Gpu]:
@@ -252,6 +267,7 @@ def gpu_inventory(home: Path) -> GpuInventory:
     try:
         markers, leased = known_markers(home)
         fds = fd_scan(backend)
+        sick = health.unhealthy(home)
         out = []
         for g in backend.gpus():
             procs: list[GpuHolder] = []
@@ -279,6 +295,7 @@ def gpu_inventory(home: Path) -> GpuInventory:
                     g.persistence,
                     g.ecc_uncorrected,
                     error,
+                    sick[g.index].line() if g.index in sick else None,
                 )
             )
         return GpuInventory(backend.driver(), out)

@@ -705,6 +705,8 @@ def gpus(inv: GpuInventory) -> None:
     d = inv.driver
     print(f"driver {d.driver_version or '?'}  NVML {d.nvml_version or '?'}")
     for v in inv.views:
+        if v.unhealthy is not None:
+            print(f"GPU {v.label}  {term.paint(v.unhealthy.upper()[:9], 'red')}{v.unhealthy[9:]}")
         if v.error is not None:
             print(f"GPU {v.label}  {term.paint('ERROR', 'red')}: {v.error}")
             continue

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Run the benchmarks of docs/performance.md (installs `supervisor` for the
 # side-by-side `supervisorctl status` figure). Arguments go to bench_stop.py;
-# `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--web` the web
+# `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--goodput`
+# trainctl against plain torchrun under one fault schedule (scripts/bench_goodput.py), `--web` the web
 # page's and the samples' (scripts/bench_web.py), `--fleet` the
 # --all-hosts one (tests/remote/bench_fleet.py, on the remote tests' sshd).
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
 if [ "${1:-}" = "--deploy" ]; then
   exec python "$ROOT/scripts/bench_deploy.py"
+fi
+if [ "${1:-}" = "--goodput" ]; then  # a real torchrun job under faults (the torch extra)
+  EXTRAS=test . "$(dirname "$0")/_venv.sh"
+  exec python "$ROOT/scripts/bench_goodput.py"
 fi
 if [ "${1:-}" = "--web" ]; then  # the web page and the samples (needs the web extra)
   _pip "$ROOT[web]" --config-settings editable_mode=strict

@@ -89,6 +89,16 @@ class Stalled:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuLost:
+    """A leased GPU took a reset- or reboot-class fault: the run cannot go on on it.
+
+    ``summary``: ``GPU 2 lost (Xid 79: reboot needed)``; ``advice``: how to go on."""
+
+    summary: str
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StopFinished:
     """The stop sequence ended with ``report``.
 
@@ -127,7 +137,16 @@ class Observed:
     durable: bool = True
 
 
-Event = MainExited | StopRequested | Stalled | StopFinished | BackoffElapsed | Relaunched | Observed
+Event = (
+    MainExited
+    | StopRequested
+    | Stalled
+    | GpuLost
+    | StopFinished
+    | BackoffElapsed
+    | Relaunched
+    | Observed
+)
 
 # ---------------------------------------------------------------- actions
 
@@ -245,6 +264,7 @@ class Life:
     joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
     report: StopReport | None = None  # the final answer, once the run has ended
     now: float = 0.0  # the time of the event being handled (set by the caller)
+    gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
 
 
 CANCELLED = StopReport(
@@ -272,8 +292,12 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
     return _timer(life, ev, spec)
 
 
-def _timer(life: Life, ev: Stalled | BackoffElapsed, spec: Spec) -> Outcome:
-    """The watchdog and the backoff: each matters in one stage only."""
+def _timer(life: Life, ev: Stalled | GpuLost | BackoffElapsed, spec: Spec) -> Outcome:
+    """The watchdogs and the backoff: each matters in one stage only."""
+    if isinstance(ev, GpuLost) and life.stage is Stage.RUNNING:
+        # leader-first, as any stop: the healthy ranks get their grace to checkpoint
+        life = dataclasses.replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
+        return _begin_stop(life, "gpu fault", RunStop("gpu fault", spec.stop.grace_s, None))
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
         life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
         return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
@@ -357,6 +381,10 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
         return causes.stopped(life.stop_by, life.main_code, grace)
     if life.stop_reason == "stalled":
         return causes.stopped("stall watchdog", life.main_code, grace)
+    if life.stop_reason == "gpu fault" and life.gpu_lost is not None:
+        lost = life.gpu_lost
+        summary = f"{lost.summary}; {lost.advice}" if lost.advice else lost.summary
+        return Cause(kind="gpu", summary=summary, gpu=lost.summary, exit_code=life.main_code)
     if ev.cause is not None:
         return ev.cause
     return causes.ended_on_its_own(life.main_code, None, causes.Reason())

@@ -12,7 +12,11 @@ before :data:`LEARN_GAPS` step gaps were seen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoints import candidates
 
 FACTOR = 4.0  # a small multiple of the longest normal gap between steps
 FLOOR_S = 2.0  # never a deadline under this (the look itself is every 0.5 s)
@@ -57,3 +61,45 @@ class StallLearner:
             return None  # a save is under way: its folder is being written
         idle = now - self.last_activity
         return idle if idle >= deadline else None
+
+
+@dataclass
+class CheckpointWatch:
+    """The newest checkpoint's mtime, looked at cheaply every 0.5 s: the glob runs again
+    only when a folder it matched in changed (a file made, renamed or removed); otherwise
+    one stat of the newest path (a save in place changes its mtime). On a folder of 1,000
+    checkpoints that is a few stats a look instead of a glob and 1,000 stats (6 ms)."""
+
+    cwd: str
+    pattern: str
+    _dirs: dict[str, float] = field(default_factory=dict)
+    _newest: str | None = None
+
+    def newest_mtime(self) -> float:
+        """The newest checkpoint's mtime (0.0: none)."""
+        if self._stale():
+            found = candidates(self.cwd, self.pattern)
+            self._newest = found[0] if found else None
+            roots = {os.path.dirname(p) for p in found[:50]} | {self._root()}
+            self._dirs = {d: _mtime(d) for d in roots}
+        return _mtime(self._newest) if self._newest else 0.0
+
+    def _root(self) -> str:
+        fixed = []
+        for part in Path(self.pattern).parts[:-1]:
+            if any(c in part for c in "*?["):
+                break
+            fixed.append(part)
+        return os.path.join(self.cwd, *fixed)
+
+    def _stale(self) -> bool:
+        if not self._dirs or "**" in self.pattern:
+            return True
+        return any(_mtime(d) != seen for d, seen in self._dirs.items())
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

@@ -26,7 +26,9 @@ from . import checkpoints, handoff, logs, memory, procfs, samples, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, TrainctlError
+from .gpu import health, xid
 from .gpu.watch import GpuWatch
+from .gpu.xid import Fault
 from .logs import rotate_if_big
 from .logtimes import STAMP_S
 from .proctree import Member, alive, scan, scan_light
@@ -218,7 +220,7 @@ class Watchers(ControlServer):
         """The Xid wait (a daemon thread): each fault is handed to the event loop."""
         while True:
             try:
-                faults = watch.wait_xid(XID_WAIT_S)
+                faults: list[str | Fault] = [*watch.wait_xid(XID_WAIT_S)]
             except GpuError as e:
                 faults = [f"the Xid watch stopped: {e}"]
                 watch.xids = None
@@ -276,10 +278,40 @@ class Watchers(ControlServer):
             size = await self._bound_log()
             await anyio.sleep(pace.next_look(size, time.monotonic()))
 
-    def _gpu_fault(self, fault: str) -> None:
-        """Record a GPU fault of the run (events, state; the cause if the run dies of it)."""
-        self.log.warning("gpu_fault", fault=fault)
-        self._observe(add=(("gpu_faults", (fault,), 20),))
+    def _gpu_fault(self, fault: str | Fault) -> None:
+        """Record a GPU fault of the run (events, state; the cause if the run dies of it),
+        classed by NVIDIA's action (gpu/xid.py). A reset- or reboot-class one marks the GPU
+        unhealthy in the home (no run is handed it) and stops the run: its healthy ranks
+        get their grace to checkpoint; the hung ones are ended at grace end, stacks first."""
+        if isinstance(fault, str):
+            self.log.warning("gpu_fault", fault=fault)
+            self._observe(add=(("gpu_faults", (fault,), 20),))
+            return
+        line = fault.line(time.strftime("%H:%M:%S"))
+        action = xid.ACTION_WORDS[fault.klass]
+        self.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
+                         klass=fault.klass, action=action)  # fmt: skip
+        self._observe(add=(("gpu_faults", (line,), 20),))
+        if fault.unhealthy:
+            self._gpu_unhealthy(fault, action)
+
+    def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
+        """Mark the GPU unhealthy in the home; stop the run that cannot go on on it."""
+        leases = self.state.gpus
+        uuid = next((g.uuid for g in leases if g.index == fault.gpu), None)
+        with contextlib.suppress(OSError, TrainctlError):
+            health.record(self.jdir.parent.parent, fault, uuid, self.spec.name)
+        if self.life.stage is not lc.Stage.RUNNING:
+            return
+        code = f"Xid {fault.xid}: " if fault.xid is not None else ""
+        healthy = [g.label for g in leases if g.index != fault.gpu]
+        advice = (
+            f"to go on on {len(healthy)} GPU(s): trainctl start {self.spec.name} --gpus "
+            f"{','.join(healthy)}, (and a process count to match)"
+            if healthy
+            else "no other GPU of the run is left"
+        )
+        self.send(lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice))
 
     async def _bound_log(self) -> int:
         """Rotate the log past its cap (the copy in a thread); return its size now."""

@@ -510,6 +510,7 @@ class GpuView:
     persistence: bool | None = None
     ecc_uncorrected: int | None = None
     error: str | None = None  # this GPU could not be read (lost, a failing call)
+    unhealthy: str | None = None  # "unhealthy: Xid 79 at 03:12 (reboot needed)"
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form (each process without its marker)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.gpus import gpu_inventory
-from trainctl.supervisor.errors import GpuError
-from trainctl.supervisor.gpu import NoDriverError
+from trainctl.supervisor.errors import ConfigError, GpuError
+from trainctl.supervisor.gpu import NoDriverError, health
 
 from . import Invocation
 
@@ -48,3 +48,18 @@ def _all_hosts(*, as_json: bool) -> int:
     else:
         render.fleet_gpus(answers)
     return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
+
+
+def clear(inv: Invocation, index: int, *, as_json: bool = False) -> int:
+    """`gpus --clear N`: GPU N is healthy again (a person says so, after a reset)."""
+    if index < 0:
+        raise ConfigError(f"--clear {index}: a GPU index is 0 or more")
+    was = health.unhealthy(inv.home).get(index)
+    cleared = health.clear(inv.home, index)
+    if as_json:
+        render.emit_json({"gpu": index, "cleared": cleared, "was": was.line() if was else None})
+    elif cleared:
+        render.line(f"GPU {index} is marked healthy again (it was {was.line() if was else '?'})")
+    else:
+        render.line(f"GPU {index} was not marked unhealthy; nothing changed")
+    return ExitCode.OK

@@ -14,21 +14,8 @@ from dataclasses import dataclass, field
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.state import GpuLease
 
-from . import GpuBackend, XidSource, open_backend
-
-# Xids that mean the GPU (not the job) failed; the rest are recorded as they come.
-XID_MEANING = {
-    48: "double-bit ECC error",
-    63: "row remap pending",
-    64: "row remap failure",
-    74: "NVLink error",
-    79: "fallen off the bus",
-    92: "high single-bit ECC rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP timeout",
-    120: "GSP error",
-}
+from . import GpuBackend, XidSource, open_backend, xid
+from .xid import Fault
 
 
 @dataclass(slots=True)
@@ -60,23 +47,24 @@ class GpuWatch:
             raise
         return watch
 
-    def wait_xid(self, timeout_s: float) -> list[str]:
-        """Wait up to ``timeout_s`` for an Xid on a leased GPU; the faults seen, as lines."""
+    def wait_xid(self, timeout_s: float) -> list[Fault]:
+        """Wait up to ``timeout_s`` for an Xid on a leased GPU; the faults seen, classed by
+        NVIDIA's action table (xid.py)."""
         if self.xids is None:
             time.sleep(timeout_s)
             return []
         got = self.xids.wait(timeout_s)
         if got is None:
             return []
-        index, xid = got
+        index, code = got
         if index not in {g.index for g in self.leases}:
             return []
-        meaning = XID_MEANING.get(xid)
-        return [f"GPU {index} Xid {xid}{f' ({meaning})' if meaning else ''} at {_hhmm()}"]
+        return [xid.classify(index, code)]
 
-    def sample(self) -> list[str]:
-        """Read the leased GPUs' memory and ECC counts; new faults, as lines."""
-        faults = []
+    def sample(self) -> list[str | Fault]:
+        """Read the leased GPUs' memory and ECC counts; new faults (a GPU the driver cannot
+        reach is lost: a reboot-class fault)."""
+        faults: list[str | Fault] = []
         self.sampled_at = time.time()
         ours = {g.uuid for g in self.leases}
         indices = {g.index for g in self.leases}
@@ -89,7 +77,7 @@ class GpuWatch:
                 continue
             if gpu.error is not None and gpu.index not in self.ecc:
                 self.ecc[gpu.index] = -1  # said once
-                faults.append(f"{gpu.error} at {_hhmm()}")
+                faults.append(xid.lost(gpu.index, gpu.error))
             count = gpu.ecc_uncorrected
             if count is None:
                 continue

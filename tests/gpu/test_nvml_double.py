@@ -308,7 +308,10 @@ def test_mig_two_instances_and_a_job_on_one(harness: Harness) -> None:
     assert h.tc("stop", "m0").rc == 0
 
 
-def test_an_xid_during_a_run_is_seen_and_becomes_the_cause(harness: Harness) -> None:
+def test_an_application_xid_is_recorded_and_leaves_the_run_alone(harness: Harness) -> None:
+    """Issue 47 §1: classed by NVIDIA's action table: Xid 13 is the application's (restart
+    the application: the run's own crash counts toward the restart policy); an Xid the
+    table does not hold is shown with its number, never guessed at or acted on."""
     h = harness
     d = driver(h, 4)
     gate = h.tmp / "die"
@@ -319,19 +322,65 @@ def test_an_xid_during_a_run_is_seen_and_becomes_the_cause(harness: Harness) -> 
     assert res.rc == 0, res
     events = h.home / "jobs" / "x" / "events.jsonl"
     wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
-    d.device(2, xids=[79])
-    wait_for(lambda: "Xid 79" in h.tc("status", "x").out, 20, "status to show the Xid")
-    assert "GPU 2 Xid 79 (fallen off the bus)" in h.tc("status", "x").out
-    assert '"event": "gpu_fault"' in events.read_text()
-    d.device(0, xids=[13])  # another GPU's Xid is not this run's
+    d.device(2, xids=[13])
+    wait_for(lambda: "Xid 13" in h.tc("status", "x").out, 20, "status to show the Xid")
+    assert (
+        "GPU 2 Xid 13 (graphics engine exception; restart the application)"
+        in h.tc("status", "x").out
+    )
+    d.device(2, xids=[13, 999])
+    wait_for(lambda: "Xid 999" in h.tc("status", "x").out, 20, "the unknown Xid")
+    assert "not in NVIDIA's catalog here: not acted on" in h.tc("status", "x").out
+    doc = [json.loads(x) for x in events.read_text().splitlines()]
+    faults = [e for e in doc if e["event"] == "gpu_fault"]
+    assert [(e["xid"], e["klass"]) for e in faults] == [(13, "restart-app"), (999, "unknown")]
+    d.device(0, xids=[79])  # another GPU's Xid is not this run's
+    assert h.state("x")["phase"] == "running"  # neither stopped it
     gate.touch()
     h.tc("wait", "x", "--timeout", "30")
     cause = h.tc("status", "x", "--json").json()["cause"]  # type: ignore[index]
-    fault = r"GPU 2 Xid 79 \(fallen off the bus\) at \d\d:\d\d:\d\d, then "
-    assert re.match(fault, cause["summary"]), cause
-    assert "exit" in cause["summary"]
-    assert cause["gpu"].startswith("GPU 2 Xid 79")
+    assert re.match(r"GPU 2 Xid 999 .* at \d\d:\d\d:\d\d, then ", cause["summary"]), cause
     assert "GPU 0" not in h.tc("status", "x").out
+    assert "unhealthy" not in h.tc("gpus").out
+
+
+def test_a_lost_gpu_stops_the_run_and_is_handed_to_no_run_until_cleared(
+    harness: Harness,
+) -> None:
+    """Issue 47 §2-§3: Xid 79 on a leased GPU: the run is stopped at once with the cause
+    and the way on; the GPU is unhealthy in `gpus` and no start is handed it until
+    `gpus --clear`."""
+    h = harness
+    d = driver(h, 4)
+    res = h.tc("start", "--name", "big", "--gpus", "1,2", "--grace", "2", "--", "sleep", "600")
+    assert res.rc == 0, res
+    events = h.home / "jobs" / "big" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    d.device(2, xids=[79])
+    wait_for(lambda: h.state("big")["phase"] == "failed", 30, "the run to be stopped")
+    cause = h.state("big")["cause"]
+    assert cause["kind"] == "gpu", cause
+    assert cause["summary"].startswith("GPU 2 lost (Xid 79: reboot needed); "), cause
+    assert "trainctl start big --gpus 1," in cause["summary"]
+    assert not h.job_pids("big")
+    listing = h.tc("gpus", check=True).out
+    assert re.search(r"GPU 2  UNHEALTHY: Xid 79 at \d\d:\d\d \(reboot needed\)", listing)
+    doc = h.tc("gpus", "--json", check=True).json()
+    [two] = [g for g in doc if g["index"] == 2]  # type: ignore[union-attr, index]
+    assert two["unhealthy"].startswith("unhealthy: Xid 79")
+    refused = h.tc("start", "--name", "next", "--gpus", "2,", "--", "sleep", "600")
+    assert refused.rc == 1
+    assert "GPU 2 is unhealthy: Xid 79" in refused.err
+    assert len(refused.err.strip().splitlines()) == 1
+    counted = h.tc("start", "--name", "any", "--gpus", "4", "--", "sleep", "600")
+    assert counted.rc == 1  # 3 healthy of 4
+    assert "unhealthy" in counted.err
+    assert h.tc("gpus", "--clear", "2", check=True).out.startswith("GPU 2 is marked healthy")
+    assert h.tc("gpus", "--clear", "2", check=True).out.startswith("GPU 2 was not marked")
+    assert h.tc("gpus", "--clear", "-1").rc == 2
+    d.device(2, xids=[])
+    h.tc("start", "--name", "next", "--gpus", "2,", "--", "sleep", "600", check=True)
+    assert h.tc("stop", "next").rc == 0
 
 
 def test_a_one_second_init_is_paid_once_and_never_before_the_signal(harness: Harness) -> None:

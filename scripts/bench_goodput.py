@@ -1,0 +1,251 @@
+"""Goodput under one fixed fault schedule (issue 46): trainctl against plain torchrun.
+
+A real 2-rank torchrun job (CPU, gloo, ~0.05 s steps, a save in place every SAVE_EVERY
+steps: scripts/bench_goodput_trainer.py) goes through, at fixed times:
+
+    1. SIGKILL of rank 1
+    2. a hang: SIGSTOP of rank 1
+    3. a good deploy (new code that resumes)
+    4. a deploy whose new code starts from scratch
+    5. a deploy whose new code fails at import
+    6. a stop (trainctl: --at next-checkpoint), then a start
+
+three times in one run, one after the other: under trainctl (restart policy, learned
+stall deadline, deploy with its gate, probation and rollback), under plain
+`torchrun --max-restarts 3` with each fault answered by hand (REACTION_S for a human to
+notice a hang or an import failure; a start-over is not noticed at all, as in the
+incident), and with no faults. It prints, for each: the steps kept (the step counter
+reached at the end), that against the fault-free run's, and for each fault the seconds
+until the step counter was past where it was when the fault came (time to resume, the
+steps redone included). `trainctl report`'s goodput for the trainctl run.
+
+    bash scripts/bench.sh --goodput     # ~9 minutes; needs the torch extra
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent
+TRAINER = SCRIPTS / "bench_goodput_trainer.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+SAVE_EVERY = 40  # steps (~3 s)
+FAULTS = [  # (seconds from the start, fault)
+    (20.0, "kill rank"),
+    (45.0, "hang rank"),
+    (75.0, "good deploy"),
+    (100.0, "scratch deploy"),
+    (125.0, "import-fail deploy"),
+    (150.0, "stop and start"),
+]
+END_S = 175.0
+REACTION_S = 20.0  # by hand: how long a person takes to notice a hang or a failed start
+
+
+def tc(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRAINCTL_HOME": str(home), "TRAINCTL_START_WATCH": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "trainctl.launcher", *args],
+        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def children(pid: int) -> list[int]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(k) for k in kids]
+
+
+def rank1_of(torchrun_pid: int) -> int | None:
+    """Our own torchrun's worker with LOCAL_RANK=1 (read from its environment)."""
+    for pid in children(torchrun_pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"LOCAL_RANK=1" in env:
+            return pid
+    return None
+
+
+def set_mode(code: Path, mode: str) -> None:
+    (code / "mode").write_text(mode + "\n")
+
+
+def workdir(tmp: Path, name: str) -> tuple[Path, Path]:
+    code, out = tmp / name / "code", tmp / name / "out"
+    code.mkdir(parents=True)
+    out.mkdir()
+    shutil.copy(TRAINER, code / "train.py")
+    set_mode(code, "ok")
+    return code, out
+
+
+def points(files: list[Path]) -> list[tuple[float, float]]:
+    pts = []
+    for f in files:
+        for line in f.read_text().splitlines() if f.exists() else []:
+            doc = json.loads(line)
+            pts.append((float(doc["t"]), float(doc["step"])))
+    return sorted(pts)
+
+
+def resume_times(pts: list[tuple[float, float]], t0: float, end: float) -> list[float]:
+    """Per fault: seconds from the fault until the step counter passed where it was."""
+    out = []
+    for at, _ in FAULTS:
+        f = t0 + at
+        before = [s for t, s in pts if t <= f]
+        pre = before[-1] if before else 0.0
+        back = next((t for t, s in pts if t > f and s > pre), end)
+        out.append(back - f)
+    return out
+
+
+def until(t0: float, at: float) -> None:
+    time.sleep(max(0.0, t0 + at - time.monotonic()))
+
+
+# ---------------------------------------------------------------- trainctl
+
+
+def run_trainctl(tmp: Path, faults: bool) -> dict[str, object]:
+    name = "tc" if faults else "free"
+    code, out = workdir(tmp, name)
+    home = tmp / name / "home"
+    spec = tmp / name / "job.toml"
+    spec.write_text(
+        f'name = "{name}"\nargv = ["{TORCHRUN}", "--standalone", "--nproc-per-node", "2", '
+        f'"train.py", "{out}", "{SAVE_EVERY}"]\ncwd = "{code}"\ngrace = "30s"\n'
+        f'checkpoint = "{out}/ckpt.pt"\nsnapshot = "copy"\nrestart = "on-failure"\n'
+        'max_restarts = 20\nrestart_backoff = "1s"\nstall_timeout = "auto"\n'
+        'stall_action = "restart"\nenv = { OMP_NUM_THREADS = "1" }\n'
+    )
+    t0, wall0 = time.monotonic(), time.time()
+    assert tc(home, "start", "-c", str(spec)).returncode == 0
+    jdir = home / "jobs" / name
+    for at, fault in FAULTS if faults else []:
+        until(t0, at)
+        st = json.loads((jdir / "state.json").read_text())
+        main = (st.get("main") or {}).get("pid")
+        victim = rank1_of(main) if main else None
+        if fault == "kill rank" and victim:
+            os.kill(victim, signal.SIGKILL)  # our own job's worker, found under our torchrun
+        elif fault == "hang rank" and victim:
+            os.kill(victim, signal.SIGSTOP)
+        elif fault.endswith("deploy"):
+            mode = {"good": "ok v2", "scratch": "scratch", "import-fail": "importfail"}
+            set_mode(code, mode[fault.split()[0]])
+            r = tc(home, "deploy", name, "--at", "next-checkpoint", "--health", "60s",
+                   "--probation", "15s", "--json")  # fmt: skip
+            print(f"  trainctl {fault}: {json.loads(r.stdout).get('outcome')}", flush=True)
+            set_mode(code, "ok v3" if fault != "good deploy" else "ok v2")
+        elif fault == "stop and start":
+            tc(home, "stop", name, "--at", "next-checkpoint")
+            tc(home, "start", "-c", str(spec))
+    until(t0, END_S)
+    tc(home, "stop", name)
+    files = sorted(jdir.glob("logs/run-*.progress.jsonl"))
+    report = json.loads(tc(home, "report", name, "--json").stdout)
+    pts = points(files)
+    return {
+        "steps": pts[-1][1] if pts else 0.0,
+        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0) if faults else [],
+        "goodput": report.get("goodput"),
+        "lost_s": report.get("lost_s"),
+    }
+
+
+# ---------------------------------------------------------------- plain torchrun, by hand
+
+
+def start_torchrun(code: Path, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
+         "train.py", str(out), str(SAVE_EVERY)],
+        cwd=code, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def end(p: subprocess.Popen[bytes], sig: int) -> None:
+    """End our own torchrun's session: its process group (we started it: setsid)."""
+    if p.poll() is None:
+        os.killpg(p.pid, sig)
+        if sig == signal.SIGKILL:
+            os.killpg(p.pid, signal.SIGCONT)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def run_peer(tmp: Path) -> dict[str, object]:
+    code, out = workdir(tmp, "peer")
+    t0, wall0 = time.monotonic(), time.time()
+    p = start_torchrun(code, out)
+    for at, fault in FAULTS:
+        until(t0, at)
+        victim = rank1_of(p.pid)
+        if fault == "kill rank" and victim:
+            os.kill(victim, signal.SIGKILL)  # torchrun's --max-restarts takes it
+        elif fault == "hang rank" and victim:
+            os.kill(victim, signal.SIGSTOP)
+            time.sleep(REACTION_S)  # someone notices the log stopped
+            end(p, signal.SIGKILL)
+            p = start_torchrun(code, out)
+        elif fault.endswith("deploy"):
+            end(p, signal.SIGTERM)  # Ctrl-C in the tmux pane, then the new code
+            mode = {"good": "ok v2", "scratch": "scratch", "import-fail": "importfail"}
+            set_mode(code, mode[fault.split()[0]])
+            p = start_torchrun(code, out)
+            if fault == "import-fail deploy":
+                time.sleep(REACTION_S / 2)  # the failure is on screen: back to the last code
+                end(p, signal.SIGTERM)
+                set_mode(code, "scratch")  # the last code that ran (nobody saw it start over)
+                p = start_torchrun(code, out)
+        elif fault == "stop and start":
+            end(p, signal.SIGTERM)
+            p = start_torchrun(code, out)
+    until(t0, END_S)
+    end(p, signal.SIGTERM)
+    pts = points([out / "progress.jsonl"])
+    return {
+        "steps": pts[-1][1] if pts else 0.0,
+        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0),
+    }
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-goodput-") as d:
+        tmp = Path(d)
+        print(f"schedule: {', '.join(f'{f} at {a:g}s' for a, f in FAULTS)}; {END_S:g}s each")
+        free = run_trainctl(tmp, faults=False)
+        print(f"no faults        steps {free['steps']:.0f}", flush=True)
+        ours = run_trainctl(tmp, faults=True)
+        peer = run_peer(tmp)
+    base = float(free["steps"]) or 1.0  # type: ignore[arg-type]
+    for label, r in (("trainctl", ours), ("torchrun+hand", peer)):
+        kept = float(r["steps"])  # type: ignore[arg-type]
+        per = ", ".join(
+            f"{f} {s:.1f}s"
+            for (_, f), s in zip(FAULTS, r["resume_s"], strict=False)  # type: ignore[arg-type]
+        )
+        print(f"{label:<16} steps {kept:.0f}  kept {kept / base:.2f} of fault-free")
+        print(f"{'':<16} time to resume: {per}")
+    print(f"trainctl report: goodput {ours['goodput']}, lost {ours['lost_s']}")
+
+
+if __name__ == "__main__":
+    main()
