@@ -101,14 +101,22 @@ def points(files: list[Path]) -> list[tuple[float, float]]:
 
 
 def resume_times(pts: list[tuple[float, float]], t0: float, end: float) -> list[float]:
-    """Per fault: seconds from the fault until the step counter passed where it was."""
+    """Per fault: seconds from the fault until the step counter passed where it was when
+    the fault came, once the run was disrupted (a gap of 1 s, or the counter going back to
+    a checkpoint): the restart, the rendezvous, the load and the steps redone."""
     out = []
     for at, _ in FAULTS:
         f = t0 + at
         before = [s for t, s in pts if t <= f]
         pre = before[-1] if before else 0.0
-        back = next((t for t, s in pts if t > f and s > pre), end)
-        out.append(back - f)
+        disrupted, last_t, last_s, back = False, f, pre, end
+        for t, s in (p for p in pts if p[0] > f):
+            disrupted = disrupted or t - last_t >= 1.0 or s < last_s
+            if disrupted and s > pre:
+                back = t
+                break
+            last_t, last_s = t, s
+        out.append(back - f if disrupted else 0.0)
     return out
 
 

@@ -185,7 +185,10 @@ def report(home: Path, name: str) -> Goodput:
         if nxt is not None:
             gap = max(0.0, nxt.start - (end or nxt.start))
             lost["deploys" if nxt.by_deploy else "down"] += gap
-        steps, redone_s = _redone(r, nxt, typical, end, final_ck=_final_ck(jdir, st, r, nxt))
+        # the run that picked up its work: the next one that resumed (a run that started
+        # over, rolled back by a deploy, did not: the one after it did)
+        resumer = next((x for x in ordered[i + 1 :] if x.points and x.points[0][1] > 1), nxt)
+        steps, redone_s = _redone(r, resumer, typical, end, final_ck=_final_ck(jdir, st, r, nxt))
         steps_lost += steps
         lost["steps_redone"] += redone_s
         productive -= steps * (typical or 0.0)

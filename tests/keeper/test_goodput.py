@@ -52,7 +52,9 @@ def test_report_matches_the_scripted_run(harness: Harness) -> None:
     near(lost["restore"], 2.0, "restore")
     near(lost["checkpoint_save"], 1.0, "checkpoint save")
     near(lost["steps_redone"], 0.7, "steps redone")
-    near(lost["down"], 1.0, "down (the backoff)")
+    # down: the 1 s backoff, plus the relaunch itself (a new supervisor and interpreter:
+    # 0.2 s idle here, more on a busy machine)
+    assert 0.95 <= lost["down"] <= 3.0, lost["down"]
     assert lost["stalled"] == lost["deploys"] == lost["queued"] == 0
     assert g["typical_step_s"] is not None
     near(g["typical_step_s"], 0.1, "typical step")
@@ -65,7 +67,7 @@ def test_report_matches_the_scripted_run(harness: Harness) -> None:
     near(g["productive_s"], steps_kept * 0.1, "productive")
     assert 0 < g["goodput"] < 1
     total = g["productive_s"] + sum(lost.values())
-    near(total, g["wall_s"], "productive + lost against wall")
+    assert abs(total - g["wall_s"]) <= 0.05 * g["wall_s"] + 0.5, (total, g["wall_s"])
     text = h.tc("report", "gp", check=True).out
     assert "goodput 0." in text
     assert "7 steps redone" in text
