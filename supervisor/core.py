@@ -33,7 +33,7 @@ from .reports import Cause
 from .roster import Roster
 from .spawn import Spawned, exit_code_of
 from .spec import Spec
-from .stall import StallLearner
+from .stall import CheckpointWatch, StallLearner
 from .state import (
     JobState,
     Phase,
@@ -137,6 +137,7 @@ class SupervisorCore:
         self._terminal: Terminal | None = None  # `--tty`: main's pty (see service.run)
         self._stamper = LogStamper(log_path(jdir, state.run))  # when the log grew
         self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
+        self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
         try:  # the socket this supervisor serves; a different file there is not ours
             self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
         except OSError:

@@ -22,7 +22,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import checkpoints, handoff, logs, memory, procfs, samples, steps
+from . import handoff, logs, memory, procfs, samples, steps
 from . import lifecycle as lc
 from .drift import drift, fingerprint
 from .errors import GpuError, TrainctlError
@@ -35,6 +35,7 @@ from .proctree import Member, alive, scan, scan_light
 from .reports import Cause
 from .server import ControlServer
 from .stacks import stacks_writer
+from .stall import CheckpointWatch
 from .state import (
     MemberSnap,
     ProcRef,
@@ -350,8 +351,9 @@ class Watchers(ControlServer):
         pattern = self.spec.watch.checkpoint
         if not pattern:
             return 0.0
-        found = checkpoints.candidates(self.spec.cwd, pattern)[:1]
-        return mtime(Path(found[0])) if found else 0.0
+        if self._ckpt_watch is None:  # a glob only when a folder changed (stall.py)
+            self._ckpt_watch = CheckpointWatch(self.spec.cwd, pattern)
+        return self._ckpt_watch.newest_mtime()
 
     def _check_stall(self) -> bool:
         """Mark or clear STALLED; True the moment a stall is first seen."""

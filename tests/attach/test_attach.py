@@ -236,7 +236,7 @@ def test_a_spec_files_tty_and_custom_detach_keys(harness: Harness) -> None:
     _, err = viewer.communicate(b"hi\n\x01q\n\x01x", timeout=20)  # ^A q is not the sequence
     assert viewer.returncode == 0, err
     assert b"detached from fromspec; it keeps running" in err
-    wait_for(lambda: "got hi" in log_of(h, "fromspec"), 10, "the typed line")
+    wait_for(lambda: "got hi" in log_of(h, "fromspec"), 30, "the typed line")
     assert "got \x01q" in log_of(h, "fromspec")  # the held ^A went through with its q
     assert h.tc("status", "fromspec").rc == 0
     assert h.tc("stop", "fromspec").rc == 0

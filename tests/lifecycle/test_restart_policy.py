@@ -32,7 +32,7 @@ def test_on_failure_restarts_then_gives_up(harness: Harness) -> None:
     assert st["restarts"] == 2
     assert st["phase"] == "failed"
     assert "restarts exhausted (2 of 2)" in st["error"]
-    assert st["last_failure"]["run"] == 2
+    assert st["last_failure"]["run"] == 3  # the run it gave up on (issue 44 §5), not run 2
     for run in (1, 2, 3):  # each run has its own log, and knows its number
         assert h.tc("logs", "crash", "--run", str(run)).out == f"run {run}\n"
     events = (h.home / "jobs/crash/events.jsonl").read_text()
