@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .steps import number
+from .steps import timed_steps
 from .tail import tail_lines
 
 SETTLED_S = 2.0  # untouched this long: its size is as good as seen twice
@@ -285,18 +285,7 @@ def complete_ones(
 def step_lookup(files: list[Path], tail_bytes: int = 256 << 10) -> Callable[[float], float | None]:
     """The progress step at a moment, from timed JSON lines (``t`` and ``step``): a run's
     $TRAINCTL_PROGRESS, or the supervisor's samples of a ``progress_regex`` step."""
-    points: list[tuple[float, float]] = []
-    for path in files:
-        for line in tail_lines(path, tail_bytes):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                t, step = number(doc.get("t")), number(doc.get("step"))
-                if t is not None and step is not None:
-                    points.append((t, step))
-    points.sort()
+    points = sorted(p for path in files for p in timed_steps(tail_lines(path, tail_bytes)))
 
     def at(moment: float) -> float | None:
         before = [step for t, step in points if t <= moment + 0.05]

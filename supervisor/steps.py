@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from .state import open_in
@@ -41,6 +42,22 @@ def numbers(fields: dict[str, object]) -> dict[str, float] | None:
     """The numeric fields of one progress report, if it has a ``step``."""
     nums = {k: v for k, v in ((k, number(v)) for k, v in fields.items()) if v is not None}
     return nums if "step" in nums else None
+
+
+def timed_steps(lines: Iterable[str | bytes]) -> list[tuple[float, float]]:
+    """(t, step) of the JSON lines that have both (a $TRAINCTL_PROGRESS file, the
+    supervisor's samples), in the order given; other lines are skipped."""
+    out = []
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            t, step = number(doc.get("t")), number(doc.get("step"))
+            if t is not None and step is not None:
+                out.append((t, step))
+    return out
 
 
 def newest_reported(path: Path, nbytes: int = 64 << 10) -> float | None:

@@ -26,7 +26,6 @@ Per run, with its progress points (time, step):
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,8 +36,9 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
 from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.steps import number, steps_path
+from trainctl.supervisor.steps import number, steps_path, timed_steps
 
+from .history import read_events
 from .jobs import current_phase, existing_job
 
 SLOW = 3.0  # a gap over this many typical steps is not a step: a save, or a stall
@@ -65,22 +65,6 @@ class _Run:
     stopped: bool = False  # ended by a stop (not an interruption of its own)
     by_deploy: bool = False  # a deploy started it
     points: list[tuple[float, float]] = field(default_factory=list)
-
-
-def _events(jdir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        with open(jdir / "events.jsonl", "rb") as f:
-            for raw in f:
-                try:
-                    doc = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and isinstance(doc.get("event"), str):
-                    out.append(doc)
-    except OSError:
-        return []
-    return out
 
 
 def _cause(doc: dict[str, Any]) -> str | None:
@@ -123,18 +107,9 @@ def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple
 def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
     """(t, step) of the run, in time order: its reported lines, else timed samples."""
     for path in (state.progress_path(jdir, run), steps_path(state.log_path(jdir, run))):
-        pts = []
         try:
             with open(path, "rb") as f:
-                for raw in f:
-                    try:
-                        doc = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if isinstance(doc, dict):
-                        t, step = number(doc.get("t")), number(doc.get("step"))
-                        if t is not None and step is not None:
-                            pts.append((t, step))
+                pts = timed_steps(f)
         except OSError:
             continue
         if pts:
@@ -163,7 +138,7 @@ def report(home: Path, name: str) -> Goodput:
     """The goodput of job ``name`` since its first start (or queueing)."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    runs, queued, stalls = _runs(_events(jdir))
+    runs, queued, stalls = _runs(read_events(jdir))
     if not runs:
         raise TrainctlError(f"job {name} has no recorded run yet")
     typical = _typical(jdir, runs)

@@ -24,7 +24,8 @@ from trainctl.supervisor.sections import CodeRecord
 from .jobs import current_phase, existing_job
 
 
-def _events(jdir: Path) -> list[dict[str, Any]]:
+def read_events(jdir: Path) -> list[dict[str, Any]]:
+    """The job's events.jsonl, each a dict with an ``event`` (unreadable lines skipped)."""
     out = []
     try:
         with open(jdir / "events.jsonl", "rb") as f:
@@ -64,7 +65,7 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
     def row(run: int) -> HistoryRow:
         return rows.setdefault(run, HistoryRow(run=run))
 
-    for ev in _events(jdir):
+    for ev in read_events(jdir):
         kind, run = ev["event"], ev.get("run")
         if kind == "started" and isinstance(run, int):
             current = run
