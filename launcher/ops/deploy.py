@@ -659,12 +659,12 @@ def _save_progress(d: _Deploy) -> bool:
 
 def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> DeployReport:
     p = d.plan
-    with contextlib.suppress(OSError):
-        d.restored = _save_progress(d)
     old, new = _commit(p.from_code) or "?", _commit(p.to_code) or "?"
     more = {"to_run": run, "cause": gate.why, "last_lines": gate.lines,
             "resumed_step": gate.first, "reached_step": gate.step}  # fmt: skip
     if p.rollback != "auto" or p.rollback_to is None:
+        with contextlib.suppress(OSError):  # put back what it overwrote, at least
+            d.restored = _save_progress(d)
         why = p.no_rollback_why or "--rollback never"
         _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
                        f"not rolled back ({why})"))  # fmt: skip
@@ -675,6 +675,8 @@ def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> D
         _, back = restart_job(
             d.home, p.name, d.cfg, grace_s=p.grace_s, verb="deploy", keep_cwd=True,
             respec=lambda _new: _resuming(d.previous, resume, p.id),
+            # after the new code's stop: its own save on SIGTERM must not land on top
+            after_stop=lambda: _put_back(d),
         )  # fmt: skip
     except TrainctlError as e:
         _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
@@ -684,6 +686,11 @@ def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> D
     _tell(d, Cause(kind="deploy_failed", summary=summary))
     d.say("done", f"run {back.run} runs the previous code ({old})")
     return d.report("rolled-back", summary, rollback_run=back.run, **more)
+
+
+def _put_back(d: _Deploy) -> None:
+    with contextlib.suppress(OSError):
+        d.restored = _save_progress(d)
 
 
 def _tell(d: _Deploy, cause: Cause) -> None:

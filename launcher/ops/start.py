@@ -367,6 +367,7 @@ def restart_job(
     verb: str = "restart",
     respec: Callable[[Spec], Spec] | None = None,
     keep_cwd: bool = False,
+    after_stop: Callable[[], None] | None = None,
 ) -> tuple[StopResult, StartResult]:
     """Stop the job (verified), then start its recorded spec again (new code on disk).
 
@@ -394,6 +395,8 @@ def restart_job(
                 else f"GPU(s) {', '.join(g.label for g in held)} were not released"
             )
             raise JobConflictError(f"not restarting {name}: {why}")
+        if after_stop is not None:  # a rollback puts the checkpoint back: nothing writes now
+            after_stop()
         # the same GPUs as before: they were just verified free
         gpus = (
             # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid

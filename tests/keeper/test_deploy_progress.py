@@ -22,7 +22,7 @@ from tests.conftest import Harness, wait_for
 from tests.keeper.test_deploy import GIT, log, progress
 
 TRAINER = """\
-import json, os, sys, time, zipfile
+import json, os, signal, sys, time, zipfile
 VERSION = 1
 MODE = "ok"
 out = sys.argv[1]
@@ -33,6 +33,19 @@ if resume and MODE != "scratch" and os.path.exists(ckpt):
     step = json.loads(zipfile.ZipFile(ckpt).read("archive/data.pkl"))["iter_num"]
 print(f"v{VERSION} start step={step}", flush=True)
 t0 = time.time()
+
+
+def save(*_):
+    with zipfile.ZipFile(ckpt, "w") as z:
+        z.writestr("archive/data.pkl", json.dumps({"iter_num": step}) + " " * 50_000)
+
+
+def save_and_exit(*_):  # a trainer that saves on SIGTERM: new code that started over
+    save()               # overwrites the checkpoint once more as it is stopped
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, save_and_exit)
 while True:
     step += 1
     time.sleep(0.05)
@@ -42,8 +55,7 @@ while True:
         raise RuntimeError(f"v{VERSION}: eval blew up at step {step}")
     early = MODE == "scratch" and step == 2  # saves before the gate can see it: in place
     if (step % 10 == 0 and MODE != "late-crash") or early:
-        with zipfile.ZipFile(ckpt, "w") as z:
-            z.writestr("archive/data.pkl", json.dumps({"iter_num": step}) + " " * 50_000)
+        save()
 """
 
 
