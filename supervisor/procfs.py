@@ -33,6 +33,20 @@ class Stat:
     rss_pages: int
 
 
+def foreground_pgid(pid: int) -> int | None:
+    """The foreground process group of ``pid``'s terminal (``tpgid``); None without one."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    try:
+        tpgid = int(fields[5])
+    except (IndexError, ValueError):
+        return None
+    return tpgid if tpgid > 0 else None
+
+
 def read_stat(pid: int) -> Stat | None:
     """Return the parsed stat of ``pid``, or None when it does not exist (any more)."""
     # os-level I/O: half the cost of a buffered open() (a stop reads one per member)

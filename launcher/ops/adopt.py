@@ -63,16 +63,37 @@ def plan_tmux(target: str, socket: str | None) -> Plan:
         listing = [*tmux, "list-panes", "-s", "-t", target, "-F", "#{pane_id} #{pane_pid}"]
     out = _run(listing, f"--tmux {target}")
     panes, roots = [], []
+    shells: dict[int, str] = {}
     for line in out.splitlines():
         pane, _, pid = line.partition(" ")
         if pid.isdigit():
             panes.append(pane)
-            roots.append(_stat_or_refuse(int(pid), f"--tmux {target}: pane {pane}"))
+            root = _stat_or_refuse(int(pid), f"--tmux {target}: pane {pane}")
+            job = _foreground_job(root, f"--tmux {target}: pane {pane}")
+            if job is not None:  # a shell at whose prompt the run was typed: the run only
+                shells[root.pid] = "it is the pane's interactive shell (its job is adopted)"
+            roots += job or [root]
     if not roots:
         raise ConfigError(f"--tmux {target}: no pane found")
     server = _run([*tmux, "display-message", "-p", "#{pid}"], f"--tmux {target}").strip()
     refuse = {int(server): "it is the tmux server"} if server.isdigit() else {}
-    return _plan(f"--tmux {target}", roots, panes, tmux, refuse)
+    return _plan(f"--tmux {target}", roots, panes, tmux, refuse, shells=shells)
+
+
+def _foreground_job(root: procfs.Stat, where: str) -> list[procfs.Stat] | None:
+    """A pane whose process is a shell running a job in the foreground (`python train.py
+    | tee log` typed at a bash prompt): that job's processes (its process group), never
+    the shell, which ignores SIGTERM and lives on at its prompt. None: the pane runs the
+    command itself (`tmux new 'python train.py'`)."""
+    fg = procfs.foreground_pgid(root.pid)
+    if fg is None or fg == root.pgid:
+        return None
+    job = [
+        s for pid in procfs.list_pids() if (s := procfs.read_stat(pid)) is not None and s.pgid == fg
+    ]
+    if not job:
+        raise ConfigError(f"{where}: its shell runs no job now (nothing to adopt)")
+    return job
 
 
 def plan_gpu(home: Path, indices: str) -> Plan:
@@ -142,7 +163,10 @@ def _plan(
     panes: list[str],
     tmux: list[str],
     refuse: dict[int, str] | None = None,
+    *,
+    shells: dict[int, str] | None = None,
 ) -> Plan:
+    shells = shells or {}
     stats = {s.pid: s for pid in procfs.list_pids() if (s := procfs.read_stat(pid)) is not None}
     children: dict[int, list[int]] = {}
     for s in stats.values():
@@ -153,8 +177,10 @@ def _plan(
     sessions = set()
     for r in roots:
         # The session is taken when it is the run's own: not the caller's, and not led by
-        # one of the caller's ancestors (a nohup from this very shell shares its session).
-        if (me is None or r.sid != me.sid) and r.sid not in mine and r.sid in stats:
+        # one of the caller's ancestors (a nohup from this very shell shares its session),
+        # nor a pane's interactive shell's (the job typed at its prompt is taken alone).
+        own = (me is None or r.sid != me.sid) and r.sid not in mine and r.sid not in shells
+        if own and r.sid in stats:
             sessions.add(r.sid)
     for s in stats.values():
         if s.sid in sessions and s.pid not in found and s.state != "Z":

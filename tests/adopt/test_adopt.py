@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -236,6 +237,53 @@ def test_a_tmux_pane_is_adopted_and_stopped_leaving_the_server_and_other_panes(
         os.kill(pid, 0)  # alive: the server and the other pane were never signalled
     assert not (other / "ckpt.done").exists()
     assert "adopted --tmux train:job" in h.tc("logs", "tp").out
+
+
+@NEEDS_TMUX
+def test_a_pipeline_typed_at_a_shell_prompt_is_adopted_without_the_shell(
+    harness: Harness, tmux_server: list[str]
+) -> None:
+    """Issue 44 §7: `python train.py | tee train.log` typed at a bash prompt in a pane.
+    The shell (which ignores SIGTERM) was a member and the stop waited out its grace on
+    it. Now the pane's foreground job is adopted, never the shell: after the stop the
+    pipeline is gone, the shell and the pane live on at their prompt."""
+    h = harness
+    tmux = tmux_server
+    out = h.tmp / "out"
+    out.mkdir()
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "sh", "-n", "job", "bash --norc --noprofile -i"],
+        env={**h.env, "TREE_READY": str(out / "ready")},
+        check=True,
+    )
+    shell = _pane_pid(tmux, "sh:job")
+    line = " ".join([*CKPT, str(out), "1"]) + f" | tee {h.tmp / 'train.log'}"
+    subprocess.run([*tmux, "send-keys", "-t", "sh:job", line, "Enter"], check=True)
+    wait_for((out / "ready").exists, 20, "the pipeline")
+    res = h.tc(
+        "adopt", "pipe", "--tmux", "sh:job", "--tmux-socket", tmux[2], "--yes", "--json",
+    )  # fmt: skip
+    assert res.rc == 0, res
+    doc = res.json()
+    assert isinstance(doc, dict)
+    assert doc["main"] != shell
+    members = _tree(h, doc["main"])
+    assert shell not in members
+    t0 = time.monotonic()
+    stop = h.tc("stop", "pipe", "--json", timeout=60)
+    assert stop.rc == 0, stop
+    assert time.monotonic() - t0 < 30  # not the 60 s grace waited out on the shell
+    assert (out / "ckpt.done").exists()  # the trainer checkpointed on its SIGTERM
+    os.kill(shell, 0)  # the shell lives
+
+    def at_prompt() -> bool:
+        screen = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "sh:job"], capture_output=True, text=True,
+            check=False,
+        ).stdout.strip().splitlines()  # fmt: skip
+        return bool(screen) and screen[-1].rstrip().endswith(("$", "#"))
+
+    wait_for(at_prompt, 10, "the shell back at its prompt")
 
 
 @NEEDS_TMUX
