@@ -385,16 +385,7 @@ def restart_job(
     with state.job_lock(jdir, 30.0):
         stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb=verb)
         st = state.read_state(jdir)
-        left = live_members(st)
-        if left or not stopped.ok:
-            held = stopped.held_gpus
-            why = (
-                f"{len(left)} process(es) of run {st.run} survived the stop (pids "
-                f"{', '.join(map(str, sorted(left)[:8]))})"
-                if left or not held
-                else f"GPU(s) {', '.join(g.label for g in held)} were not released"
-            )
-            raise JobConflictError(f"not restarting {name}: {why}")
+        _refuse_survivors(name, st, stopped)
         if after_stop is not None:  # a rollback puts the checkpoint back: nothing writes now
             after_stop()
         # the same GPUs as before: they were just verified free
@@ -408,6 +399,20 @@ def restart_job(
         new = dataclasses.replace(spec, env=env)
         started = start_locked(home, jdir, new, cfg, gpus, keep_cwd=keep_cwd)
     return stopped, started
+
+
+def _refuse_survivors(name: str, st: JobState, stopped: StopResult) -> None:
+    """Never relaunch beside what outlived the stop: a process, or GPU memory held."""
+    left = live_members(st)
+    if left or not stopped.ok:
+        held = stopped.held_gpus
+        why = (
+            f"{len(left)} process(es) of run {st.run} survived the stop (pids "
+            f"{', '.join(map(str, sorted(left)[:8]))})"
+            if left or not held
+            else f"GPU(s) {', '.join(g.label for g in held)} were not released"
+        )
+        raise JobConflictError(f"not restarting {name}: {why}")
 
 
 def _resume_env(env: dict[str, str], spec: Spec, jdir: Path, run: int) -> dict[str, str]:
