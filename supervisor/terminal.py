@@ -219,7 +219,13 @@ class Terminal:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keys, v, reader, tg.cancel_scope)
-                await self._screen(v, stream)
+                try:
+                    await self._screen(v, stream)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    # the viewer closed its end (it typed, detached and left): the keys it
+                    # sent before are still to be read, so the key reader ends the serve
+                    # at its end of stream, not this failed send (it lost them under load)
+                    return
                 tg.cancel_scope.cancel()
         finally:
             self._forget(v)

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from tests.conftest import Harness, wait_for
-from tests.keeper.test_deploy import GIT, log, progress
+from tests.keeper.test_deploy import GIT, progress
 
 TRAINER = """\
 import json, os, signal, sys, time, zipfile
@@ -76,6 +76,12 @@ def commit(r: Path, v: int, mode: str) -> None:
     )
     (r / "train.py").write_text(text)
     subprocess.run([*GIT, "-C", str(r), "commit", "-qam", f"v{v}"], check=True)
+
+
+def log(h: Harness, name: str, run: int) -> str:
+    """Run ``run``'s log so far ('' until its supervisor has made it)."""
+    path = h.home / "jobs" / name / "logs" / f"run-{run}.log"
+    return path.read_text() if path.exists() else ""
 
 
 def saved_step(out: Path) -> int:
