@@ -42,11 +42,11 @@ def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[flo
     )
     if not regex:
         return timed
-    points = _log_steps(log_path(jdir, run), re.compile(regex))
+    logged = checkpoints.step_at(lambda: _log_steps(log_path(jdir, run), re.compile(regex)))
 
     def at(moment: float) -> float | None:
-        before = [step for t, step in points if t <= moment + 0.05]
-        return before[-1] if before else timed(moment)
+        step = logged(moment)
+        return step if step is not None else timed(moment)
 
     return at
 

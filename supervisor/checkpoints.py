@@ -282,16 +282,27 @@ def complete_ones(
     return out
 
 
-def step_lookup(files: list[Path], tail_bytes: int = 256 << 10) -> Callable[[float], float | None]:
-    """The progress step at a moment, from timed JSON lines (``t`` and ``step``): a run's
-    $TRAINCTL_PROGRESS, or the supervisor's samples of a ``progress_regex`` step."""
-    points = sorted(p for path in files for p in timed_steps(tail_lines(path, tail_bytes)))
+def step_at(
+    load: Callable[[], list[tuple[float, float]]],
+) -> Callable[[float], float | None]:
+    """The progress step at a moment over the (time, step) points ``load`` gives; they are
+    read on the first look only (most checkpoints name their step, and `status` must not
+    read a log's tail for nothing)."""
+    loaded: list[list[tuple[float, float]]] = []
 
     def at(moment: float) -> float | None:
-        before = [step for t, step in points if t <= moment + 0.05]
+        if not loaded:
+            loaded.append(sorted(load()))
+        before = [step for t, step in loaded[0] if t <= moment + 0.05]
         return before[-1] if before else None
 
     return at
+
+
+def step_lookup(files: list[Path], tail_bytes: int = 256 << 10) -> Callable[[float], float | None]:
+    """The progress step at a moment, from timed JSON lines (``t`` and ``step``): a run's
+    $TRAINCTL_PROGRESS, or the supervisor's samples of a ``progress_regex`` step."""
+    return step_at(lambda: [p for f in files for p in timed_steps(tail_lines(f, tail_bytes))])
 
 
 def mark_complete(path: str) -> None:
