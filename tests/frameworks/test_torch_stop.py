@@ -97,8 +97,11 @@ def test_order_all_kills_the_loaders_before_the_checkpoint(harness: Harness, sha
     log = h.tc("logs", "t").out
     assert not list(out.glob("rank*.pt")), log
     # the rank died of its loaders' deaths: PyTorch's own words, or, when the signal lands
-    # while the rank is reading from a worker, the worker's pipe closing under it
-    assert "is killed by signal" in log or "EOFError" in log, log
+    # while the rank is reading from a worker, the worker's pipe closing under it (EOFError)
+    # or the socket it was handing a tensor's storage over (multiprocessing's
+    # resource_sharer: ConnectionResetError; seen once in a loaded CI run)
+    words = ("is killed by signal", "EOFError", "ConnectionResetError")
+    assert any(w in log for w in words), log
 
 
 def test_shielded_workers_survive_an_everyone_at_once_stop(harness: Harness) -> None:

@@ -213,8 +213,15 @@ def test_gpus_view_attributes_job_foreign_and_orphan(harness: Harness) -> None:
 
 def test_stop_proves_release(harness: Harness) -> None:
     h = harness
-    fake_gpus(h)
+    path = fake_gpus(h)
+    # a real driver frees a context's memory some time after its process died: the stop's
+    # first look, started by its first signal, still sees it (the fake frees it at once
+    # without this: under a loaded CI run the look came after the holders died, and the
+    # stop said nothing was released)
+    set_gpu_option(path, release_delay_s=0.5)
     start_gpu_job(h, "rel", "1,2")
+    # the fake remembers a holder from a look that saw it alive, as NVML does a context
+    wait_for(lambda: len(gpus_json(h)[1]["processes"]) == 4, what="run 1 holding its GPUs")
     restarted = h.tc("restart", "rel")
     assert restarted.rc == 0, restarted.out + restarted.err
     assert "GPU 1  released 8.0 GiB" in restarted.out
