@@ -16,7 +16,7 @@ error of the tree in ``trainctl.supervisor.errors``; none prints.
 
 from __future__ import annotations
 
-from trainctl.supervisor.proctree import target_of
+from trainctl.supervisor.tree.proctree import target_of
 
 from .config import resolve_home
 from .inputs import parse_env, parse_seconds, parse_signal

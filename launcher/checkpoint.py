@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainctl.supervisor import checkpoints
 from trainctl.supervisor.errors import ProcessTreeError
-from trainctl.supervisor.logtimes import read_stamps
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import log_path, progress_path
-from trainctl.supervisor.steps import number, progress_of, steps_path
-from trainctl.supervisor.tail import read_end
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import checkpoints
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import log_path, progress_path
+from trainctl.supervisor.model.steps import number, progress_of, steps_path
+from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.watch.logtimes import read_stamps
 
 from .results import Checkpoint
 
@@ -35,7 +35,7 @@ _STEP_TAIL = 256 << 10
 
 def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[float], float | None]:
     """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines; for a
-    ``progress_regex``, the log's lines timed by its stamps (supervisor/logtimes.py), else
+    ``progress_regex``, the log's lines timed by its stamps (supervisor/watch/logtimes.py), else
     the supervisor's samples); None before any."""
     timed = checkpoints.step_lookup(
         [progress_path(jdir, run), steps_path(log_path(jdir, run))], _STEP_TAIL
@@ -107,7 +107,7 @@ def newest_checkpoint(
     spec: Spec, jdir: Path | None = None, run: int | None = None
 ) -> Checkpoint | None:
     """The newest *complete* checkpoint of the spec's ``checkpoint`` glob (relative to
-    cwd), judged by its format (supervisor/checkpoints.py); a partial one never counts."""
+    cwd), judged by its format (supervisor/model/checkpoints.py); a partial one never counts."""
     return checkpoint_view(spec, jdir, run)[0]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import BACKENDS
+from trainctl.supervisor.model.spec import BACKENDS
 
 from . import __version__, verbs
 from .exitcodes import ExitCode, exit_for_exception

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import trainctl.conf
-from trainctl.supervisor import state
-from trainctl.supervisor.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import HOOK_EVENTS, parse_order
+from trainctl.supervisor.life.causes import CLASS_NAME, RESTART_WORDS
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import HOOK_EVENTS, parse_order
 
 from .inputs import check_duration, closest, parse_duration
 
@@ -43,7 +43,7 @@ class Config:
     slurm_query_timeout_s: float  # [slurm] query_timeout: how long a controller may take
     # [hooks]: defaults for every job's hook keys (on_failure, notify, ...), checked at start
     hooks: dict[str, Any] = field(default_factory=dict)
-    # [causes]: extra pattern classes, name = "regex" (supervisor/causes.py)
+    # [causes]: extra pattern classes, name = "regex" (supervisor/life/causes.py)
     causes: dict[str, str] = field(default_factory=dict)
 
 

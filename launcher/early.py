@@ -150,8 +150,8 @@ def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] 
 
 def _job_paths(home: str, name: str) -> tuple[str, str, str]:
     """The job's directory, its control socket and its queue entry (the layout of
-    supervisor/state.py, control.py and ops/queue/entries.py, spelt here without importing them;
-    a test keeps them the same)."""
+    supervisor/model/state.py, control.py and ops/queue/entries.py, spelt here without
+    importing them; a test keeps them the same)."""
     jdir = f"{home}/jobs/{name}"
     return jdir, f"{jdir}/control.sock", f"{home}/queue/{name}.json"
 

@@ -11,19 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher.results import GpuInventory, GpuView
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
-from trainctl.supervisor.gpu import (
-    MIB,
-    Gpu,
-    GpuBackend,
-    NoDriverError,
-    health,
-    open_backend,
-)
+from trainctl.supervisor.gpu import MIB, Gpu, GpuBackend, NoDriverError, health, open_backend
 from trainctl.supervisor.gpu.verify import fd_scan, holders_of
-from trainctl.supervisor.reports import GpuHolder
-from trainctl.supervisor.state import GpuLease
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import GpuHolder
+from trainctl.supervisor.model.state import GpuLease
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.state import TRAINCTL_VARS
+from trainctl.supervisor.model.state import TRAINCTL_VARS
 
 UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 # The longest duration any setting accepts (a year). Beyond it a float stops being a

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar, cast
 
-from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.proctree import alive, scan, target_of
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.tree.proctree import alive, scan, target_of
 
 from . import term
 from .ops.jobs import stop_under_way

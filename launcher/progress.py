@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 from trainctl.launcher.results import Progress
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState, log_path, progress_path
-from trainctl.supervisor.steps import number, numbers, progress_of, steps_path
-from trainctl.supervisor.tail import tail_lines
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import JobState, log_path, progress_path
+from trainctl.supervisor.model.steps import number, numbers, progress_of, steps_path
+from trainctl.supervisor.model.tail import tail_lines
 
 TAIL_BYTES = 256 * 1024
 RATE_WINDOW = 20  # supervisor samples (about 15 s apart) in the ETA's window: ~5 min

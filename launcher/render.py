@@ -43,7 +43,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:
-    from trainctl.supervisor.reports import GpuHolder
+    from trainctl.supervisor.model.reports import GpuHolder
 
     from .remote import HostRow
     from .results import GpuInventory

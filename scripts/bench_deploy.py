@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from trainctl.launcher.backends.local import snapshot
-from trainctl.supervisor.spec import SnapshotPolicy, Spec
+from trainctl.supervisor.model.spec import SnapshotPolicy, Spec
 
 GIT = ["git", "-c", "user.email=b@b", "-c", "user.name=b"]
 TRAINCTL = [sys.executable, "-m", "trainctl.launcher"]

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainctl.supervisor import samples
-from trainctl.supervisor.state import log_path, progress_path
+from trainctl.supervisor.model.state import log_path, progress_path
+from trainctl.supervisor.watch import samples
 
 TRAINCTL = [sys.executable, "-m", "trainctl.launcher"]
 

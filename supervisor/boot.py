@@ -21,15 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import cgroup as cg
-from . import control, memory, procfs, systemd
-from .drift import code_version
-from .errors import SpawnError, StateError, TrainctlError
-from .launch import AdoptRequest, Handover, Ready
-from .sections import Adoption
-from .spawn import Spawned, job_env, spawn_main
-from .spec import Spec, spec_from_doc, spec_to_doc
-from .state import (
+from trainctl.supervisor.linux.systemd import own_unit
+from trainctl.supervisor.model.sections import Adoption
+from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
+from trainctl.supervisor.model.state import (
     RESUME_VAR,
     JobState,
     MemberSnap,
@@ -46,7 +41,14 @@ from .state import (
     write_json_atomic,
     write_state,
 )
-from .systemd import own_unit
+from trainctl.supervisor.tree.launch import AdoptRequest, Handover, Ready
+from trainctl.supervisor.tree.spawn import Spawned, job_env, spawn_main
+from trainctl.supervisor.watch.drift import code_version
+
+from .errors import SpawnError, StateError, TrainctlError
+from .linux import cgroup as cg
+from .linux import memory, procfs, systemd
+from .model import control
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -22,19 +22,10 @@ import anyio.from_thread
 import anyio.lowlevel
 import structlog
 
-from . import control, hooks, memory, steps
-from . import lifecycle as lc
-from .errors import StateError
-from .gpu.watch import GpuWatch
-from .logcopy import LogCopy
-from .logtimes import LogStamper
-from .proctree import Target, target_of
-from .reports import Cause
-from .roster import Roster
-from .spawn import Spawned, exit_code_of
-from .spec import Spec
-from .stall import CheckpointWatch, StallLearner
-from .state import (
+from trainctl.supervisor.gpu.watch import GpuWatch
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import (
     JobState,
     Phase,
     ProcRef,
@@ -44,8 +35,20 @@ from .state import (
     write_event_line,
     write_state,
 )
-from .terminal import Terminal
-from .terminate import Grace
+from trainctl.supervisor.tree.proctree import Target, target_of
+from trainctl.supervisor.tree.roster import Roster
+from trainctl.supervisor.tree.spawn import Spawned, exit_code_of
+from trainctl.supervisor.tree.terminal import Terminal
+from trainctl.supervisor.tree.terminate import Grace
+from trainctl.supervisor.watch.logtimes import LogStamper
+from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
+
+from .errors import StateError
+from .life import hooks
+from .life import lifecycle as lc
+from .linux import memory
+from .logcopy import LogCopy
+from .model import control, steps
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
@@ -125,7 +128,7 @@ class SupervisorCore:
         self.drift_at = 0.0
         self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
         self.handlers = 0  # control connections not yet answered
-        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/steps.py)
+        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/model/steps.py)
         self._sampled_step: tuple[int, float] | None = None  # (run, step)
         self._roster: Roster | None = None  # cgroup mode: the run's members, held by pidfd
         self._stopping = False  # a stop sequence is running (see _reaper)

@@ -11,10 +11,9 @@ import os
 import threading
 from pathlib import Path
 
+from trainctl.supervisor.model.state import open_in
+
 from .errors import StateError
-from .state import (
-    open_in,
-)
 
 LOG_COPY_S = 0.5  # how often an adopted run's own output file is copied into its log
 

@@ -20,16 +20,25 @@ import sys
 import time
 from pathlib import Path
 
-from . import nodefiles as nf
-from . import procfs, state
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.spec import Spec, StopOrder
+from trainctl.supervisor.model.state import (
+    NODE_VAR,
+    ProcRef,
+    job_dir,
+    mtime,
+    progress_path,
+    read_spec,
+)
+from trainctl.supervisor.tree.proctree import Member, Target, alive, scan, scan_light
+from trainctl.supervisor.tree.spawn import Spawned, exit_code_of, job_env, spawn_main
+from trainctl.supervisor.tree.stop import run_stop
+
 from .boot import set_subreaper
 from .errors import StateError
-from .proctree import Member, Target, alive, scan, scan_light
-from .reports import StopReport
-from .spawn import Spawned, exit_code_of, job_env, spawn_main
-from .spec import Spec, StopOrder
-from .state import NODE_VAR, ProcRef, job_dir, mtime, progress_path, read_spec
-from .stop import run_stop
+from .linux import procfs
+from .model import nodefiles as nf
+from .model import state
 
 _stop = {"asked": False, "by_request": False}
 

@@ -17,11 +17,13 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import control, terminal
-from . import lifecycle as lc
+from trainctl.supervisor.model.spec import StopOrder
+
 from .core import SupervisorCore
 from .errors import StateError
-from .spec import StopOrder
+from .life import lifecycle as lc
+from .model import control
+from .tree import terminal
 
 
 class ControlServer(SupervisorCore):

@@ -25,27 +25,31 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import causes, checkpoints, control, ids, memory, systemd
-from . import lifecycle as lc
-from .errors import TrainctlError
-from .gpu.verify import fresh_baselines
-from .launch import Handover, launch_supervisor
-from .logcopy import LOG_COPY_S, LogCopy
-from .reports import Cause, Failure
-from .roster import widen_fd_table
-from .spawn import Spawned
-from .spec import Spec, StopOrder
-from .stacks import before_kill_writer
-from .state import (
+from trainctl.supervisor.gpu.verify import fresh_baselines
+from trainctl.supervisor.model.reports import Cause, Failure
+from trainctl.supervisor.model.spec import Spec, StopOrder
+from trainctl.supervisor.model.state import (
     RESUME_VAR,
     JobState,
     error_file,
     log_path,
     progress_path,
 )
-from .steps import steps_path
-from .stop import run_stop
-from .terminal import Terminal, log_appender
+from trainctl.supervisor.model.steps import steps_path
+from trainctl.supervisor.tree.launch import Handover, launch_supervisor
+from trainctl.supervisor.tree.roster import widen_fd_table
+from trainctl.supervisor.tree.spawn import Spawned
+from trainctl.supervisor.tree.stacks import before_kill_writer
+from trainctl.supervisor.tree.stop import run_stop
+from trainctl.supervisor.tree.terminal import Terminal, log_appender
+
+from . import ids
+from .errors import TrainctlError
+from .life import causes
+from .life import lifecycle as lc
+from .linux import memory, systemd
+from .logcopy import LOG_COPY_S, LogCopy
+from .model import checkpoints, control
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).

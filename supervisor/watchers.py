@@ -22,27 +22,25 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from . import handoff, logs, memory, procfs, samples, steps
-from . import lifecycle as lc
-from .drift import drift, fingerprint
+from trainctl.supervisor.gpu.watch import GpuWatch
+from trainctl.supervisor.gpu.xid import Fault
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime, progress_path
+from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
+from trainctl.supervisor.tree.stacks import stacks_writer
+from trainctl.supervisor.watch.drift import drift, fingerprint
+from trainctl.supervisor.watch.logs import rotate_if_big
+from trainctl.supervisor.watch.logtimes import STAMP_S
+from trainctl.supervisor.watch.stall import CheckpointWatch
+
 from .errors import GpuError, TrainctlError
 from .gpu import health, xid
-from .gpu.watch import GpuWatch
-from .gpu.xid import Fault
-from .logs import rotate_if_big
-from .logtimes import STAMP_S
-from .proctree import Member, alive, scan, scan_light
-from .reports import Cause
+from .life import lifecycle as lc
+from .linux import memory, procfs
+from .model import steps
 from .server import ControlServer
-from .stacks import stacks_writer
-from .stall import CheckpointWatch
-from .state import (
-    MemberSnap,
-    ProcRef,
-    log_path,
-    mtime,
-    progress_path,
-)
+from .tree import handoff
+from .watch import logs, samples
 
 # How often the supervisor walks every /proc entry (and environ) for members that left
 # both the cgroup and the tree, e.g. a process moved out of the cgroup by root.

@@ -274,7 +274,7 @@ def mode_harness(request: pytest.FixtureRequest, harness: Harness) -> Harness:
 
 def _cgroup_writable() -> bool:
     sys.path.insert(0, str(Path(__file__).parent.parent))
-    from trainctl.supervisor import cgroup  # noqa: PLC0415
+    from trainctl.supervisor.linux import cgroup  # noqa: PLC0415
 
     path = cgroup.create_job_cgroup(f"probe-{uuid.uuid4().hex[:8]}")
     if path is None:

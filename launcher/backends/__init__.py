@@ -22,10 +22,10 @@ from typing import Protocol
 from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
 from trainctl.launcher.specfile import SpecDraft
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
-from trainctl.supervisor.spec import BACKENDS, Spec, StopOrder, StopPolicy
-from trainctl.supervisor.state import JobState
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import BACKENDS, Spec, StopOrder, StopPolicy
+from trainctl.supervisor.model.state import JobState
 
 Asked = Callable[[], None]  # called the moment a checkpoint request goes out
 
@@ -146,7 +146,7 @@ def spec_for_stop(jdir: Path, st: JobState) -> tuple[Spec, str]:
                 order=cfg.stop_order,
             )
         except TrainctlError:
-            policy = StopPolicy()  # the built-in defaults: one place (supervisor/spec.py)
+            policy = StopPolicy()  # the built-in defaults: one place (supervisor/model/spec.py)
         spec = Spec(name=st.name, argv=("?",), cwd="/", env={}, stop=policy)
         why = f"warning: {e}; stopping with the configured defaults "
         return spec, why + f"({policy.signal}, {policy.grace_s:g} s)"

@@ -20,11 +20,13 @@ from trainctl.launcher.config import Config
 from trainctl.launcher.gpus import gpu_views
 from trainctl.launcher.results.ops import AdoptResult, Found, Plan
 from trainctl.launcher.specfile import SpecDraft
-from trainctl.supervisor import ids, procfs, state
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import ConfigError, GpuError
-from trainctl.supervisor.launch import AdoptRequest, Handover, launch_supervisor
-from trainctl.supervisor.proctree import alive, descendants, scan, target_of
-from trainctl.supervisor.state import TRAINCTL_VARS, GpuLease, JobState, Phase
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import TRAINCTL_VARS, GpuLease, JobState, Phase
+from trainctl.supervisor.tree.launch import AdoptRequest, Handover, launch_supervisor
+from trainctl.supervisor.tree.proctree import alive, descendants, scan, target_of
 
 from .jobs import current_phase, existing_job
 from .start import refuse_if_live, resolve_spec

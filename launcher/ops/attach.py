@@ -1,5 +1,5 @@
 """`attach`: connect to the terminal of a job started with ``--tty``, through its
-supervisor's control socket (the frames are supervisor/terminal.py's).
+supervisor's control socket (the frames are supervisor/tree/terminal.py's).
 
 This module opens the connection and says, in one line, why one cannot be had; the
 keyboard and the screen are the verb's (launcher/verbs/attach.py).
@@ -13,15 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher import backends
-from trainctl.supervisor import control, state
-from trainctl.supervisor.errors import (
-    JobConflictError,
-    NotRunningError,
-    StateError,
-    TrainctlError,
-)
-from trainctl.supervisor.phases import Phase
-from trainctl.supervisor.reports import SlurmStopReport, StopReport
+from trainctl.supervisor.errors import JobConflictError, NotRunningError, StateError, TrainctlError
+from trainctl.supervisor.model import control, state
+from trainctl.supervisor.model.phases import Phase
+from trainctl.supervisor.model.reports import SlurmStopReport, StopReport
 
 from .jobs import current_phase, existing_job
 

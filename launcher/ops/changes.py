@@ -7,9 +7,9 @@ git's subprocess, hashlib and tomllib: ~10 ms that an unchanged job never pays).
 from __future__ import annotations
 
 from trainctl.launcher.specfile import file_changes
-from trainctl.supervisor.drift import drift
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import JobState
+from trainctl.supervisor.watch.drift import drift
 
 
 def code_changes(st: JobState, spec: Spec) -> list[str]:

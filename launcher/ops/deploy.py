@@ -49,22 +49,24 @@ from trainctl.launcher.config import Config
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import Checkpoint
 from trainctl.launcher.results.ops import DeployPlan, DeployReport, DeployStep
-from trainctl.supervisor import hooks, ids, state
-from trainctl.supervisor.drift import code_version, drift
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
     ProcessTreeError,
     TrainctlError,
 )
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.reports import Cause
-from trainctl.supervisor.schema import build_document
-from trainctl.supervisor.sections import CodeRecord
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState, Phase
-from trainctl.supervisor.tail import tail_lines
+from trainctl.supervisor.life import hooks
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.schema import build_document
+from trainctl.supervisor.model.sections import CodeRecord
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.model.tail import tail_lines
+from trainctl.supervisor.tree.proctree import alive, scan, target_of
+from trainctl.supervisor.watch.drift import code_version, drift
 
 from . import keepsafe, queue
 from .deployfiles import (

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from trainctl.launcher.results.ops import DeployReport, DeployStep
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.schema import build_document
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.schema import build_document
 
 LOCK = "deploy.lock"  # held by the deployer for its whole life (probation included)
 

@@ -9,9 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainctl.launcher.results.ops import Check
-from trainctl.supervisor import cgroup, ids, mounts, stacks, state, systemd
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, NoDriverError, open_backend
+from trainctl.supervisor.linux import cgroup, systemd
+from trainctl.supervisor.model import state
+from trainctl.supervisor.tree import mounts, stacks
 
 
 def run_doctor(home: Path) -> list[Check]:

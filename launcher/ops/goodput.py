@@ -34,9 +34,9 @@ from typing import Any
 
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.steps import number, steps_path, timed_steps
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.steps import number, steps_path, timed_steps
 
 from .history import read_events
 from .jobs import current_phase, existing_job

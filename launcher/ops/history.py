@@ -16,10 +16,10 @@ from typing import Any
 
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.schema import build_document
-from trainctl.supervisor.sections import CodeRecord
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.schema import build_document
+from trainctl.supervisor.model.sections import CodeRecord
 
 from .jobs import current_phase, existing_job
 

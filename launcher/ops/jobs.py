@@ -10,12 +10,12 @@ from pathlib import Path
 
 from trainctl.launcher import backends
 from trainctl.launcher.inputs import closest, human_duration
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.proctree import Member, alive, scan, target_of
-from trainctl.supervisor.state import JobState, Phase
-from trainctl.supervisor.tail import read_end
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
 
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
 

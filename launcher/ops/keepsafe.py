@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher.results import Checkpoint
-from trainctl.supervisor import checkpoints
+from trainctl.supervisor.model import checkpoints
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 

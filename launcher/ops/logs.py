@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from trainctl.supervisor import nodefiles as nf
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.logtimes import read_stamps
-from trainctl.supervisor.proctree import scan, target_of
-from trainctl.supervisor.state import Phase
-from trainctl.supervisor.tail import last_lines_at, read_from
+from trainctl.supervisor.model import nodefiles as nf
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.model.tail import last_lines_at, read_from
+from trainctl.supervisor.tree.proctree import scan, target_of
+from trainctl.supervisor.watch.logtimes import read_stamps
 
 from .jobs import current_phase, existing_job
 
@@ -74,7 +74,7 @@ def _read(path: Path, tail: int | None, since_offset: int = 0) -> tuple[int, byt
 def timed_lines(
     path: Path, tail: int | None, since: float | None
 ) -> list[tuple[float | None, str]]:
-    """The log's lines, each with the time it was written (supervisor/logtimes.py; None:
+    """The log's lines, each with the time it was written (supervisor/watch/logtimes.py; None:
     after the last look): its last ``tail`` lines, of those written at ``since`` or later."""
     stamps = read_stamps(path)
     start = 0

@@ -1,6 +1,6 @@
 """`stop --dry-run`: what a stop would do to a job now, changing nothing.
 
-The same planner the supervisor's stop runs (supervisor/forest.py) names, for each live
+The same planner the supervisor's stop runs (supervisor/tree/forest.py) names, for each live
 member, whether it is signalled at once, once its parent has exited, or (a launcher such
 as torchrun) once its workers are gone. Nothing is signalled and nothing is written.
 """
@@ -13,11 +13,12 @@ from pathlib import Path
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.gpus import gpu_memory_by_pid
 from trainctl.launcher.results import PlannedProc, StopPlan
-from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.forest import stop_roles
-from trainctl.supervisor.proctree import Member, scan, target_of
-from trainctl.supervisor.spec import Spec, StopOrder
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import Spec, StopOrder
+from trainctl.supervisor.tree.forest import stop_roles
+from trainctl.supervisor.tree.proctree import Member, scan, target_of
 
 from . import queue
 from .jobs import current_phase, existing_job

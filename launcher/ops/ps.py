@@ -12,11 +12,12 @@ import psutil  # only `ps` pays for it: this module is loaded by the ps verb alo
 from trainctl.launcher import backends
 from trainctl.launcher.gpus import gpu_memory_by_pid
 from trainctl.launcher.results import PsRow
-from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
-from trainctl.supervisor.forest import stop_roles
-from trainctl.supervisor.proctree import scan, target_of
-from trainctl.supervisor.spec import StopOrder
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import StopOrder
+from trainctl.supervisor.tree.forest import stop_roles
+from trainctl.supervisor.tree.proctree import scan, target_of
 
 from .jobs import existing_job
 

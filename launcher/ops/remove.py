@@ -8,8 +8,9 @@ from pathlib import Path
 
 from trainctl.launcher import backends
 from trainctl.launcher.backends.local import snapshot
-from trainctl.supervisor import procfs, state
 from trainctl.supervisor.errors import JobConflictError, JobNotFoundError, StateError
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
 
 from .jobs import live_members
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.reports import StopReport
-from trainctl.supervisor.samples import Sample, read_series
-from trainctl.supervisor.tail import latest_frame, read_end
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.tail import latest_frame, read_end
+from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
 

@@ -1,6 +1,6 @@
 """`stack`: the Python stack of every process of a job, read with py-spy, grouped.
 
-py-spy (MIT, a ~3 MB binary wheel, a default dependency; run by supervisor/stacks.py)
+py-spy (MIT, a ~3 MB binary wheel, a default dependency; run by supervisor/tree/stacks.py)
 reads another process's memory through ptrace; it pauses each process for a moment and
 signals nothing. The members are the job's own (every net, pid + start time): a pid that
 was reused while it was read is dropped, never shown as the job's. Each process is read
@@ -16,10 +16,12 @@ from typing import Any
 
 from trainctl.launcher import backends
 from trainctl.launcher.results import Frame, Skipped, StackGroup, StackReport, StackThread
-from trainctl.supervisor import procfs, stacks, state
 from trainctl.supervisor.errors import ConfigError, ProcessTreeError
 from trainctl.supervisor.gpu.holders import read_env_var
-from trainctl.supervisor.proctree import Member, alive, scan, target_of
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.tree import stacks
+from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
 
 from .jobs import existing_job
 

@@ -18,16 +18,16 @@ from trainctl.launcher.inputs import parse_duration, parse_env, parse_seconds, p
 from trainctl.launcher.results import EndedAtOnce, GpuRequest, StartResult, StopResult
 from trainctl.launcher.results.ops import Health
 from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
-from trainctl.supervisor import hooks, state
-from trainctl.supervisor.causes import check_restart_on
-from trainctl.supervisor.cgroup import find_mount
-from trainctl.supervisor.drift import entry_script
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
-from trainctl.supervisor.hooks import EVENTS as HOOK_EVENTS
-from trainctl.supervisor.memory import find_home as memory_home
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.schema import build_document
-from trainctl.supervisor.spec import (
+from trainctl.supervisor.life import hooks
+from trainctl.supervisor.life.causes import check_restart_on
+from trainctl.supervisor.life.hooks import EVENTS as HOOK_EVENTS
+from trainctl.supervisor.linux.cgroup import find_mount
+from trainctl.supervisor.linux.memory import find_home as memory_home
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.schema import build_document
+from trainctl.supervisor.model.spec import (
     SLURM_KEYS,
     GpuBinding,
     Hooks,
@@ -40,8 +40,9 @@ from trainctl.supervisor.spec import (
     StopPolicy,
     Watch,
 )
-from trainctl.supervisor.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
-from trainctl.supervisor.tail import tail_lines
+from trainctl.supervisor.model.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
+from trainctl.supervisor.model.tail import tail_lines
+from trainctl.supervisor.watch.drift import entry_script
 
 from .jobs import current_phase, existing_job, live_members
 from .queue import queued_names

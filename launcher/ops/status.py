@@ -22,13 +22,15 @@ from trainctl.launcher.results import (
     Progress,
     Status,
 )
-from trainctl.supervisor import memory, mounts, state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
-from trainctl.supervisor.proctree import scan, scan_cgroup, target_of
-from trainctl.supervisor.records import record
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import Phase
-from trainctl.supervisor.tail import last_line
+from trainctl.supervisor.linux import memory
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.model.tail import last_line
+from trainctl.supervisor.tree import mounts
+from trainctl.supervisor.tree.proctree import scan, scan_cgroup, target_of
 
 from . import queue
 from .deployfiles import on_probation

@@ -17,10 +17,10 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import human_duration
 from trainctl.launcher.results import Checkpoint, CheckpointInfo, Dequeued, StopResult
-from trainctl.supervisor import control, state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, JobNotFoundError, StateError
-from trainctl.supervisor.reports import StopReport
-from trainctl.supervisor.spec import Spec, StopOrder, parse_order
+from trainctl.supervisor.model import control, state
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.spec import Spec, StopOrder, parse_order
 
 from . import queue
 from .jobs import existing_job

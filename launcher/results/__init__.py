@@ -3,7 +3,7 @@
 Operations and backends return these; ``render`` turns them into text and JSON; the
 Python API hands them to programs. Nothing here imports any other launcher module, and
 nothing here prints. A dict appears only where a JSON document is read or written:
-``from_doc`` builders check every field against its annotation (supervisor/schema.py).
+``from_doc`` builders check every field against its annotation (supervisor/model/schema.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
-from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import (
+from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.reports import (
     Cause,
     Failure,
     GpuHolder,
@@ -27,8 +27,8 @@ from trainctl.supervisor.reports import (
     StopReport,
     Survivor,
 )
-from trainctl.supervisor.sections import Adoption, CodeRecord
-from trainctl.supervisor.state import Phase
+from trainctl.supervisor.model.sections import Adoption, CodeRecord
+from trainctl.supervisor.model.state import Phase
 
 __all__ = [
     "Cause",
@@ -113,7 +113,7 @@ class PlannedProc:
     pid: int
     ppid: int
     cmd: str
-    role: str  # first | after parent | launcher: WHY (supervisor/forest.py)
+    role: str  # first | after parent | launcher: WHY (supervisor/tree/forest.py)
     gpu: bool = False  # has a GPU open (a GPU holder)
 
 
@@ -382,7 +382,7 @@ class Status:
     gpu_labels: list[str] = field(default_factory=list)  # "3", or "0/1" for a MIG instance
     gpu_faults: list[str] = field(default_factory=list)  # Xid events, ECC errors, lost GPUs
     handed_off: list[str] = field(default_factory=list)  # work given to a foreign tmux
-    mounts_not_kept: list[str] = field(default_factory=list)  # see supervisor/mounts.py
+    mounts_not_kept: list[str] = field(default_factory=list)  # see supervisor/tree/mounts.py
     restarts: int = 0
     last_failure: Failure | None = None
     restart_in_s: float | None = None
@@ -483,7 +483,7 @@ class PsRow:
     depth: int
     gpu_holder: bool = False  # has a GPU open
     gpu_bytes: int | None = None  # its GPU memory, when the driver reports it
-    stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/forest.py)
+    stop_role: str = ""  # first | after parent | launcher: WHY (see supervisor/tree/forest.py)
     unit: str | None = None  # the run's systemd scope (the same for every row)
     node: str | None = None  # Slurm: the node it runs on, as its agent published it
 

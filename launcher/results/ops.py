@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import Cause
-from trainctl.supervisor.sections import Adoption, CodeRecord
-from trainctl.supervisor.state import JobState, MemberSnap
+from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.sections import Adoption, CodeRecord
+from trainctl.supervisor.model.state import JobState, MemberSnap
 
 
 @dataclass(frozen=True, slots=True)

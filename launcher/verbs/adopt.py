@@ -14,9 +14,9 @@ from trainctl.launcher.ops.adopt import (
     readopt_job,
 )
 from trainctl.launcher.results.ops import Plan
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.state import JobState
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import JobState
 
 from . import Invocation
 

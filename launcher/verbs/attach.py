@@ -24,8 +24,8 @@ from typing import Any
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.attach import Attached, attach, last_stop, still_served
-from trainctl.supervisor import terminal as wire
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.tree import terminal as wire
 
 from . import Invocation
 

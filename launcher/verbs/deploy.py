@@ -13,7 +13,7 @@ from trainctl.launcher.ops import deploy as ops
 from trainctl.launcher.ops import deployfiles as files
 from trainctl.launcher.results.ops import DeployPlan, DeployReport
 from trainctl.supervisor.errors import ConfigError, SpawnError
-from trainctl.supervisor.state import job_dir
+from trainctl.supervisor.model.state import job_dir
 
 from . import Invocation
 

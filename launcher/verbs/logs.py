@@ -12,8 +12,8 @@ from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.logs import follow, log_lines, other_nodes, run_log, timed_lines
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.model import state
 
 from . import Invocation
 

@@ -26,8 +26,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from trainctl.launcher import inputs, render, verbs
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.jobs import stop_under_way
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.model import state
 
 from . import Invocation
 

@@ -8,8 +8,8 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.jobs import ended_jobs
 from trainctl.launcher.ops.remove import remove_job
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.model import state
 
 from . import Invocation
 

@@ -13,8 +13,8 @@ from trainctl.launcher.ops.changes import spec_changes
 from trainctl.launcher.ops.jobs import existing_job
 from trainctl.launcher.ops.start import restart_job, watch_health
 from trainctl.launcher.ops.status import spec_file_touched
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.model import state
 
 from . import Invocation
 from .logs import follow_new_run

@@ -6,8 +6,8 @@ from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops import queue
 from trainctl.launcher.ops.remove import remove_job
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.model import state
 
 from . import Invocation
 

@@ -15,7 +15,7 @@ from trainctl.launcher.ops.start import default_name, ended_at_once, resolve_spe
 from trainctl.launcher.results import GpuRequest, Queued, StartResult
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import parse_order
+from trainctl.supervisor.model.spec import parse_order
 
 from . import Invocation
 from .logs import follow_new_run

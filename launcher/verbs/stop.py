@@ -26,10 +26,10 @@ from trainctl.launcher.ops.stop import (
 )
 from trainctl.launcher.ops.stop import stop_order_of as resolve_order
 from trainctl.launcher.results import CheckpointInfo
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import job_dir
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import job_dir
 
 from . import Invocation
 

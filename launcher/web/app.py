@@ -43,8 +43,8 @@ from trainctl.launcher.ops.history import job_history
 from trainctl.launcher.ops.status import all_statuses, job_status
 from trainctl.launcher.results import Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
+from trainctl.supervisor.model import state
 
 from . import pages, static
 

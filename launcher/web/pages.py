@@ -11,7 +11,7 @@ from typing import Any
 from trainctl.launcher import charts, render
 from trainctl.launcher.results import Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow, StopTimeline
-from trainctl.supervisor.samples import Sample
+from trainctl.supervisor.watch.samples import Sample
 
 ACTIONS = ("stop", "restart", "deploy")
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.state import current_boot_id, flock_file, write_json_atomic
+from trainctl.supervisor.model.state import current_boot_id, flock_file, write_json_atomic
 
 from .xid import REBOOT, Fault
 

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 
 from trainctl.supervisor.errors import GpuError
-from trainctl.supervisor.procfs import read_cmdline
-from trainctl.supervisor.reports import GpuHolder, GpuRelease
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import GpuLease
+from trainctl.supervisor.linux.procfs import read_cmdline
+from trainctl.supervisor.model.reports import GpuHolder, GpuRelease
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import GpuLease
 
 from . import GIB, MIB, Gpu, GpuBackend, open_backend
 from .holders import classify_pid, find_holders, read_env_var

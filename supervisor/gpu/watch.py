@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from trainctl.supervisor.errors import GpuError
-from trainctl.supervisor.state import GpuLease
+from trainctl.supervisor.model.state import GpuLease
 
 from . import GpuBackend, XidSource, open_backend, xid
 from .xid import Fault

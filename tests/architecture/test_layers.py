@@ -258,7 +258,7 @@ def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
 
 def test_no_verb_names_a_backend() -> None:
     """A verb asks the backend what it can do; it never tests which backend it is."""
-    from trainctl.supervisor.spec import BACKENDS  # noqa: PLC0415  (the names under test)
+    from trainctl.supervisor.model.spec import BACKENDS  # noqa: PLC0415  (the names under test)
 
     for path in sorted((LAUNCHER / "verbs").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -334,9 +334,9 @@ def _source_hits(pattern: str) -> list[str]:
 
 
 def test_one_reader_of_a_files_end() -> None:
-    """issue 34: the log-tail readers were five; supervisor/tail.py is the one now."""
+    """issue 34: the log-tail readers were five; supervisor/model/tail.py is the one now."""
     seeks = _source_hits("SEEK_END") + _source_hits("seek(0, 2)")
-    assert all(h.startswith("supervisor/tail.py:") for h in seeks), seeks
+    assert all(h.startswith("supervisor/model/tail.py:") for h in seeks), seeks
 
 
 def test_one_list_of_hook_events() -> None:
@@ -346,8 +346,8 @@ def test_one_list_of_hook_events() -> None:
 
     from trainctl.launcher.config import HOOK_KEYS  # noqa: PLC0415
     from trainctl.launcher.specfile import KEYS, SpecDraft  # noqa: PLC0415
-    from trainctl.supervisor import hooks  # noqa: PLC0415
-    from trainctl.supervisor.spec import HOOK_EVENTS, Hooks  # noqa: PLC0415
+    from trainctl.supervisor.life import hooks  # noqa: PLC0415
+    from trainctl.supervisor.model.spec import HOOK_EVENTS, Hooks  # noqa: PLC0415
 
     assert hooks.EVENTS is HOOK_EVENTS
     wanted = {f"on_{e}" for e in HOOK_EVENTS}
@@ -363,9 +363,9 @@ def test_repeated_helpers_are_written_once() -> None:
     """The descendants of a pid, a cgroup's freeze and removal waits and the flock wait:
     one definition each (proctree.descendants; poll.poll_until for the waits)."""
     where = [h.split(":")[0] for h in _source_hits("def descendants(")]
-    assert where == ["supervisor/proctree.py"], where
+    assert where == ["supervisor/tree/proctree.py"], where
     assert _source_hits("def _descendants(") == []
-    for path in ("supervisor/cgroup.py", "supervisor/state.py"):
+    for path in ("supervisor/linux/cgroup.py", "supervisor/model/state.py"):
         assert "time.sleep(" not in (ROOT / path).read_text(), path
 
 
@@ -373,10 +373,10 @@ def test_repeated_helpers_are_written_once() -> None:
 # is over 50 lines except where the note says why").
 LONG_FUNCTIONS = {
     "launcher/ops/status.py:job_status": "one Status(...) of 47 fields: the shape of status --json",
-    "supervisor/terminate.py:stop_tree": "the stop sequence of docs/stop.md, read top to bottom",
+    "supervisor/tree/terminate.py:stop_tree": "the stop sequence of docs/stop.md, top to bottom",
     "launcher/cli.py:start": "click's option declarations of `start`",
     "launcher/verbs/mcp_.py:_changing_tools": "the MCP tool declarations that change things",
-    "supervisor/dbus.py:call": "one D-Bus conversation: auth, Hello, the call, the nudge",
+    "supervisor/linux/dbus.py:call": "one D-Bus conversation: auth, Hello, the call, the nudge",
     "supervisor/watchers.py:_snapshots": "the snapshot tick that drives the watchers, in order",
     "launcher/backends/slurm/__init__.py:_stop_slurm": "the Slurm stop: agents, scancel, sweep",
     "launcher/backends/slurm/__init__.py:seen": "Slurm's verdict and every node's record",

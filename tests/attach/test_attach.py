@@ -20,7 +20,7 @@ from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.helpers import Pane, one_line_error
 from trainctl.launcher.ops.attach import read_reply_line
 from trainctl.launcher.verbs.attach import DetachMatcher, parse_detach_keys
-from trainctl.supervisor.terminal import INPUT, OUTPUT, FrameReader, frame
+from trainctl.supervisor.tree.terminal import INPUT, OUTPUT, FrameReader, frame
 
 NEEDS_TMUX = pytest.mark.skipif(
     not shutil.which("tmux"), reason="tmux not installed (apt-get install tmux)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import Harness, wait_for
 from tests.helpers import one_line_error
-from trainctl.supervisor.logtimes import LogStamper, read_stamps, times_path
+from trainctl.supervisor.watch.logtimes import LogStamper, read_stamps, times_path
 
 # prints 'early', waits for the test's gate, prints 'late', then waits to be stopped
 GATED = """

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.helpers import Pane, stop_and_check
-from trainctl.supervisor.logs import Pace
+from trainctl.supervisor.watch.logs import Pace
 
 
 def test_flags_take_the_same_durations_as_spec_keys(harness: Harness) -> None:

@@ -434,7 +434,7 @@ def test_the_watch_reads_uncorrected_ecc_errors(harness: Harness) -> None:
     code = (
         "import json, sys\n"
         "from trainctl.supervisor.gpu.watch import GpuWatch\n"
-        "from trainctl.supervisor.state import GpuLease\n"
+        "from trainctl.supervisor.model.state import GpuLease\n"
         "w = GpuWatch.open((GpuLease(1, sys.argv[1], 'NVIDIA H200', 0),))\n"
         "first = w.sample()\n"
         "doc = json.load(open(sys.argv[2]))\n"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import Harness, alive, kill_verified, wait_for
 from tests.helpers import one_line_error
-from trainctl.supervisor.causes import job_reason
+from trainctl.supervisor.life.causes import job_reason
 
 FAILS = textwrap.dedent(
     """

@@ -46,7 +46,7 @@ HOOK = textwrap.dedent(
 
 def _memory_cap_possible() -> str | None:
     sys.path.insert(0, str(Path(__file__).parents[2]))
-    from trainctl.supervisor import memory  # noqa: PLC0415
+    from trainctl.supervisor.linux import memory  # noqa: PLC0415
 
     home = memory.find_home()
     return home if isinstance(home, str) else None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tests.conftest import Harness, wait_for
 from tests.gpu.test_gpus import fake_gpus
-from trainctl.supervisor import samples
-from trainctl.supervisor.samples import Sample, SampleLog, merge, read_series, samples_path
+from trainctl.supervisor.watch import samples
+from trainctl.supervisor.watch.samples import Sample, SampleLog, merge, read_series, samples_path
 
 
 def test_merge_means_levels_keeps_memory_peaks_and_the_newest_progress() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor.drift import code_version, drift, entry_script
-from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.watch.drift import code_version, drift, entry_script
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,7 @@ def test_a_stop_that_waited_for_a_start_goes_through_the_new_supervisor(
         "from pathlib import Path\n"
         "from trainctl.launcher.config import load_config\n"
         "from trainctl.launcher.ops.start import start_locked\n"
-        "from trainctl.supervisor import state\n"
+        "from trainctl.supervisor.model import state\n"
         "home = Path(sys.argv[1]); jdir = home / 'jobs' / 's'\n"
         "start_locked(home, jdir, state.read_spec(jdir), load_config())\n"
     )
@@ -286,7 +286,7 @@ def test_a_deleted_supervisor_lock_does_not_make_status_lie(harness: Harness) ->
 
 
 PING = (
-    "import sys\nfrom pathlib import Path\nfrom trainctl.supervisor import control\n"
+    "import sys\nfrom pathlib import Path\nfrom trainctl.supervisor.model import control\n"
     "assert control.request(Path(sys.argv[1]), {'op': 'ping'}, timeout_s=20)['ok']\n"
 )
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from trainctl.supervisor import lifecycle as lc
-from trainctl.supervisor.reports import StopReport
-from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, Watch
-from trainctl.supervisor.state import Phase
+from trainctl.supervisor.life import lifecycle as lc
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.spec import RestartPolicy, Spec, StopPolicy, Watch
+from trainctl.supervisor.model.state import Phase
 
 SPEC = Spec(
     name="j",
@@ -183,7 +183,7 @@ def test_every_stage_is_stored_as_its_phase_and_every_move_is_legal() -> None:
     written is one state.TRANSITIONS allows."""
     import random  # noqa: PLC0415  (this test's generator only)
 
-    from trainctl.supervisor.state import TRANSITIONS  # noqa: PLC0415
+    from trainctl.supervisor.model.state import TRANSITIONS  # noqa: PLC0415
 
     pool: list[lc.Event] = [
         lc.MainExited(0),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import wait_for
-from trainctl.supervisor import procfs
+from trainctl.supervisor.linux import procfs
 
 
 def test_read_stat_of_self() -> None:

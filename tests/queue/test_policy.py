@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from trainctl.launcher.ops.queue import After, Entry, HomeView, blockers
-from trainctl.supervisor import ids, state
-from trainctl.supervisor.reports import Cause
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor import ids
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.state import JobState, Phase
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Which checkpoint is complete (supervisor/checkpoints.py), format by format, on real
+"""Which checkpoint is complete (supervisor/model/checkpoints.py), format by format, on real
 files: a zip written by zipfile (and by torch.save where torch is installed), safetensors
 bytes, DCP and HF directories, the completion marker, temporary names, plain files."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor import checkpoints
-from trainctl.supervisor.checkpoints import judge, newest, step_of_name
+from trainctl.supervisor.model import checkpoints
+from trainctl.supervisor.model.checkpoints import judge, newest, step_of_name
 
 
 def _old(path: Path, age_s: float = 10.0) -> None:

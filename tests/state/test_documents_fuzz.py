@@ -13,9 +13,15 @@ from hypothesis import strategies as st
 from tests.state.test_state import sample
 from trainctl.launcher.config import _apply
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.reports import StopReport
-from trainctl.supervisor.spec import RestartPolicy, Spec, StopPolicy, spec_from_doc, spec_to_doc
-from trainctl.supervisor.state import JobState, state_from_doc, state_to_doc
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.spec import (
+    RestartPolicy,
+    Spec,
+    StopPolicy,
+    spec_from_doc,
+    spec_to_doc,
+)
+from trainctl.supervisor.model.state import JobState, state_from_doc, state_to_doc
 
 JSON = st.recursive(
     st.none()

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from tests.state.test_state import sample
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.hooks import HookJob
-from trainctl.supervisor.launch import AdoptRequest, Handover
-from trainctl.supervisor.reports import (
+from trainctl.supervisor.life.hooks import HookJob
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import (
     Cause,
     Failure,
     NodeStop,
@@ -25,8 +24,9 @@ from trainctl.supervisor.reports import (
     SlurmVerdict,
     StopReport,
 )
-from trainctl.supervisor.sections import Adoption, CodeRecord, SlurmRecord
-from trainctl.supervisor.state import JobState, Phase, state_from_doc, state_to_doc
+from trainctl.supervisor.model.sections import Adoption, CodeRecord, SlurmRecord
+from trainctl.supervisor.model.state import JobState, Phase, state_from_doc, state_to_doc
+from trainctl.supervisor.tree.launch import AdoptRequest, Handover
 
 CAUSE = Cause(kind="exit", summary="exit code 3", exit_code=3, reason="ValueError: x")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
-from trainctl.supervisor.state import JobState, MemberSnap, Phase, ProcRef
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import JobState, MemberSnap, Phase, ProcRef
 
 
 def sample() -> JobState:

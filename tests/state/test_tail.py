@@ -1,4 +1,4 @@
-"""supervisor/tail.py: the one reader of a file's end (logs, events, progress files)."""
+"""supervisor/model/tail.py: the one reader of a file's end (logs, events, progress files)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor import tail
+from trainctl.supervisor.model import tail
 
 
 def test_tail_lines_drops_the_line_the_cut_went_through(tmp_path: Path) -> None:

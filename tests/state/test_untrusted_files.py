@@ -71,7 +71,7 @@ def test_a_shared_home_is_refused_not_chmodded(harness: Harness) -> None:
 
 
 def _own_cgroup() -> Path | None:
-    from trainctl.supervisor import cgroup  # noqa: PLC0415
+    from trainctl.supervisor.linux import cgroup  # noqa: PLC0415
 
     mount, own = cgroup.find_mount(), cgroup.own_cgroup()
     return None if mount is None or own is None else mount / own.lstrip("/")

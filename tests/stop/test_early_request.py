@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import Harness, wait_for
 from trainctl.launcher import early
 from trainctl.launcher.verbs import stop as stop_verb
-from trainctl.supervisor import control
+from trainctl.supervisor.model import control
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_its_paths_are_the_ones_the_rest_of_trainctl_uses(tmp_path: Path) -> Non
     """early.py spells the job, socket and queue paths itself (it may import nothing of
     trainctl): they must stay the very paths the verb, the supervisor and the queue use."""
     from trainctl.launcher.ops import queue  # noqa: PLC0415  (the paths compared against)
-    from trainctl.supervisor import state  # noqa: PLC0415
+    from trainctl.supervisor.model import state  # noqa: PLC0415
 
     home, name = str(tmp_path), "job-1.a"
     assert early._job_paths(home, name) == (

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.forest import Planner, launcher_by_cmdline
-from trainctl.supervisor.procfs import Stat
-from trainctl.supervisor.proctree import Member
-from trainctl.supervisor.spec import StopOrder, parse_order
+from trainctl.supervisor.linux.procfs import Stat
+from trainctl.supervisor.model.spec import StopOrder, parse_order
+from trainctl.supervisor.tree.forest import Planner, launcher_by_cmdline
+from trainctl.supervisor.tree.proctree import Member
 
 PY = "/venv/bin/python3"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _stat, kill_verified, wait_for
-from trainctl.supervisor import cgroup, procfs
-from trainctl.supervisor.proctree import Target
-from trainctl.supervisor.roster import Roster
-from trainctl.supervisor.state import ProcRef
+from trainctl.supervisor.linux import cgroup, procfs
+from trainctl.supervisor.model.state import ProcRef
+from trainctl.supervisor.tree.proctree import Target
+from trainctl.supervisor.tree.roster import Roster
 
 # main forks A; A forks B. Each writes its pid to DIR/<name>. A exits when DIR/kill-a
 # exists; B calls setsid once DIR/go-setsid exists, then writes DIR/setsid-done.

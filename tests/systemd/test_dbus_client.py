@@ -1,4 +1,4 @@
-"""The D-Bus client (supervisor/dbus.py) against a real peer process on a unix socket.
+"""The D-Bus client (supervisor/linux/dbus.py) against a real peer process on a unix socket.
 
 The peer plays the parts a systemd manager's private socket can: it authenticates (or
 refuses to), answers in either byte order, sends a signal before the reply, answers with
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor import dbus
+from trainctl.supervisor.linux import dbus
 
 PEER = r"""
 import select, socket, struct, sys, time

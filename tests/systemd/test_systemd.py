@@ -369,7 +369,7 @@ def test_a_users_nohup_job_adopted_from_its_login_is_contained_and_outlives_it(
         # (this call hung in 4 of 6 busy CI runs until the client nudged a peer that sat
         # on its first message: see dbus.NUDGE_S and tests/systemd/test_dbus_client.py)
         ask = (
-            "import os; from trainctl.supervisor import systemd; "
+            "import os; from trainctl.supervisor.linux import systemd; "
             "print(systemd.attach('no.scope', '', [os.getpid()]))"
         )
         said = bed.ssh(f'python3 -c "{ask}"', user="alice", timeout=90)
@@ -438,7 +438,7 @@ def test_a_host_shutdown_gives_the_job_its_own_graceful_stop(bed: Bed) -> None:
 
 
 def test_a_host_without_systemd_is_unchanged(harness: Harness) -> None:
-    from trainctl.supervisor import systemd  # noqa: PLC0415
+    from trainctl.supervisor.linux import systemd  # noqa: PLC0415
 
     if systemd.booted():
         pytest.skip("this host runs systemd: the bed tests cover it")

@@ -8,7 +8,7 @@ import re
 
 from trainctl.launcher import charts
 from trainctl.launcher.ops.runview import _verdict
-from trainctl.supervisor.reports import GpuRelease, StopReport
+from trainctl.supervisor.model.reports import GpuRelease, StopReport
 
 
 def test_thinning_keeps_each_columns_extremes_in_time_order() -> None:

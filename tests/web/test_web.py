@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.gpu.test_gpus import fake_gpus
 from tests.helpers import one_line_error
-from trainctl.supervisor.samples import read_series
+from trainctl.supervisor.watch.samples import read_series
 
 ROOT = Path(__file__).parents[2]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "web"

@@ -18,15 +18,12 @@ from trainctl.launcher.backends import Asked, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.launcher.specfile import SpecDraft
-from trainctl.supervisor import procfs, state
-from trainctl.supervisor.errors import (
-    ConfigError,
-    JobConflictError,
-    ProcessTreeError,
-)
-from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.spec import SLURM_KEYS, Spec
-from trainctl.supervisor.state import JobState
+from trainctl.supervisor.errors import ConfigError, JobConflictError, ProcessTreeError
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
+from trainctl.supervisor.model.state import JobState
+from trainctl.supervisor.tree.proctree import alive, scan, target_of
 
 
 class Local:

@@ -15,15 +15,16 @@ from typing import Any
 
 from trainctl.launcher.backends import StopRequest
 from trainctl.launcher.results import StopResult
-from trainctl.supervisor import memory, state
-from trainctl.supervisor.causes import stopped
 from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
-from trainctl.supervisor.proctree import alive, scan, target_of
-from trainctl.supervisor.reports import Cause, StopReport
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.stacks import before_kill_writer
-from trainctl.supervisor.state import JobState, Phase
-from trainctl.supervisor.stop import run_stop
+from trainctl.supervisor.life.causes import stopped
+from trainctl.supervisor.linux import memory
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import Cause, StopReport
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.tree.proctree import alive, scan, target_of
+from trainctl.supervisor.tree.stacks import before_kill_writer
+from trainctl.supervisor.tree.stop import run_stop
 
 
 def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:

@@ -27,9 +27,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, SpawnError, StateError
-from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import Spec
 
 GIT_TIMEOUT_S = 120.0
 

@@ -10,12 +10,13 @@ from pathlib import Path
 from trainctl.launcher.backends import StartRequest, StopRequest
 from trainctl.launcher.gpus import gpu_env, lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
-from trainctl.supervisor import ids, state
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
-from trainctl.supervisor.launch import Handover, launch_supervisor
-from trainctl.supervisor.spec import Spec, StopOrder
-from trainctl.supervisor.state import Phase
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import Spec, StopOrder
+from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 
 from . import snapshot
 from .stop import stop_once

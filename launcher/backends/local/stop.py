@@ -14,10 +14,11 @@ from pathlib import Path
 from trainctl.launcher import early
 from trainctl.launcher.backends import StopRequest, spec_for_stop
 from trainctl.launcher.results import StopResult
-from trainctl.supervisor import control, procfs, state
 from trainctl.supervisor.errors import JobConflictError, TrainctlError
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.spec import Spec
+from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import control, state
+from trainctl.supervisor.model.spec import Spec
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
 # to its successor, finishing a stop) before the CLI calls it mute.

@@ -29,16 +29,16 @@ from trainctl.launcher.results import (
     StopResult,
 )
 from trainctl.launcher.specfile import SpecDraft
-from trainctl.supervisor import nodefiles as nf
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
-from trainctl.supervisor.poll import poll_until
-from trainctl.supervisor.proctree import Target, alive, scan
-from trainctl.supervisor.reports import StopReport
-from trainctl.supervisor.sections import SlurmRecord
-from trainctl.supervisor.spec import Spec
-from trainctl.supervisor.state import JobState, Phase
-from trainctl.supervisor.stop import run_stop
+from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import nodefiles as nf
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.sections import SlurmRecord
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.tree.proctree import Target, alive, scan
+from trainctl.supervisor.tree.stop import run_stop
 
 from .ctl import (
     agent_argv,

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from trainctl.launcher.config import load_config
 from trainctl.launcher.results import SlurmVerdict
-from trainctl.supervisor import ids, state
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
-from trainctl.supervisor.sections import SlurmRecord
-from trainctl.supervisor.spec import Spec, spec_to_doc
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.sections import SlurmRecord
+from trainctl.supervisor.model.spec import Spec, spec_to_doc
+from trainctl.supervisor.model.state import JobState, Phase
 
 SLURM_PHASES = {
     "PENDING": Phase.STARTING,

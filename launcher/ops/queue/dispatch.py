@@ -20,7 +20,7 @@ from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.gpus import check_request
 from trainctl.launcher.ops.start import refuse_if_live, start_job
 from trainctl.launcher.results import GpuRequest, Queued, StartResult
-from trainctl.supervisor import ids, state, systemd
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
     GpuError,
@@ -30,7 +30,9 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
-from trainctl.supervisor.spec import Spec, spec_from_doc, spec_to_doc
+from trainctl.supervisor.linux import systemd
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 
 from .entries import (
     GPU_POLL_S,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.ops.jobs import current_phase, existing_job
-from trainctl.supervisor import ids, state
+from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
@@ -46,11 +46,12 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
-from trainctl.supervisor.records import record
-from trainctl.supervisor.reports import Cause
-from trainctl.supervisor.schema import build_document
-from trainctl.supervisor.spec import Spec, spec_to_doc
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.schema import build_document
+from trainctl.supervisor.model.spec import Spec, spec_to_doc
+from trainctl.supervisor.model.state import JobState, Phase
 
 TICK_S = 0.25  # how often the dispatcher looks at the queue
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from trainctl.launcher.gpus import lease_fit
 from trainctl.launcher.results import GpuRequest, QueueView
-from trainctl.supervisor import state
 from trainctl.supervisor.errors import ConfigError, TrainctlError
-from trainctl.supervisor.state import JobState, Phase
+from trainctl.supervisor.model import state
+from trainctl.supervisor.model.state import JobState, Phase
 
 from .entries import After, Entry, HomeView, entries, queue_dir, waiter_alive
 

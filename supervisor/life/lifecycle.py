@@ -1,0 +1,532 @@
+"""The supervisor's lifecycle as one pure state machine: ``step(life, event) -> (life, actions)``.
+
+One task of the supervisor owns a :class:`Life` and feeds it every event (main exited, a
+user's stop, the stall watchdog, a finished stop, the backoff elapsed, a relaunch's
+result); watchers and control-socket handlers only send events. The actions it returns
+are carried out by the supervisor (run a stop, write the state, wait, relaunch, answer).
+
+The rules that used to be spread over flags and events:
+
+- a user's stop wins in every phase: it joins a stop already running (and turns it into
+  a user stop, so no relaunch follows), cancels a pending backoff, and a stop that
+  arrives while a successor is being launched is answered with ``forward`` so the CLI
+  asks the successor; a stop that returned "stopped" is never followed by a relaunch;
+- main exiting on its own, or the watchdog, starts the same stop sequence (to clean up
+  leftovers) and the restart policy decides what follows it;
+- once the run has ended, every later stop gets the final report at once.
+
+::
+
+    RUNNING --main exited / stop / stalled--> STOPPING --finished--> BACKOFF | ENDED
+    STOPPING --stop--> STOPPING (joined; becomes a user stop)
+    BACKOFF --stop--> ENDED (stopped)      BACKOFF --elapsed--> RELAUNCHING
+    RELAUNCHING --ok--> HANDED_OVER        RELAUNCHING --failed--> ENDED (failed|stopped)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from trainctl.supervisor.model.reports import Cause, Failure, RestartEntry, StopReport
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import Phase
+
+from . import causes
+from .policy import Verdict, backoff_s, count_in_window, decide
+
+
+class Stage(StrEnum):
+    """Where the supervisor is (STORED_AS below says which phase state.json shows for each)."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    RELAUNCHING = "relaunching"
+    ENDED = "ended"
+    HANDED_OVER = "handed_over"
+
+
+# The one mapping between the two enums: a Stage is where this supervisor is, a Phase is
+# what state.json says of the run. Each stage is stored as one of these phases (the last
+# phase an event's actions persist); HANDED_OVER persists nothing: the successor writes.
+STORED_AS: dict[Stage, frozenset[Phase]] = {
+    Stage.RUNNING: frozenset({Phase.RUNNING}),
+    Stage.STOPPING: frozenset({Phase.STOPPING}),
+    Stage.BACKOFF: frozenset({Phase.STARTING}),
+    Stage.RELAUNCHING: frozenset({Phase.STARTING}),
+    Stage.ENDED: frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED}),
+    Stage.HANDED_OVER: frozenset(),
+}
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class MainExited:
+    """The main process was reaped with this shell-style exit code (None: an adopted main,
+    not our child, whose exit code nobody can read)."""
+
+    code: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """A user's `trainctl stop`; ``token`` identifies the client waiting for the answer."""
+
+    token: int
+    grace_s: float | None  # None: the job's own grace (the user gave no --grace)
+    order: str | None = None
+    gpu_timeout_s: float | None = None
+    verb: str = "stop"  # the verb that asked: stop, restart, rm (for the run's cause)
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """The stall watchdog fired and the spec says ``on_stall = "restart"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLost:
+    """A leased GPU took a reset- or reboot-class fault: the run cannot go on on it.
+
+    ``summary``: ``GPU 2 lost (Xid 79: reboot needed)``; ``advice``: how to go on."""
+
+    summary: str
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StopFinished:
+    """The stop sequence ended with ``report``.
+
+    ``cause``: the supervisor's analysis of a run whose main ended on its own (its kind
+    and the job's reason: supervisor/life/causes.py); None for a stop trainctl began.
+    """
+
+    report: StopReport
+    cause: Cause | None = None
+    # the newest complete checkpoint's step when the run ended (None: none, or no glob)
+    ckpt_step: float | None = None
+    resumed_from: str | None = None  # the checkpoint the run was handed (its RESUME_FROM)
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffElapsed:
+    """The restart backoff is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunched:
+    """The successor supervisor answered (``error`` None) or could not be started."""
+
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a watcher saw of the run, for its record: members, code drift, a stall mark,
+    OOM kills, GPU faults, work handed off. Watchers only look; the owner records it, in
+    order, onto the state as it is then: ``put`` replaces fields, ``add`` appends lines
+    to a field and keeps the newest ``keep`` of them."""
+
+    put: tuple[tuple[str, object], ...] = ()
+    add: tuple[tuple[str, tuple[str, ...], int], ...] = ()  # (field, lines, keep)
+    durable: bool = True
+
+
+Event = (
+    MainExited
+    | StopRequested
+    | Stalled
+    | GpuLost
+    | StopFinished
+    | BackoffElapsed
+    | Relaunched
+    | Observed
+)
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class RunStop:
+    """Run the stop sequence (in a thread) and send StopFinished when it is done."""
+
+    reason: str  # "stop" | "main exited" | "stalled"
+    grace_s: float
+    order: str | None
+    gpu_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Write the run's phase and these fields to state.json (best effort, never blocking)."""
+
+    phase: Phase
+    fields: dict[str, Any] = field(default_factory=dict)
+    durable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WaitBackoff:
+    """Sleep, then send BackoffElapsed (cancelled by CancelBackoff)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelBackoff:
+    """Stop the pending backoff sleep."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShortenGrace:
+    """A later `stop --grace S` joined a running stop: its grace ends within S, never later."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunch:
+    """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
+
+    failure: Failure
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer these waiting clients: with ``report``, or ``forward`` to the successor."""
+
+    tokens: tuple[int, ...]
+    report: StopReport | None = None
+    forward: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Write what a watcher observed (see Observed) to state.json, the phase unchanged."""
+
+    put: tuple[tuple[str, object], ...] = ()
+    add: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    durable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Record an event in events.jsonl."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """Run the job's hook for ``event`` and tell its notify URL (never waited for)."""
+
+    event: str  # exit | failure | restart (stall and checkpoint_stale come from watchers)
+    cause: Cause
+    notify: bool = True  # False: the hook only (a failed end notifies once, as `failure`)
+
+
+Action = (
+    RunStop
+    | Persist
+    | Record
+    | WaitBackoff
+    | CancelBackoff
+    | ShortenGrace
+    | Relaunch
+    | Reply
+    | Log
+    | Hook
+)
+
+# ---------------------------------------------------------------- the machine
+
+
+@dataclass(frozen=True, slots=True)
+class Life:
+    """Everything the lifecycle decides on (frozen: ``step`` returns a new one)."""
+
+    stage: Stage = Stage.RUNNING
+    restarts: int = 0
+    run: int = 1
+    main_code: int | None = None
+    stop_reason: str | None = None  # why the current/last stop sequence ran
+    user_stop: bool = False  # a user asked to stop this run: no relaunch, phase `stopped`
+    stop_by: str = "stop"  # ... with this verb (the first one that asked)
+    grace_s: float | None = None  # the grace of the stop that ran
+    history: tuple[RestartEntry, ...] = ()  # the job's restarts so far
+    waiters: tuple[int, ...] = ()  # clients waiting for the stop's answer
+    joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
+    report: StopReport | None = None  # the final answer, once the run has ended
+    now: float = 0.0  # the time of the event being handled (set by the caller)
+    gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
+
+
+CANCELLED = StopReport(
+    ok=True, already_stopped=True, reason="stop during restart backoff: restart cancelled"
+)
+NOTHING_TO_STOP = StopReport(ok=True, already_stopped=True)
+
+
+Outcome = tuple[Life, list[Action]]
+
+
+def step(life: Life, ev: Event, spec: Spec) -> Outcome:
+    """Return the next lifecycle and what to do for ``ev``; pure, so it is unit-tested."""
+    if isinstance(ev, MainExited):
+        return _main_exited(life, ev, spec)
+    if isinstance(ev, StopRequested):
+        return _stop_requested(life, ev, spec)
+    if isinstance(ev, StopFinished):
+        return _stop_finished(life, ev, spec)
+    if isinstance(ev, Relaunched):
+        return _relaunched(life, ev)
+    if isinstance(ev, Observed):
+        # a look that lands after the run ended must not rewrite its final record
+        return life, [] if ended(life) else [Record(ev.put, ev.add, ev.durable)]
+    return _timer(life, ev, spec)
+
+
+def _timer(life: Life, ev: Stalled | GpuLost | BackoffElapsed, spec: Spec) -> Outcome:
+    """The watchdogs and the backoff: each matters in one stage only."""
+    if isinstance(ev, GpuLost) and life.stage is Stage.RUNNING:
+        # leader-first, as any stop: the healthy ranks get their grace to checkpoint
+        life = dataclasses.replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
+        return _begin_stop(life, "gpu fault", RunStop("gpu fault", spec.stop.grace_s, None))
+    if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
+        life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
+        return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
+    if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
+        cause = life.report.cause if life.report is not None else None
+        failure = Failure(
+            run=life.run, exit_code=life.main_code, reason=life.stop_reason, cause=cause
+        )
+        return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
+    return life, []
+
+
+def _to(life: Life, stage: Stage, **changes: Any) -> Life:
+    return dataclasses.replace(life, stage=stage, **changes)
+
+
+def _begin_stop(life: Life, reason: str, stop: RunStop) -> Outcome:
+    # Signal first, write after: the stop thread starts before the phase is written.
+    return _to(life, Stage.STOPPING, stop_reason=reason), [
+        stop,
+        Persist(Phase.STOPPING, durable=False),
+        Log("stopping", {"reason": reason, "grace_s": stop.grace_s, "order": stop.order}),
+    ]
+
+
+def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
+    life = dataclasses.replace(life, main_code=ev.code)
+    if life.stage is not Stage.RUNNING:
+        return life, []  # a stop is running (it made main exit) or the run is over
+    # Whatever main left behind (orphaned workers holding GPUs) is cleaned up now, with
+    # the grace a stop would give.
+    life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
+    return _begin_stop(life, "main exited", RunStop("main exited", spec.stop.grace_s, None))
+
+
+def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
+    stage = life.stage
+    if stage is Stage.RUNNING:
+        grace = spec.stop.grace_s if ev.grace_s is None else ev.grace_s
+        life = dataclasses.replace(
+            life, user_stop=True, waiters=(ev.token,), stop_by=ev.verb, grace_s=grace
+        )
+        return _begin_stop(life, "stop", RunStop("stop", grace, ev.order, ev.gpu_timeout_s))
+    if stage in (Stage.STOPPING, Stage.RELAUNCHING):
+        # Join the running stop (or the launch); from now on nothing relaunches this run.
+        joined = dataclasses.replace(
+            life,
+            stop_by=life.stop_by if life.user_stop else ev.verb,
+            user_stop=True,
+            waiters=(*life.waiters, ev.token),
+            joined=(*life.joined, ev.token),
+        )
+        actions: list[Action] = [Log("stop_joined", {"stage": str(stage)})]
+        if ev.grace_s is not None and stage is Stage.STOPPING:
+            actions.append(ShortenGrace(ev.grace_s))
+        return joined, actions
+    if stage is Stage.BACKOFF:
+        ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
+        cause = causes.stopped(ev.verb, life.main_code)
+        cause = dataclasses.replace(cause, summary=f"{cause.summary} during the restart backoff")
+        return ended, [
+            CancelBackoff(),
+            Persist(Phase.STOPPING),  # STARTING -> STOPPING -> STOPPED: the legal path
+            Persist(Phase.STOPPED, {"restart_at": None, "last_stop": CANCELLED, "cause": cause}),
+            Log("restart_cancelled", {"cause": cause.to_doc()}),
+            Hook("exit", cause),
+            Reply((ev.token,), CANCELLED),
+        ]
+    if stage is Stage.HANDED_OVER:
+        return life, [Reply((ev.token,), forward=True)]
+    return life, [Reply((ev.token,), life.report or NOTHING_TO_STOP)]
+
+
+def _cause_of(life: Life, ev: StopFinished) -> Cause:
+    """The run's cause: who stopped it, or the supervisor's analysis of its own end."""
+    # the grace the stop applied (a joining `stop --grace S` may have shortened it)
+    grace = life.grace_s
+    if ev.report.signal and (grace is None or ev.report.grace_s < grace):
+        grace = ev.report.grace_s
+    if life.user_stop:
+        return causes.stopped(life.stop_by, life.main_code, grace)
+    if life.stop_reason == "stalled":
+        return causes.stopped("stall watchdog", life.main_code, grace)
+    if life.stop_reason == "gpu fault" and life.gpu_lost is not None:
+        lost = life.gpu_lost
+        summary = f"{lost.summary}; {lost.advice}" if lost.advice else lost.summary
+        return Cause(kind="gpu", summary=summary, gpu=lost.summary, exit_code=life.main_code)
+    if ev.cause is not None:
+        return ev.cause
+    return causes.ended_on_its_own(life.main_code, None, causes.Reason())
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """What every end of a stop records, whatever follows it (a relaunch or the end)."""
+
+    report: StopReport  # with its reason (the run's cause is added once it is final)
+    cause: Cause
+    reason: str  # stop | main exited | stalled
+    verdict: Verdict
+    fields: dict[str, Any]  # the state's fields for the end of the run: exit code, when
+    ckpt_step: float | None = None
+    resumed_from: str | None = None
+
+
+def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
+    """The stop sequence is done: name the run's cause, then relaunch it or end."""
+    if life.stage is not Stage.STOPPING:
+        return life, []
+    reason = "stop" if life.user_stop else str(life.stop_reason)
+    report = dataclasses.replace(ev.report, reason=reason)
+    cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
+    verdict = decide(
+        spec,
+        restarts=life.restarts,
+        cause=cause,
+        cleaned_up=report.ok,
+        reason=reason,
+        history=life.history,
+        now=life.now,
+        ckpt_step=ev.ckpt_step,
+    )
+    ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
+    end = _Ending(report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from)
+    life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
+    return life, [*leftover_log, *actions]
+
+
+def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause, list[Action]]:
+    """Processes that outlived their main (the stale-download case this tool exists for):
+    the cause counts them, and the log names a few."""
+    left = report.found if life.stop_reason == "main exited" else 0
+    if not left or life.user_stop:
+        return cause, []
+    cmds = [p.cmd for p in report.sent][:5]
+    summary = f"{cause.summary}; {left} leftover process(es) stopped"
+    cause = dataclasses.replace(cause, leftovers=left, summary=summary)
+    return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
+
+
+def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
+    """The policy relaunches: record the failure and the restart, then wait the backoff.
+
+    Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
+    phase for a run that is about to be relaunched."""
+    wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
+    cause = end.cause
+    failure = Failure(
+        run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
+    )
+    entry = RestartEntry(
+        run=life.run, at=life.now, cause=cause.summary, kind=cause.kind,
+        matched=end.verdict.matched, ckpt_step=end.ckpt_step, resumed_from=end.resumed_from,
+    )  # fmt: skip
+    history = (*life.history, entry)[-50:]
+    report = dataclasses.replace(end.report, cause=cause)
+    fields = {
+        **end.fields,
+        "last_stop": report,
+        "restart_at": life.now + wait,
+        "last_failure": failure,
+        "cause": cause,
+        "restart_history": history,
+    }
+    logged = {"backoff_s": wait, "restarts": life.restarts, **failure.to_doc()}
+    return _to(life, Stage.BACKOFF, report=report, history=history), [
+        Persist(Phase.STARTING, fields),
+        Log("restart_scheduled", logged),
+        Hook("restart", cause),
+        WaitBackoff(wait),
+    ]
+
+
+def _end(life: Life, end: _Ending) -> Outcome:
+    """No relaunch: the run's final phase, its record, its hooks and every waiter's answer."""
+    cause, verdict = end.cause, end.verdict
+    if end.reason == "stop":
+        final = Phase.STOPPED
+    else:
+        # an adopted main's end is `exited`: its exit code is unknown, not a failure
+        final = Phase.EXITED if cause.kind in ("clean", "unknown") else Phase.FAILED
+    fields: dict[str, Any] = {}
+    if verdict.gave_up:
+        # the run the policy gave up on is the last failure now, not the one before it
+        fields["last_failure"] = Failure(
+            run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
+        )
+        cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why)
+    report = dataclasses.replace(end.report, cause=cause)
+    fields = {**end.fields, **fields, "last_stop": report, "cause": cause}
+    actions: list[Action] = []
+    if verdict.why:
+        actions.append(Log("not_restarting", {"why": verdict.why}))
+        fields["error"] = verdict.why
+    actions += [
+        Persist(final, fields),
+        Log("ended", {"run": life.run, "phase": str(final), "cause": cause.to_doc()}),
+        Hook("exit", cause, notify=final is not Phase.FAILED),
+    ]
+    if final is Phase.FAILED:
+        actions.append(Hook("failure", cause))
+    actions.append(Reply(life.waiters, report))
+    return _to(life, Stage.ENDED, report=report, waiters=()), actions
+
+
+def _relaunched(life: Life, ev: Relaunched) -> Outcome:
+    if life.stage is not Stage.RELAUNCHING:
+        return life, []
+    if ev.error is None:
+        # The successor owns the job now: a stop that waited here must ask it instead.
+        return _to(life, Stage.HANDED_OVER, waiters=()), [Reply(life.waiters, forward=True)]
+    failed = {"restart_at": None, "error": f"relaunch failed: {ev.error}"}
+    report = life.report or NOTHING_TO_STOP
+    actions: list[Action] = [Log("relaunch_failed", {"error": ev.error})]
+    if life.user_stop:
+        cause = causes.stopped(life.stop_by, life.main_code)
+        actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, {**failed, "cause": cause})]
+        actions.append(Hook("exit", cause))
+    else:
+        last = report.cause or Cause(kind="unknown", summary="a failed run")
+        why = f"relaunch failed: {ev.error}"
+        gave = causes.gave_up("relaunch-failed", last, life.restarts, why)
+        actions.append(Persist(Phase.FAILED, {**failed, "cause": gave}))
+        actions += [Hook("exit", gave, notify=False), Hook("failure", gave)]
+    actions.append(Reply(life.waiters, report))
+    return _to(life, Stage.ENDED, report=report, waiters=()), actions
+
+
+def ended(life: Life) -> bool:
+    """Tell whether this supervisor has nothing left to supervise."""
+    return life.stage in (Stage.ENDED, Stage.HANDED_OVER)

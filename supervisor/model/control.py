@@ -1,0 +1,226 @@
+"""The CLI <-> supervisor protocol over ``jobs/<name>/control.sock``: one JSON line each way.
+
+Requests: ``{"op": "ping"}``, ``{"op": "stop", "grace_s": 5.0, "order": "tree"}``
+(``order`` may be absent: the job's own stop order; ``"main_only": true`` means ``main``).
+Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket is 0600 in a
+0700 directory and the server also checks the peer's uid (SO_PEERCRED).
+
+The stop request and its reply are typed (:class:`StopAsk`, :class:`StopReply`); the dicts
+exist only as the JSON on the wire, and a reply is checked field by field when read.
+"""
+
+from __future__ import annotations
+
+import _socket  # early.py's connections are of the C type; socket's are a subclass
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.supervisor.errors import StateError
+
+from .reports import StopReport
+from .schema import build_document
+
+SOCK_NAME = "control.sock"
+MAX_LINE = 1 << 20
+
+
+class ControlUnavailableError(Exception):
+    """The supervisor did not answer (gone, or died mid-request)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopAsk:
+    """A client's `stop`: each field None means the job's own setting."""
+
+    gpu_timeout_s: float | None = None
+    order: str | None = None  # a StopOrder value
+    grace_s: float | None = None
+    verb: str = "stop"  # the verb that asked (stop, restart, rm, deploy): the run's cause names it
+
+    def to_doc(self) -> dict[str, Any]:
+        """The request on the wire."""
+        doc: dict[str, Any] = {"op": "stop", "gpu_timeout_s": self.gpu_timeout_s}
+        if self.order is not None:
+            doc["order"] = self.order
+            doc["main_only"] = self.order == "main"  # read by older supervisors
+        if self.grace_s is not None:
+            doc["grace_s"] = self.grace_s
+        if self.verb != "stop":
+            doc["verb"] = self.verb
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> StopAsk:
+        """Read a request (``main_only`` is the older spelling of order ``main``)."""
+        values = {k: doc.get(k) for k in ("gpu_timeout_s", "order", "grace_s")}
+        verb = doc.get("verb", "stop")
+        values["verb"] = verb if verb in ("stop", "restart", "rm", "deploy") else "stop"
+        if values["order"] is None and doc.get("main_only") is True:
+            values["order"] = "main"
+        ask = build_document(cls, values, "stop request")
+        grace, gpu = ask.grace_s, ask.gpu_timeout_s  # JSON may say 5 for 5.0
+        return dataclasses.replace(
+            ask,
+            grace_s=None if grace is None else float(grace),
+            gpu_timeout_s=None if gpu is None else float(gpu),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StopReply:
+    """The supervisor's answer to a stop: its report, or ``retry`` (a successor owns the
+    job now), or an error."""
+
+    ok: bool = False
+    report: StopReport = field(default_factory=StopReport)
+    exit_code: int | None = None
+    joined: bool = False  # another client's stop was already running; this one joined it
+    retry: bool = False
+    error: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The reply on the wire."""
+        return dataclasses.asdict(self)
+
+
+def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
+    """Send a stop to the job's supervisor and return its checked reply."""
+    return stop_reply(request(jdir, ask.to_doc(), timeout_s))
+
+
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """Return the uid of the process at the other end of a Unix socket."""
+    return _peer_cred(sock)[1]
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """Return the pid of the process at the other end of a Unix socket."""
+    return _peer_cred(sock)[0]
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """Frame one message."""
+    return json.dumps(msg, default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one framed message."""
+    msg = json.loads(line)
+    if not isinstance(msg, dict):
+        raise ValueError("message is not an object")  # noqa: TRY004 (a protocol error)
+    return msg
+
+
+# sun_path holds 108 bytes including the NUL; a long home plus a 64-character job name
+# does not fit.
+_SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def _addressable(jdir: Path) -> Iterator[str]:
+    """Yield an address for the job's socket that fits sun_path, however long the home is.
+
+    A long path is reached through ``/proc/self/fd/N/``, N being a descriptor of the job
+    directory: the kernel resolves it to the very same socket file (same inode, same
+    0600 mode, same peer-uid check), so nothing else changes.
+    """
+    path = str(jdir / SOCK_NAME)
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    fd = os.open(jdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCK_NAME}"
+    finally:
+        os.close(fd)
+
+
+def bind(jdir: Path) -> socket.socket:
+    """Create the listening control socket (0600) before the CLI is told the job started.
+
+    Bound in the handshake phase so a `stop` right after `start` returns always finds it.
+    """
+    path = jdir / SOCK_NAME
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with _addressable(jdir) as address:
+        sock.bind(address)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+def connect(jdir: Path, timeout_s: float) -> socket.socket:
+    """A connection to the job's supervisor, checked to be served by our own uid."""
+    path = jdir / SOCK_NAME
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        with _addressable(jdir) as address:
+            s.connect(address)
+    except OSError as e:
+        s.close()
+        raise ControlUnavailableError(f"cannot connect to {path}: {e.strerror}") from None
+    if peer_uid(s) != os.geteuid():
+        s.close()
+        raise StateError(f"{path} is served by another user; refusing to talk to it")
+    return s
+
+
+def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Send one request to the job's supervisor and return its reply."""
+    s = connect(jdir, timeout_s)
+    try:
+        s.sendall(encode(msg))
+        return read_reply(s)
+    finally:
+        s.close()
+
+
+def read_reply(s: _socket.socket) -> dict[str, Any]:
+    """Read the one-line reply to a request sent on ``s`` (its timeout applies)."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            raise ControlUnavailableError("the supervisor did not answer in time") from None
+        except OSError as e:
+            raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
+        if not chunk:
+            raise ControlUnavailableError("the supervisor closed the connection")
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            raise ControlUnavailableError("reply too long")
+    return decode(buf)
+
+
+def stop_reply(doc: dict[str, Any]) -> StopReply:
+    """A stop reply read off the wire, checked field by field."""
+    return build_document(StopReply, doc, "stop reply")
+
+
+def read_stop_reply(s: _socket.socket, timeout_s: float | None) -> StopReply:
+    """The reply to a stop already sent on ``s`` (launcher/early.py's); ``s`` is closed."""
+    try:
+        s.settimeout(timeout_s)
+        return stop_reply(read_reply(s))
+    finally:
+        s.close()

@@ -1,0 +1,159 @@
+"""Total type checks of the documents trainctl reads back (state.json, spec.json).
+
+A JSON document can hold anything; a frozen dataclass built from it with ``**doc`` checks
+nothing. Every field is checked here against its annotation (and a finite, sane range
+for numbers), so a mistyped file becomes one StateError line (exit 4) instead of a crash
+deep inside a stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from enum import Enum
+from typing import Any, TypeVar
+
+from trainctl.supervisor.errors import StateError
+
+# No trainctl number is negative; none is this large either (timestamps, pids, ticks).
+_MAX_NUMBER = 2.0**62
+T = TypeVar("T")
+
+
+def build_document(cls: type[T], doc: Any, where: str) -> T:
+    """Build dataclass ``cls`` from a JSON object (nested records too), then check it.
+
+    Keys the record does not know are dropped (a newer writer may add some); a missing
+    required key or a mistyped value is one StateError naming the field.
+    """
+    if not isinstance(doc, dict):
+        raise StateError(f"{where}: must be an object, got {type(doc).__name__}")
+    hints = _hints(typing.cast(Any, cls))
+    kwargs = {k: _build_value(v, hints[k], where, k) for k, v in doc.items() if k in hints}
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:
+        raise StateError(f"{where}: {e}; refusing to act on it") from None
+    check_document(obj, where)
+    return obj
+
+
+def _build_value(value: Any, hint: Any, where: str, path: str) -> Any:
+    """Turn the JSON form of a nested record (or a list/tuple of them) into the record."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        inner = [a for a in args if a is not type(None)]
+        return _build_value(value, inner[0], where, path) if len(inner) == 1 else value
+    if isinstance(hint, type) and issubclass(hint, Enum) and not isinstance(value, hint):
+        try:
+            return hint(value)
+        except ValueError:
+            return value  # the check names it
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return build_document(hint, value, f"{where}: {path}")
+    if origin in (list, tuple) and isinstance(value, list | tuple) and args:
+        items = [_build_value(v, args[0], where, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    return value
+
+
+def check_document(obj: Any, where: str) -> None:
+    """Raise StateError naming the first field of dataclass ``obj`` that breaks its type."""
+    _check_fields(obj, where, "")
+
+
+def _check_fields(obj: Any, where: str, prefix: str) -> None:
+    cls: Any = type(obj)
+    for name, hint in _hints(cls).items():
+        _check(getattr(obj, name), hint, where, f"{prefix}{name}")
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def _kind(hint: Any) -> tuple[str, Any]:
+    """How a hint is checked, worked out once per hint (`list` reads dozens of specs)."""
+    if hint is Any:
+        return "any", None
+    origin = typing.get_origin(hint)
+    if origin is dict and typing.get_args(hint) == (str, str):
+        return "str-dict", None  # a job's environment: hundreds of strings, one pass
+    if origin is not None or dataclasses.is_dataclass(hint):
+        return "compound", origin
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return "enum", None
+    return "scalar", None
+
+
+def _check(value: Any, hint: Any, where: str, path: str) -> None:
+    kind, origin = _kind(hint)
+    if kind == "any":
+        return
+    if kind == "str-dict":
+        ok = isinstance(value, dict) and all(
+            type(k) is str and type(v) is str for k, v in value.items()
+        )
+        if not ok:  # find and name the offending entry
+            _check_compound(value, hint, dict, where, path)
+    elif kind == "compound":
+        _check_compound(value, hint, origin, where, path)
+    elif kind == "enum":
+        _need(isinstance(value, hint), value, f"one of {[e.value for e in hint]}", where, path)
+    else:
+        _check_scalar(value, hint, where, path)
+
+
+def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -> None:
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # records of several kinds (a local or a Slurm stop report)
+            kind = next((a for a in inner if isinstance(a, type) and isinstance(value, a)), None)
+            _need(kind is not None, value, "a record", where, path)
+            inner = [kind]
+        _check(value, inner[0], where, path)
+    elif origin is dict:
+        _need(isinstance(value, dict), value, "an object", where, path)
+        for k, v in value.items():
+            _need(isinstance(k, str), k, "string keys", where, path)
+            _check(v, args[1] if args else Any, where, f"{path}.{k}")
+    elif origin in (tuple, list):
+        _need(isinstance(value, tuple | list), value, "a list", where, path)
+        if origin is tuple and args and args[-1] is not Ellipsis:  # (pid, ticks): exactly
+            _need(len(value) == len(args), value, f"a list of {len(args)}", where, path)
+        for i, item in enumerate(value):
+            _check(item, args[0], where, f"{path}[{i}]")
+    else:  # a nested dataclass (ProcRef, MemberSnap, GpuLease)
+        _need(isinstance(value, typing.cast(type, hint)), value, "an object", where, path)
+        _check_fields(value, where, f"{path}.")
+
+
+def _check_scalar(value: Any, hint: Any, where: str, path: str) -> None:
+    if hint is bool:
+        _need(isinstance(value, bool), value, "true or false", where, path)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        _need(ok and 0 <= value <= _MAX_NUMBER, value, "a non-negative integer", where, path)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and 0 <= value <= _MAX_NUMBER
+        _need(ok, value, "a non-negative finite number", where, path)
+    elif hint is str:
+        _need(isinstance(value, str), value, "a string", where, path)
+
+
+def _need(ok: bool, value: Any, what: str, where: str, path: str) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise StateError(f"{where}: {path} must be {what}, got {shown}; refusing to act on it")

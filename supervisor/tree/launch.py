@@ -1,0 +1,169 @@
+"""Launching a job's detached supervisor, with the readiness handshake.
+
+Used by `trainctl start` and by a supervisor that relaunches its job after a failure
+(restart policy): the old supervisor hands its ``supervisor.lock`` over by passing the fd
+(an flock belongs to the open file, so the lock never drops during the handover).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainctl.supervisor.errors import SpawnError
+from trainctl.supervisor.linux import systemd
+from trainctl.supervisor.model import control
+from trainctl.supervisor.model.reports import Failure, RestartEntry
+from trainctl.supervisor.model.schema import build_document
+from trainctl.supervisor.model.spec import Spec, spec_to_doc
+from trainctl.supervisor.model.state import GpuLease
+
+from .mounts import written_dirs
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptRequest:
+    """`trainctl adopt`'s handover: the processes of a run trainctl did not start, each
+    named by pid and start time (boot.adopt checks every one again before it adopts)."""
+
+    how: str  # "--pid 123", "--tmux train:0"
+    main: tuple[int, int]  # (pid, start ticks)
+    members: tuple[tuple[int, int], ...] = ()
+    pgid: int | None = None  # recorded only when the whole process group is adopted
+    sid: int | None = None  # ... and the whole session
+    log_source: str | None = None  # a regular file behind main's stdout
+    cgroup: str | None = None  # a lost run's own cgroup, which still holds its members
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What a new supervisor needs besides the spec: which run, and its history."""
+
+    run: int
+    marker: str
+    gpus: tuple[GpuLease, ...] = ()
+    restarts: int = 0
+    last_failure: Failure | None = None
+    restart_history: tuple[RestartEntry, ...] = ()
+    # `trainctl adopt`: the processes of a run trainctl did not start (see boot.adopt)
+    adopt: AdoptRequest | None = None
+    # what the run's scope keeps mounted until it has stopped (RequiresMountsFor=)
+    mounts_kept: tuple[str, ...] = ()
+    # a restart: the newest complete checkpoint ($TRAINCTL_RESUME_FROM of the new run only;
+    # the spec is not changed, so a later start or restart never hands a stale one)
+    resume_from: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form sent over the handshake socket."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> Handover:
+        """Read the handover off the handshake socket, checked field by field."""
+        return build_document(cls, doc, "the supervisor's handover")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The new supervisor's answer once main has exec'd (or why it could not start)."""
+
+    ok: bool = False
+    main_pid: int | None = None
+    run: int | None = None
+    mode: str = "signals"
+    unit: str | None = None
+    error: str | None = None
+    warning: str | None = None  # added here: what systemd detection had to say
+
+    def to_doc(self) -> dict[str, Any]:
+        """Return the JSON form sent back over the handshake socket."""
+        return dataclasses.asdict(self)
+
+
+def launch_supervisor(
+    home: Path,
+    jdir: Path,
+    spec: Spec,
+    handover: Handover,
+    timeout_s: float,
+    lock_fd: int | None = None,
+) -> Ready:
+    """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
+    ours, theirs = socket.socketpair()
+    sd = systemd.detect() if spec.isolation.systemd else None
+    unit = systemd.unit_name(spec.name, handover.run, handover.marker)
+    keep = written_dirs(home, jdir, spec)
+    if sd is not None and not sd.user:  # recorded: `status` names what is not kept
+        handover = dataclasses.replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
+    scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
+    argv = [*scope, *_supervisor_argv(home, spec, theirs.fileno(), lock_fd)]
+    pass_fds = [theirs.fileno(), *([lock_fd] if lock_fd is not None else [])]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            # Fully detached: own session, no tty, stdio on /dev/null and every other fd
+            # closed, so `ssh host trainctl start ...` returns as soon as we do.
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+            cwd="/",
+        )
+        theirs.close()
+        ours.settimeout(timeout_s)
+        ours.sendall(control.encode({"spec": spec_to_doc(spec), **handover.to_doc()}))
+        reply = _read_reply(ours)
+    finally:
+        ours.close()
+        theirs.close()
+    if reply is None or not reply.ok or reply.main_pid is None:
+        _refused(proc, reply, f"the supervisor of {spec.name} failed to start", jdir)
+    # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
+    proc.returncode = 0
+    if sd is not None and sd.warning:
+        reply = dataclasses.replace(reply, warning=sd.warning)
+    return reply
+
+
+def _supervisor_argv(home: Path, spec: Spec, fd: int, lock_fd: int | None) -> list[str]:
+    """The supervisor's command line (its handshake socket, the lock it is handed)."""
+    argv = [sys.executable, "-m", "trainctl.supervisor", "--home", str(home)]
+    argv += ["--name", spec.name, "--fd", str(fd)]
+    return argv + (["--lock-fd", str(lock_fd)] if lock_fd is not None else [])
+
+
+def _refused(proc: subprocess.Popen[bytes], reply: Ready | None, what: str, jdir: Path) -> NoReturn:
+    """The supervisor did not start main: reap it (our own child) and say why."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
+        proc.wait()
+    if reply is None:
+        raise SpawnError(f"{what} (see {jdir / 'events.jsonl'})")
+    raise SpawnError(str(reply.error))
+
+
+def _stop_budget(spec: Spec) -> float:
+    """What the job's own stop may take at a shutdown: grace, kill wait, GPU check, slack."""
+    return spec.stop.grace_s + spec.stop.kill_wait_s + spec.gpu.timeout_s + systemd.STOP_SLACK_S
+
+
+def _read_reply(sock: socket.socket) -> Ready | None:
+    buf = b""
+    try:
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+    except TimeoutError:
+        return None
+    return build_document(Ready, control.decode(buf), "the supervisor's start reply")

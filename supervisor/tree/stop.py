@@ -1,0 +1,129 @@
+"""A job's stop, the same for every caller: the supervisor, the CLI when the supervisor is
+gone, and the Slurm node agent.
+
+It runs the stop algorithm (:mod:`.terminate`) with the spec's signal and durations, proves
+the run's GPUs released, and removes the emptied cgroup. Nothing here writes the job's
+state: callers record the typed :class:`StopReport` afterwards, best effort, because a
+stop must never depend on a writable disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from trainctl.supervisor.gpu import GpuBackend
+from trainctl.supervisor.gpu.verify import EarlyLook, GpuPolicy, gpu_policy_of, verify_release
+from trainctl.supervisor.linux import cgroup as cg
+from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.spec import Spec, StopOrder, StopPolicy
+from trainctl.supervisor.model.state import GpuLease
+
+from .proctree import Target
+from .roster import Roster
+from .terminate import BeforeKill, Emit, Grace, stop_tree
+
+
+def run_stop(
+    target: Target,
+    spec: Spec,
+    *,
+    reason: str,
+    grace_s: float | None = None,
+    order: StopOrder | None = None,
+    leases: tuple[GpuLease, ...] = (),
+    gpu_timeout_s: float | None = None,
+    emit: Emit | None = None,
+    grace: Grace | None = None,
+    roster: Roster | None = None,
+    before_kill: BeforeKill | None = None,
+    gpu_memory: Callable[[], dict[str, int]] | None = None,
+    gpu_backend: GpuBackend | None = None,
+) -> StopReport:
+    """Stop every process of the run and nothing else, prove its GPUs free; return the proof.
+
+    The spec's stop policy applies, with this stop's ``grace_s`` and ``order`` if given.
+    A supervisor hands over its ``roster`` (see :mod:`.roster`), how to read the GPU memory
+    it last saw the run use (``gpu_memory``, {uuid: bytes}, read once the processes are
+    gone: a look that was still starting when the stop began has its answer by then) and
+    its open NVML (``gpu_backend``: the release check then initialises nothing).
+    """
+    policy = dataclasses.replace(
+        spec.stop,
+        grace_s=spec.stop.grace_s if grace_s is None else grace_s,
+        order=spec.stop.order if order is None else str(order),
+    )
+    report = stop_and_verify(
+        target,
+        policy,
+        leases=leases,
+        gpu_policy=gpu_policy_of(spec, gpu_timeout_s),
+        emit=emit,
+        grace=grace,
+        roster=roster,
+        before_kill=before_kill,
+        gpu_memory=gpu_memory,
+        gpu_backend=gpu_backend,
+    )
+    report.reason = reason
+    if target.cgroup is not None:
+        remove_cgroup(target.cgroup)
+    return report
+
+
+def stop_and_verify(
+    target: Target,
+    policy: StopPolicy,
+    *,
+    leases: tuple[GpuLease, ...] = (),
+    gpu_policy: GpuPolicy | None = None,
+    emit: Emit | None = None,
+    grace: Grace | None = None,
+    roster: Roster | None = None,
+    before_kill: BeforeKill | None = None,
+    gpu_memory: Callable[[], dict[str, int]] | None = None,
+    gpu_backend: GpuBackend | None = None,
+) -> StopReport:
+    """Stop the tree, then prove its GPUs were released; return the combined report.
+
+    Signal first: nothing touches the GPU driver before the stop's first signal (one
+    ``nvmlInit`` without persistence mode takes seconds). The first signals start an
+    :class:`EarlyLook` (NVML opened, the memory in use read) beside the grace; the
+    release is judged only once every process of the job is proven gone, and whatever
+    the driver answers becomes a per-GPU verdict, never a failed stop.
+    """
+    say = emit or (lambda *_a, **_k: None)
+    look = EarlyLook(leases, gpu_backend) if leases else None
+
+    def emit_and_look(event: str, **fields: object) -> None:
+        say(event, **fields)
+        if look is not None and event == "signal_sent":
+            look.start()  # the first signals are out: the driver may be asked now
+
+    report = stop_tree(
+        target, policy, emit=emit_and_look, grace=grace, roster=roster, before_kill=before_kill
+    )
+    if look is not None:
+        backend = look.finish()
+        try:
+            # the most each GPU was seen to hold: the supervisor's last look while the
+            # job ran, or this stop's own at its first signal (a job that exits at once
+            # has freed its memory by then)
+            held = gpu_memory() if gpu_memory is not None else {}
+            seen = {u: max(held.get(u, 0), look.memory.get(u, 0)) for u in {*held, *look.memory}}
+            report.gpus = verify_release(
+                leases, target.marker, seen, gpu_policy or GpuPolicy(), backend
+            )
+        finally:
+            look.close()
+        released = all(g.ok for g in report.gpus)
+        report.ok = report.ok and released
+        say("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])
+    return report
+
+
+def remove_cgroup(group: Path) -> None:
+    """Remove the run's emptied cgroup (the kernel may need a moment after the last exit)."""
+    if cg.is_ours(group):
+        cg.remove_when_empty(group)

@@ -1,0 +1,105 @@
+"""The stall watchdog's deadline, learned from the run (``stall_timeout = "auto"``).
+
+A fixed stall timeout must be longer than the longest save, so a hung collective is
+noticed after minutes (20 by custom). Learned instead: the supervisor looks at the run's
+activity (the newest write to its log or $TRAINCTL_PROGRESS) every 0.5 s, and at its
+newest checkpoint. A gap between two writes during which a checkpoint was written is a
+save (its length is learned too); any other gap is a step. The deadline is
+:data:`FACTOR` times the longest step gap seen, at least :data:`FLOOR_S`; no stall is
+called while a save is under way (a checkpoint written within :data:`SAVING_S`), nor
+before :data:`LEARN_GAPS` step gaps were seen.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainctl.supervisor.model.checkpoints import candidates
+
+FACTOR = 4.0  # a small multiple of the longest normal gap between steps
+FLOOR_S = 2.0  # never a deadline under this (the look itself is every 0.5 s)
+LEARN_GAPS = 5  # step gaps seen before a deadline is called
+SAVING_S = 2.0  # a checkpoint written this recently: a save is under way
+
+
+@dataclass
+class StallLearner:
+    """What the run's activity taught: its longest step gap and its longest save."""
+
+    last_activity: float | None = None
+    longest_step_s: float = 0.0
+    longest_save_s: float = 0.0
+    step_gaps: int = 0
+
+    def observe(self, activity: float, newest_ckpt: float) -> None:
+        """Feed the newest write time of the run's log/progress and of its checkpoints."""
+        last, self.last_activity = self.last_activity, activity
+        if last is None or activity <= last:
+            return
+        gap = activity - last
+        if last < newest_ckpt <= activity + SAVING_S:
+            self.longest_save_s = max(self.longest_save_s, gap)
+        else:
+            self.longest_step_s = max(self.longest_step_s, gap)
+            self.step_gaps += 1
+
+    @property
+    def deadline_s(self) -> float | None:
+        """The learned stall deadline (None: still learning)."""
+        if self.step_gaps < LEARN_GAPS:
+            return None
+        return max(FLOOR_S, FACTOR * self.longest_step_s)
+
+    def stalled_for(self, now: float, newest_ckpt: float) -> float | None:
+        """Seconds past the deadline the run has been quiet (None: not stalled)."""
+        deadline = self.deadline_s
+        if deadline is None or self.last_activity is None:
+            return None
+        if now - newest_ckpt < SAVING_S:
+            return None  # a save is under way: its folder is being written
+        idle = now - self.last_activity
+        return idle if idle >= deadline else None
+
+
+@dataclass
+class CheckpointWatch:
+    """The newest checkpoint's mtime, looked at cheaply every 0.5 s: the glob runs again
+    only when a folder it matched in changed (a file made, renamed or removed); otherwise
+    one stat of the newest path (a save in place changes its mtime). On a folder of 1,000
+    checkpoints that is a few stats a look instead of a glob and 1,000 stats (6 ms)."""
+
+    cwd: str
+    pattern: str
+    _dirs: dict[str, float] = field(default_factory=dict)
+    _newest: str | None = None
+
+    def newest_mtime(self) -> float:
+        """The newest checkpoint's mtime (0.0: none)."""
+        if self._stale():
+            found = candidates(self.cwd, self.pattern)
+            self._newest = found[0] if found else None
+            roots = {os.path.dirname(p) for p in found[:50]} | {self._root()}
+            self._dirs = {d: _mtime(d) for d in roots}
+        return _mtime(self._newest) if self._newest else 0.0
+
+    def _root(self) -> str:
+        fixed = []
+        for part in Path(self.pattern).parts[:-1]:
+            if any(c in part for c in "*?["):
+                break
+            fixed.append(part)
+        return os.path.join(self.cwd, *fixed)
+
+    def _stale(self) -> bool:
+        if not self._dirs or "**" in self.pattern:
+            return True
+        return any(_mtime(d) != seen for d, seen in self._dirs.items())
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
