@@ -94,6 +94,14 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     "or UUIDs. One GPU by index: 3, (trailing comma); 0 means GPU 0. Sets "
     "CUDA_VISIBLE_DEVICES. Omitted: no binding.",
 )
+@click.option(
+    "--min-gpus",
+    type=int,
+    metavar="N",
+    help="After a GPU fault (Xid 79, a lost GPU), restart at once on the healthy GPUs "
+    "left, from the newest complete checkpoint, if at least N are; CUDA_VISIBLE_DEVICES "
+    "and $TRAINCTL_GPU_COUNT follow. Omitted: the run ends, its cause says how to go on.",
+)
 @click.option("--share", is_flag=True, help="Allow GPUs leased by another live job.")
 @click.option(
     "--force", is_flag=True, help="Allow GPUs with memory in use outside any trainctl job."
@@ -169,6 +177,7 @@ def start(
     stop_signal: str | None,
     stop_order: str | None,
     gpus: str | None,
+    min_gpus: int | None,
     share: bool,
     force: bool,
     backend: str | None,
@@ -207,6 +216,7 @@ def start(
         stop_signal=stop_signal,
         stop_order=stop_order,
         gpus=gpus,
+        min_gpus=min_gpus,
         share=share,
         force=force,
         backend=backend,

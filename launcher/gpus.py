@@ -239,16 +239,7 @@ def check_request(request: str) -> None:
 
 def lease_token(lease: GpuLease) -> str:
     """How a lease is named in CUDA_VISIBLE_DEVICES and the spec: an index, or MIG-…."""
-    return str(lease.index) if lease.mig is None else lease.uuid
-
-
-def gpu_env(leases: list[GpuLease]) -> dict[str, str]:
-    """Return the environment that binds a job to its GPUs (indices as nvidia-smi shows;
-    a MIG instance by its MIG-… uuid, the only name CUDA takes for one)."""
-    return {
-        "CUDA_VISIBLE_DEVICES": ",".join(map(lease_token, leases)),
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-    }
+    return lease.token
 
 
 # ---------------------------------------------------------------- `trainctl gpus`

@@ -851,6 +851,8 @@ def _gpu_lines(s: Status) -> None:
     """The run's GPUs, and the faults the supervisor saw on them."""
     if s.gpus:
         print(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
+    if s.gpus_note:
+        print(f"  {term.paint('GPUs', 'yellow')} {s.gpus_note}")
     for fault in s.gpu_faults[-3:]:
         print(f"  {term.paint('GPU FAULT', 'red')} {fault}")
 

@@ -228,6 +228,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "force": _bool,
     "tty": _bool,
     "gpu_timeout": parse_duration,
+    "min_gpus": _int,
     "checkpoint": _text,
     "checkpoint_signal": _signal,
     "checkpoint_keep_max": _size,
@@ -291,6 +292,7 @@ class SpecDraft:
     force: bool | None = None
     tty: bool | None = None  # main on a pseudo-terminal (`trainctl attach`)
     gpu_timeout: float | None = None
+    min_gpus: int | None = None  # a GPU fault restarts the run on the healthy ones left
     checkpoint: str | None = None
     checkpoint_signal: str | None = None
     checkpoint_keep_max: int | None = None

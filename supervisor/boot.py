@@ -33,6 +33,7 @@ from trainctl.supervisor.model.state import (
     append_event,
     check_not_symlink,
     current_boot_id,
+    gpu_env,
     job_dir,
     log_path,
     open_in,
@@ -317,6 +318,8 @@ def _run_env(jdir: Path, spec: Spec, ho: Handover) -> dict[str, str]:
     progress = progress_path(jdir, ho.run)
     _create_private(progress)
     env = job_env(spec, jdir, ho.marker, ho.run, progress)
+    if ho.gpus:  # this run's GPUs: after a GPU fault (min_gpus), fewer than the spec's
+        env.update(gpu_env(ho.gpus))
     if ho.resume_from is not None:
         env[RESUME_VAR] = ho.resume_from
     return env

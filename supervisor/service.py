@@ -25,11 +25,13 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
+from trainctl.supervisor.gpu import health
 from trainctl.supervisor.gpu.verify import fresh_baselines
 from trainctl.supervisor.model.reports import Cause, Failure
 from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import (
     RESUME_VAR,
+    GpuLease,
     JobState,
     error_file,
     log_path,
@@ -342,7 +344,12 @@ class Supervisor(Watchers):
         if skipped is not None:
             self.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
                              why="the run failed right after resuming from it")  # fmt: skip
-        leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, st.gpus))
+        try:
+            leases = await anyio.to_thread.run_sync(self._healthy_leases)
+        except TrainctlError as e:
+            self.send(lc.Relaunched(error=str(e)))
+            return
+        leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, leases))
         handover = Handover(
             run=st.run + 1,
             marker=ids.new_marker(),
@@ -372,6 +379,22 @@ class Supervisor(Watchers):
             skipped=skipped,
         )
         self.send(lc.Relaunched())
+
+    def _healthy_leases(self) -> tuple[GpuLease, ...]:
+        """The GPUs the next run gets: the run's own, less those a reset- or reboot-class
+        fault made unhealthy (gpu/health.py), when ``min_gpus`` allows running on fewer;
+        else TrainctlError says why (the run ends: never relaunched onto a lost GPU)."""
+        leases = self.state.gpus
+        keep, lost = health.split_leases(self.jdir.parent.parent, leases)
+        if not lost:
+            return leases
+        need = self.spec.gpu.min_gpus
+        sick = ", ".join(f"GPU {u.index} is {u.line()}" for u in lost)
+        if need is None or len(keep) < need:
+            floor = f"min_gpus {need}" if need is not None else "min_gpus is not set"
+            raise TrainctlError(f"{sick}: {len(keep)} of {len(leases)} GPU(s) left, {floor}")
+        self.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=sick)
+        return keep
 
     async def _copy_log(self, source: Path) -> None:
         """An adopted run writes to its own file (nohup.out, a redirect): copy what it

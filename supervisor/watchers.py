@@ -295,22 +295,38 @@ class Watchers(ControlServer):
             self._gpu_unhealthy(fault, action)
 
     def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
-        """Mark the GPU unhealthy in the home; stop the run that cannot go on on it."""
-        leases = self.state.gpus
+        """Mark the GPU unhealthy in the home; stop the run that cannot go on on it (the
+        lifecycle restarts it on the healthy GPUs left when ``min_gpus`` allows)."""
+        leases, home = self.state.gpus, self.jdir.parent.parent
         uuid = next((g.uuid for g in leases if g.index == fault.gpu), None)
         with contextlib.suppress(OSError, TrainctlError):
-            health.record(self.jdir.parent.parent, fault, uuid, self.spec.name)
+            health.record(home, fault, uuid, self.spec.name)
         if self.life.stage is not lc.Stage.RUNNING:
             return
+        try:  # every GPU of the run marked so far (two may fall off the bus together)
+            keep, _ = health.split_leases(home, leases)
+        except (OSError, TrainctlError):
+            keep = ()
+        keep = tuple(g for g in keep if g.index != fault.gpu)
         code = f"Xid {fault.xid}: " if fault.xid is not None else ""
-        healthy = [g.label for g in leases if g.index != fault.gpu]
-        advice = (
-            f"to go on on {len(healthy)} GPU(s): trainctl start {self.spec.name} --gpus "
-            f"{','.join(healthy)}, (and a process count to match)"
-            if healthy
-            else "no other GPU of the run is left"
-        )
-        self.send(lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice))
+        labels = ",".join(g.label for g in keep)
+        need = self.spec.gpu.min_gpus
+        if need is not None and len(keep) >= need:
+            advice = (
+                f"restarting on {len(keep)} of {len(leases)} GPU(s): {labels} (min_gpus {need})"
+            )
+        elif keep:
+            advice = (
+                f"to go on on {len(keep)} GPU(s): trainctl start {self.spec.name} --gpus "
+                f"{labels}, (a process count of $TRAINCTL_GPU_COUNT follows it; "
+                f"--min-gpus N restarts on its own)"
+            )
+            if need is not None:
+                advice = f"{len(keep)} healthy GPU(s) left, fewer than min_gpus {need}; " + advice
+        else:
+            advice = "no other GPU of the run is left"
+        lost = lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice, fault.gpu, len(keep))
+        self.send(lost)
 
     async def _bound_log(self) -> int:
         """Rotate the log past its cap (the copy in a thread); return its size now."""

@@ -19,6 +19,7 @@ from trainctl.launcher.results import EndedAtOnce, GpuRequest, StartResult, Stop
 from trainctl.launcher.results.ops import Health
 from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
+from trainctl.supervisor.gpu import health
 from trainctl.supervisor.life import hooks
 from trainctl.supervisor.life.causes import check_restart_on
 from trainctl.supervisor.life.hooks import EVENTS as HOOK_EVENTS
@@ -138,6 +139,7 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
         gpu=GpuBinding(
             timeout_s=_or(d.gpu_timeout, cfg.gpu_timeout_s),
             tolerance_mib=cfg.gpu_tolerance_mib,
+            min_gpus=_min_gpus(d),
         ),
         hooks=_hooks(d, cfg),
         memory=MemoryCap(max_bytes=d.memory_max, high_bytes=d.memory_high),
@@ -151,6 +153,26 @@ def resolve_spec(d: SpecDraft, cfg: Config, spec_file: str | None = None) -> Spe
     _check_command(argv, workdir, full_env)
     check_keeper(spec, cfg)
     return spec
+
+
+def _min_gpus(d: SpecDraft) -> int | None:
+    """``min_gpus``, checked against the GPUs asked (a count, or the GPUs named)."""
+    n = d.min_gpus
+    if n is None:
+        return None
+    if not d.gpus:
+        raise ConfigError("min_gpus needs --gpus: it is the least of the GPUs the job is given")
+    if n < 1:
+        raise ConfigError("min_gpus must be at least 1")
+    if (d.backend or "local") != "local":
+        raise ConfigError("min_gpus is for the local backend (Slurm replaces a node's GPUs)")
+    req = d.gpus.strip()
+    asked = int(req) if req.isdigit() and int(req) >= 1 else None
+    if asked is None and req != "all":
+        asked = len([t for t in req.split(",") if t.strip()])
+    if asked is not None and n > asked:
+        raise ConfigError(f"min_gpus {n} is more than the {asked} GPU(s) asked (--gpus {req})")
+    return n
 
 
 def _snapshot_policy(d: SpecDraft) -> SnapshotPolicy:
@@ -358,6 +380,22 @@ def reloaded_spec(spec: Spec, cfg: Config) -> Spec:
     )
 
 
+def restart_gpus(home: Path, spec: Spec) -> GpuRequest | None:
+    """The GPUs a restart asks for: the same as before (they were just verified free).
+    With ``min_gpus``, the run's GPUs before any fault took one away, less those still
+    unhealthy: the run grows back onto a GPU healthy again."""
+    if not spec.gpu.indices:
+        return None
+    # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid
+    if spec.gpu.min_gpus is None:
+        return GpuRequest(spec.gpu.indices + ",")
+    asked = (spec.gpu.asked or spec.gpu.indices).split(",")
+    sick = health.unhealthy(home)
+    healthy = [t for t in asked if not (t.isdigit() and int(t) in sick)]
+    use = healthy if len(healthy) >= spec.gpu.min_gpus else asked  # too few: refused, saying why
+    return GpuRequest(",".join(use) + ",", asked=",".join(asked))
+
+
 def restart_job(
     home: Path,
     name: str,
@@ -389,11 +427,7 @@ def restart_job(
         _refuse_survivors(name, st, stopped)
         if after_stop is not None:  # a rollback puts the checkpoint back: nothing writes now
             after_stop()
-        # the same GPUs as before: they were just verified free
-        gpus = (
-            # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid
-            GpuRequest(spec.gpu.indices + ",") if spec.gpu.indices else None
-        )
+        gpus = restart_gpus(home, spec)
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         if respec is None:  # a plain restart resumes from the newest complete checkpoint,
             env = _resume_env(env, spec, jdir, st.run)  # as the stop just left it

@@ -23,11 +23,12 @@ from trainctl.launcher.results import (
     Status,
 )
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
+from trainctl.supervisor.gpu import health
 from trainctl.supervisor.linux import memory
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.spec import Spec
-from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import last_line
 from trainctl.supervisor.tree import mounts
 from trainctl.supervisor.tree.proctree import scan, scan_cgroup, target_of
@@ -44,6 +45,30 @@ def status_exit_code(s: Status) -> int:
     if s.state == Phase.LOST:
         return ExitCode.STATE_UNKNOWN
     return ExitCode.OK if s.state in RUNNING_PHASES or s.state == "queued" else ExitCode.NOT_RUNNING
+
+
+def _gpus_note(home: Path, spec: Spec | None, st: JobState) -> str | None:
+    """A run on fewer GPUs than its job was given (a GPU fault and ``min_gpus``): which
+    are missing and why; one healthy again says how to grow the run back."""
+    if spec is None or not st.gpus:
+        return None
+    asked = [t for t in (spec.gpu.asked or spec.gpu.indices or "").split(",") if t]
+    have = {g.token for g in st.gpus}
+    missing = [t for t in asked if t not in have]
+    if not missing:
+        return None
+    sick = health.unhealthy(home)
+    why = []
+    for t in missing:
+        bad = sick.get(int(t)) if t.isdigit() else None
+        when = time.strftime("%H:%M", time.localtime(bad.at)) if bad else ""
+        why.append(
+            f"GPU {t} unhealthy since {when}"
+            if bad
+            else f"GPU {t} healthy again: `trainctl restart {spec.name}` grows the run back"
+        )
+    verb = "running on" if st.phase not in state.TERMINAL else "ran on"
+    return f"{verb} {len(have)} of {len(asked)} GPUs ({'; '.join(why)})"
 
 
 def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
@@ -114,6 +139,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         unit=st.unit,
         gpus=[g.index for g in st.gpus],
         gpu_labels=[g.label for g in st.gpus],
+        gpus_note=_gpus_note(home, spec, st),
         gpu_faults=list(st.gpu_faults),
         handed_off=list(st.handed_off),
         mounts_not_kept=_mounts_not_kept(home, jdir, st, spec, live=sup_alive),

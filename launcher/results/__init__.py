@@ -238,6 +238,7 @@ class GpuRequest:
     spec: str | list[int]
     share: bool = False
     force: bool = False
+    asked: str | None = None  # a restart on fewer GPUs: the ones it grows back to (min_gpus)
 
 
 @record(frozen=True)
@@ -380,6 +381,8 @@ class Status:
     unit: str | None = None  # the run's systemd scope
     gpus: list[int] = field(default_factory=list)
     gpu_labels: list[str] = field(default_factory=list)  # "3", or "0/1" for a MIG instance
+    # "running on 3 of 4 GPUs (GPU 2 unhealthy since 03:12)": a run a GPU fault shrank
+    gpus_note: str | None = None
     gpu_faults: list[str] = field(default_factory=list)  # Xid events, ECC errors, lost GPUs
     handed_off: list[str] = field(default_factory=list)  # work given to a foreign tmux
     mounts_not_kept: list[str] = field(default_factory=list)  # see supervisor/tree/mounts.py

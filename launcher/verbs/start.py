@@ -34,6 +34,7 @@ class StartFlags:
     stop_signal: str | None = None
     stop_order: str | None = None
     gpus: str | None = None
+    min_gpus: int | None = None
     share: bool = False
     force: bool = False
     backend: str | None = None
@@ -80,6 +81,7 @@ def layers(f: StartFlags) -> tuple[SpecDraft, SpecDraft]:
         stop_signal=None if f.stop_signal is None else parse_signal(f.stop_signal),
         stop_order=None if f.stop_order is None else str(parse_order(f.stop_order, "--stop-order")),
         gpus=f.gpus,
+        min_gpus=f.min_gpus,
         share=f.share or None,
         force=f.force or None,
         backend=f.backend,

@@ -16,7 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.model.state import current_boot_id, flock_file, write_json_atomic
+from trainctl.supervisor.model.state import (
+    GpuLease,
+    current_boot_id,
+    flock_file,
+    write_json_atomic,
+)
 
 from .xid import REBOOT, Fault
 
@@ -78,6 +83,22 @@ def record(home: Path, fault: Fault, uuid: str | None, job: str | None) -> Unhea
         doc.setdefault(str(fault.gpu), asdict(entry))
         write_json_atomic(home / FILE, doc)
     return entry
+
+
+def split_leases(
+    home: Path, leases: tuple[GpuLease, ...]
+) -> tuple[tuple[GpuLease, ...], list[Unhealthy]]:
+    """A run's leases that are healthy, and the faults of those that are not (a fault
+    recorded for another GPU at that index, by its uuid, is not this lease's)."""
+    sick = unhealthy(home)
+    keep, lost = [], []
+    for g in leases:
+        bad = sick.get(g.index)
+        if bad is not None and bad.uuid in (None, g.uuid):
+            lost.append(bad)
+        else:
+            keep.append(g)
+    return tuple(keep), lost
 
 
 def clear(home: Path, index: int) -> bool:

@@ -97,6 +97,8 @@ class GpuLost:
 
     summary: str
     advice: str = ""
+    gpu: int | None = None  # the GPU's index
+    healthy: int = 0  # the run's GPUs left healthy: min_gpus decides whether it goes on
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,20 +413,30 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     reason = "stop" if life.user_stop else str(life.stop_reason)
     report = dataclasses.replace(ev.report, reason=reason)
     cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
+    lost = life.gpu_lost if reason == "gpu fault" else None
     verdict = decide(
         spec,
         restarts=life.restarts,
         cause=cause,
-        cleaned_up=report.ok,
+        cleaned_up=report.ok or (lost is not None and _clean_but_the_lost_gpu(report, lost)),
         reason=reason,
         history=life.history,
         now=life.now,
         ckpt_step=ev.ckpt_step,
+        healthy_gpus=lost.healthy if lost is not None else None,
     )
     ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
     end = _Ending(report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from)
     life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
     return life, [*leftover_log, *actions]
+
+
+def _clean_but_the_lost_gpu(report: StopReport, lost: GpuLost) -> bool:
+    """Nothing of the run is left and every GPU but the lost one is released (the lost
+    one's driver cannot say: a GPU off the bus answers nothing)."""
+    if report.survivors or report.unproven is not None:
+        return False
+    return all(g.ok for g in report.gpus if g.index != lost.gpu)
 
 
 def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause, list[Action]]:
@@ -444,8 +456,13 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
 
     Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
     phase for a run that is about to be relaunched."""
-    wait = backoff_s(spec, count_in_window(spec, life.history, life.now))
     cause = end.cause
+    # a GPU fault restarts at once: the hardware failed, not the code
+    wait = (
+        0.0
+        if cause.kind == "gpu"
+        else backoff_s(spec, count_in_window(spec, life.history, life.now))
+    )
     failure = Failure(
         run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
     )

@@ -30,6 +30,7 @@ def decide(
     history: tuple[RestartEntry, ...] = (),
     now: float = 0.0,
     ckpt_step: float | None = None,
+    healthy_gpus: int | None = None,
 ) -> Verdict:
     """Whether to relaunch after a run ended with ``cause``.
 
@@ -38,15 +39,32 @@ def decide(
     ``history``: the restarts made so far (when each was made, and the newest complete
     checkpoint's step at each failure), for ``restart_window`` and the breaker on progress.
     ``ckpt_step``: the newest complete checkpoint's step now (None: unknown).
+    ``healthy_gpus``: after a GPU fault (reason "gpu fault"), the run's GPUs left healthy.
     """
-    r = spec.restart
+    if reason == "gpu fault":
+        return _heal(spec, healthy_gpus or 0, cleaned_up)
+    # the restarts a GPU fault made are the hardware's, not the code's: no breaker counts them
+    healed = sum(1 for h in history if h.kind == "gpu")
+    history, restarts = tuple(h for h in history if h.kind != "gpu"), max(0, restarts - healed)
+    matched = _restartable(spec, cause, reason)
+    if isinstance(matched, Verdict):
+        return matched
+    over = _no_progress(spec, history, ckpt_step) or _over_budget(spec, restarts, history, now)
+    if over is not None:
+        return over
+    if not cleaned_up:
+        return Verdict(False, "the failed run left processes or GPU memory behind; not relaunching")
+    return Verdict(True, matched=matched)
+
+
+def _restartable(spec: Spec, cause: Cause, reason: str) -> str | Verdict:
+    """The restart_on entry (or "stalled") a run's end meets, or the verdict that it is
+    not one to restart."""
     if reason == "stalled":
-        if spec.watch.on_stall != "restart":
-            return Verdict(False)
-        matched: str | None = "stalled"
-    elif (
+        return "stalled" if spec.watch.on_stall == "restart" else Verdict(False)
+    if (
         reason != "main exited"
-        or r.mode != "on-failure"
+        or spec.restart.mode != "on-failure"
         or cause.kind
         in (
             "clean",
@@ -55,16 +73,23 @@ def decide(
         )
     ):
         return Verdict(False)
-    else:
-        matched = _matched(spec, cause)
-        if matched is None:
-            return Verdict(False, _not_listed(spec, cause))
-    over = _no_progress(spec, history, ckpt_step) or _over_budget(spec, restarts, history, now)
-    if over is not None:
-        return over
+    matched = _matched(spec, cause)
+    return Verdict(False, _not_listed(spec, cause)) if matched is None else matched
+
+
+def _heal(spec: Spec, healthy: int, cleaned_up: bool) -> Verdict:
+    """After a GPU fault: go on on the healthy GPUs left when ``min_gpus`` allows. Neither
+    breaker counts it (the hardware failed, not the code); each fault takes a GPU away,
+    so the healthy count ends any loop."""
+    need = spec.gpu.min_gpus
+    if need is None:
+        return Verdict(False)  # the cause says how to go on on fewer GPUs
+    if healthy < need:
+        why = f"{healthy} healthy GPU(s) left, fewer than min_gpus {need}"
+        return Verdict(False, why, gave_up="too-few-gpus")
     if not cleaned_up:
-        return Verdict(False, "the failed run left processes or GPU memory behind; not relaunching")
-    return Verdict(True, matched=matched)
+        return Verdict(False, "the run left processes or GPU memory behind; not relaunching")
+    return Verdict(True, matched="gpu")
 
 
 def _no_progress(
@@ -140,6 +165,7 @@ def backoff_s(spec: Spec, restarts: int) -> float:
 def count_in_window(spec: Spec, history: tuple[RestartEntry, ...], now: float) -> int:
     """How many of the restarts made so far count against the budget now."""
     w = spec.restart.window_s
+    history = tuple(h for h in history if h.kind != "gpu")  # a GPU fault's restart is free
     if w is None:
         return len(history)
     return sum(1 for h in history if now - (h.at or 0.0) <= w)

@@ -162,6 +162,12 @@ class GpuBinding:
     """The GPUs bound to the job, and how their release is proven after a stop."""
 
     indices: str | None = None  # resolved GPU indices ("0,3"); None = no binding
+    # after a GPU fault, restart at once on the healthy GPUs left if at least this many
+    # are (None: the run ends, its cause saying how to go on on fewer)
+    min_gpus: int | None = None
+    # the GPUs the job was given before a fault took any away: `restart` and `deploy` grow
+    # the run back to them once they are healthy (None: ``indices``)
+    asked: str | None = None
     timeout_s: float = 30.0
     tolerance_mib: int = 512
 

@@ -55,8 +55,11 @@ from .spec import SCHEMA, Spec, spec_from_doc
 
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
 TRAINCTL_VARS = (
-    "TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS", "TRAINCTL_NODE"
+    "TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS", "TRAINCTL_NODE",
+    "TRAINCTL_GPU_COUNT",
 )  # fmt: skip
+# How many GPUs the run has (CUDA_VISIBLE_DEVICES's count): a process count can follow it.
+GPU_COUNT_VAR = "TRAINCTL_GPU_COUNT"
 # Set by a Slurm node agent to its node's name: what it stops is its own node's.
 NODE_VAR = "TRAINCTL_NODE"
 # Set by `--host` on the remote side for one call; never part of a job's environment.
@@ -112,6 +115,23 @@ class GpuLease:
     def label(self) -> str:
         """Return ``3``, or ``3/1`` for MIG device 1 of GPU 3."""
         return f"{self.index}" if self.mig is None else f"{self.index}/{self.mig}"
+
+    @property
+    def token(self) -> str:
+        """How CUDA_VISIBLE_DEVICES and the spec name it: an index, or a MIG-… uuid."""
+        return str(self.index) if self.mig is None else self.uuid
+
+
+def gpu_env(leases: tuple[GpuLease, ...] | list[GpuLease]) -> dict[str, str]:
+    """The environment that binds a run to its GPUs (indices as nvidia-smi shows them; a
+    MIG instance by its MIG-… uuid, the only name CUDA takes for one), and their count
+    for a process count that follows it (``torchrun --nproc_per_node=$TRAINCTL_GPU_COUNT``):
+    a run restarted on fewer GPUs after a GPU fault (``min_gpus``) gets fewer."""
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(g.token for g in leases),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        GPU_COUNT_VAR: str(len(leases)),
+    }
 
 
 @dataclass(frozen=True, slots=True)

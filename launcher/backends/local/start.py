@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 from trainctl.launcher.backends import StartRequest, StopRequest
-from trainctl.launcher.gpus import gpu_env, lease_token, resolve_gpus
+from trainctl.launcher.gpus import lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
 from trainctl.supervisor import ids
-from trainctl.supervisor.errors import SpawnError, TrainctlError
+from trainctl.supervisor.errors import ConfigError, SpawnError, TrainctlError
 from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import Spec, StopOrder
-from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.model.state import Phase, gpu_env
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 
 from . import snapshot
@@ -56,9 +56,15 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
                 force=gpus.force,
                 foreign_threshold_bytes=cfg.gpu_foreign_threshold_mib * MIB,
             )
+            if (need := spec.gpu.min_gpus) is not None and need > len(leases):
+                raise ConfigError(f"min_gpus {need} is more than the {len(leases)} GPU(s) leased")
             spec = dataclasses.replace(
                 spec,
-                gpu=dataclasses.replace(spec.gpu, indices=",".join(map(lease_token, leases))),
+                gpu=dataclasses.replace(
+                    spec.gpu,
+                    indices=",".join(map(lease_token, leases)),
+                    asked=gpus.asked or ",".join(map(lease_token, leases)),
+                ),
                 env={**spec.env, **gpu_env(leases)},
             )
             ho = dataclasses.replace(ho, gpus=tuple(leases))
