@@ -58,7 +58,7 @@ def start_trainer(h: Harness, name: str, *extra: str) -> tuple[Path, Path]:
     )  # fmt: skip
     events = h.home / "jobs" / name / "events.jsonl"
     wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
-    wait_for(lambda: (ck / "step_000020.txt").exists(), 30, "two saves")
+    wait_for((ck / "step_000020.txt").exists, 30, "two saves")
     return ck, out
 
 
@@ -67,7 +67,7 @@ def test_xid_79_with_min_gpus_goes_on_on_the_healthy_three(harness: Harness) -> 
     d = driver(h, 4)
     _, out = start_trainer(h, "heal", "--min-gpus", "3")
     d.device(2, xids=[79])
-    wait_for(lambda: (out / "run2.json").exists(), 30, "run 2 on the healthy GPUs")
+    wait_for((out / "run2.json").exists, 30, "run 2 on the healthy GPUs")
     run2 = json.loads((out / "run2.json").read_text())
     assert run2["cvd"] == "0,1,3"
     assert run2["count"] == "3"
@@ -94,7 +94,7 @@ def test_xid_79_with_min_gpus_goes_on_on_the_healthy_three(harness: Harness) -> 
     d.device(2, xids=[])
     assert "GPU 2 healthy again: `trainctl restart heal` grows" in h.tc("status", "heal").out
     h.tc("restart", "heal", check=True)
-    wait_for(lambda: (out / "run3.json").exists(), 30, "run 3 on all four")
+    wait_for((out / "run3.json").exists, 30, "run 3 on all four")
     run3 = json.loads((out / "run3.json").read_text())
     assert (run3["cvd"], run3["count"]) == ("0,1,2,3", "4")
     assert run3["first"] > saved  # the restart resumed too
@@ -109,7 +109,7 @@ def test_a_second_fault_that_leaves_too_few_ends_the_run_and_nothing_loops(
     d = driver(h, 4)
     _, out = start_trainer(h, "two", "--min-gpus", "3")
     d.device(2, xids=[79])
-    wait_for(lambda: (out / "run2.json").exists(), 30, "run 2 on the healthy GPUs")
+    wait_for((out / "run2.json").exists, 30, "run 2 on the healthy GPUs")
     events = h.home / "jobs" / "two" / "events.jsonl"
     wait_for(lambda: events.read_text().count('"event": "gpu_watch"') >= 2, 20, "run 2's watch")
     d.device(1, xids=[79])
@@ -130,8 +130,9 @@ def test_without_min_gpus_the_cause_says_how_to_go_on(harness: Harness) -> None:
     wait_for(lambda: h.state("plain")["phase"] == "failed", 30, "the run to end")
     cause = h.state("plain")["cause"]
     assert cause["kind"] == "gpu"
-    assert "trainctl start plain --gpus 0,1,2, (a process count of $TRAINCTL_GPU_COUNT" in (
-        cause["summary"]
+    assert (
+        "trainctl start plain --gpus 0,1,2, (a process count of $TRAINCTL_GPU_COUNT"
+        in (cause["summary"])
     )
     assert not (out / "run2.json").exists()
     # an explicit restart is refused while GPU 3 is unhealthy (never started onto it)
