@@ -2,13 +2,17 @@
 # Run the benchmarks of docs/performance.md (installs `supervisor` for the
 # side-by-side `supervisorctl status` figure). Arguments go to bench_stop.py;
 # `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--goodput`
-# trainctl against plain torchrun under one fault schedule (scripts/bench_goodput.py), `--web` the web
+# trainctl against plain torchrun under one fault schedule (scripts/bench_goodput.py), `--heal`
+# a GPU fault to the healed run's first step (scripts/bench_heal.py), `--web` the web
 # page's and the samples' (scripts/bench_web.py), `--fleet` the
 # --all-hosts one (tests/remote/bench_fleet.py, on the remote tests' sshd).
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
 if [ "${1:-}" = "--deploy" ]; then
   exec python "$ROOT/scripts/bench_deploy.py"
+fi
+if [ "${1:-}" = "--heal" ]; then  # a GPU fault to the healed run's first step (C NVML double)
+  exec python "$ROOT/scripts/bench_heal.py"
 fi
 if [ "${1:-}" = "--goodput" ]; then  # a real torchrun job under faults (the torch extra)
   EXTRAS=test . "$(dirname "$0")/_venv.sh"
