@@ -249,16 +249,18 @@ class Supervisor(Watchers):
         self.send(lc.StopFinished(report, cause, ckpt_step=step, resumed_from=resumed))
 
     def _complete_checkpoints(self) -> list[checkpoints.Verdict]:
-        """The two newest complete checkpoints (never raises: a checkpoint folder that
-        cannot be read costs the breaker on progress its figure, not the stop)."""
+        """The two newest complete checkpoints, once the run has stopped (never raises: a
+        folder that cannot be read costs the breaker on progress its figure, not the stop)."""
         pattern = self.spec.watch.checkpoint
         if not pattern:
             return []
         run = self.state.run
         files = [progress_path(self.jdir, run), steps_path(log_path(self.jdir, run))]
         try:
+            # called once the run's every process is gone: what is there is final (a
+            # second look at each fresh file cost a healing restart 0.25 s a file, twice)
             return checkpoints.complete_ones(
-                self.spec.cwd, pattern, checkpoints.step_lookup(files), want=2
+                self.spec.cwd, pattern, checkpoints.step_lookup(files), want=2, quiet=True
             )
         except OSError:
             return []

@@ -180,6 +180,10 @@ def _poll(
 ) -> list[GpuRelease]:
     deadline = t0 + policy.timeout_s
     done: dict[str, GpuRelease] = {}
+    # the first looks come soon (a driver frees a context's memory within a fraction of a
+    # second of its last process's exit), then every poll_s: a healing restart waited a
+    # whole 0.5 s poll for memory freed 50 ms after the first look
+    pause = min(0.05, policy.poll_s)
     while True:
         try:
             gpus = {g.uuid: g for g in backend.gpus()}
@@ -208,7 +212,8 @@ def _poll(
                 done.setdefault(lease.uuid, _unverified(lease, str(e)))
         if len(done) == len(leases):
             return [done[lease.uuid] for lease in leases]
-        time.sleep(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, policy.poll_s)
 
 
 def _unverified(lease: GpuLease, why: str) -> GpuRelease:

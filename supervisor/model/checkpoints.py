@@ -181,8 +181,13 @@ def _dir_format(path: str, name: str) -> tuple[bool, str] | None:
     return None
 
 
-def judge(path: str, *, now: float | None = None, look_again: bool = True) -> Verdict | None:
-    """Judge one checkpoint (a file or a directory); None when it is gone or unreadable."""
+def judge(
+    path: str, *, now: float | None = None, look_again: bool = True, quiet: bool = False
+) -> Verdict | None:
+    """Judge one checkpoint (a file or a directory); None when it is gone or unreadable.
+
+    ``quiet``: nothing writes it any more (every process of the run is gone): its size is
+    final, so a file of no known format needs no second look."""
     try:
         st = os.stat(path)  # a symlink to a checkpoint counts as that checkpoint
     except OSError:
@@ -194,7 +199,7 @@ def judge(path: str, *, now: float | None = None, look_again: bool = True) -> Ve
         return Verdict(path, False, "unreadable", st.st_mtime, 0, step_of_name(path))
     decided = _by_format(path, is_dir, size, mtime)
     if decided is None:
-        settled = (now or time.time()) - mtime >= SETTLED_S
+        settled = quiet or (now or time.time()) - mtime >= SETTLED_S
         if not settled and look_again:
             time.sleep(SECOND_LOOK_S)
             try:
@@ -266,12 +271,14 @@ def complete_ones(
     *,
     want: int = 2,
     limit: int = 50,
+    quiet: bool = False,
 ) -> list[Verdict]:
     """The newest ``want`` complete checkpoints, newest first (a restart hands the newest;
-    a run that failed right after resuming from it is retried once from the one before)."""
+    a run that failed right after resuming from it is retried once from the one before).
+    ``quiet``: the run has stopped, nothing writes them (see :func:`judge`)."""
     out: list[Verdict] = []
     for path in candidates(cwd, pattern)[:limit]:
-        v = judge(path)
+        v = judge(path, quiet=quiet)
         if v is None or not v.complete:
             continue
         if v.step is None and step_at is not None:
