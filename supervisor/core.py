@@ -1,8 +1,9 @@
-"""The supervisor's core: one run's state and its one writer, the events sent to the
-lifecycle owner, the hooks it fires, the reaping of its children.
+"""The run's record, shared by the supervisor's parts: its state and the one writer of it,
+the events sent to the lifecycle owner, the hooks it fires, the reaping of its children.
 
-The control server (server.py), the watchers (watchers.py) and the lifecycle owner
-(service.py) are built on it, in that order.
+A part, not a base class: the control server (server.py), the watchers (watchers.py) and
+the lifecycle owner (service.py) each hold it. The watchers see it through
+:class:`RunView`, read-only: they look, and send what they saw.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import os
 import socket
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, Protocol, TextIO, cast
 
 import anyio
 import anyio.abc
@@ -22,14 +22,11 @@ import anyio.from_thread
 import anyio.lowlevel
 import structlog
 
-from trainctl.supervisor.gpu.watch import GpuWatch
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import (
     JobState,
     Phase,
-    ProcRef,
-    log_path,
     open_events,
     progress_path,
     write_event_line,
@@ -38,17 +35,12 @@ from trainctl.supervisor.model.state import (
 from trainctl.supervisor.tree.proctree import Target, target_of
 from trainctl.supervisor.tree.roster import Roster
 from trainctl.supervisor.tree.spawn import Spawned, exit_code_of
-from trainctl.supervisor.tree.terminal import Terminal
-from trainctl.supervisor.tree.terminate import Grace
-from trainctl.supervisor.watch.logtimes import LogStamper
-from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
 
 from .errors import StateError
 from .life import hooks
 from .life import lifecycle as lc
 from .linux import memory
-from .logcopy import LogCopy
-from .model import control, steps
+from .model import steps
 
 
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
@@ -96,9 +88,37 @@ class _BestEffortFile:
         """Nothing is buffered: every line was written whole."""
 
 
-class SupervisorCore:
-    """What every part of a supervisor shares: the run's state (written only by `_set`, which
-    only the lifecycle owner calls), its event log, and the queue to the owner."""
+class RunView(Protocol):
+    """What a watcher may see of the run, and how it reports: read-only state, ``send``
+    and ``observe`` (the owner records what it is sent)."""
+
+    @property
+    def jdir(self) -> Path: ...
+    @property
+    def spec(self) -> Spec: ...
+    @property
+    def state(self) -> JobState: ...
+    @property
+    def stage(self) -> lc.Stage: ...
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger: ...
+    def send(self, ev: lc.Event) -> None: ...
+    def observe(
+        self, *, add: tuple[tuple[str, tuple[str, ...], int], ...] = (), **put: object
+    ) -> None: ...
+    def target(self) -> Target: ...
+    def roster(self) -> Roster | None: ...
+    def memory_group(self) -> Path | None: ...
+    def reap(self) -> None: ...
+    def fire(
+        self, event: str, cause: Cause, *, notify: bool = True, step: float | None = None
+    ) -> None: ...
+
+
+class RunCore:
+    """What every part of a supervisor shares: the run's state (written only by
+    `set_state`, which only the lifecycle owner calls), its event log, the queue to the
+    owner and the control server's waiting answers."""
 
     def __init__(
         self,
@@ -122,33 +142,11 @@ class SupervisorCore:
         self.replies: dict[int, anyio.Event] = {}
         self.answers: dict[int, dict[str, Any]] = {}
         self.tokens = itertools.count(1)
-        self.backoff_scope: anyio.CancelScope | None = None
         self.persist_error: str | None = None
-        self.drift_mark: tuple[int, ...] = ()
-        self.drift_at = 0.0
-        self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
         self.handlers = 0  # control connections not yet answered
-        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/model/steps.py)
-        self._sampled_step: tuple[int, float] | None = None  # (run, step)
         self._roster: Roster | None = None  # cgroup mode: the run's members, held by pidfd
-        self._stopping = False  # a stop sequence is running (see _reaper)
-        self._reap_on_signal: anyio.CancelScope | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
-        self._exe_checked: set[ProcRef] = set()  # members whose executable was read
-        self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
-        self._terminal: Terminal | None = None  # `--tty`: main's pty (see service.run)
-        self._stamper = LogStamper(log_path(jdir, state.run))  # when the log grew
-        self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
-        self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
-        try:  # the socket this supervisor serves; a different file there is not ours
-            self._sock_ino: int | None = os.stat(jdir / control.SOCK_NAME).st_ino
-        except OSError:
-            self._sock_ino = None
-        self._stale_checked = 0.0  # when the checkpoint's age was last looked at
-        self._stale_fired = False  # on_checkpoint_stale fired; re-armed by a newer checkpoint
 
-    def _set(self, phase: Phase, *, durable: bool = True, **changes: Any) -> None:
+    def set_state(self, phase: Phase, *, durable: bool = True, **changes: Any) -> None:
         """Record a phase move in memory, then on disk as far as the disk lets us.
 
         Never raises for a full or read-only disk: the job must still be reaped and
@@ -162,12 +160,18 @@ class SupervisorCore:
                 self.persist_error = f"cannot write {self.jdir / 'state.json'}: {e.strerror}"
                 self.log.warning("persist_failed", error=self.persist_error)
 
-    def _target(self) -> Target:
+    @property
+    def stage(self) -> lc.Stage:
+        """Where the lifecycle is (the owner moves it)."""
+        return self.life.stage
+
+    def target(self) -> Target:
+        """What a stop or a scan of this run looks for (its marker, cgroup, main)."""
         return target_of(self.state)
 
     def roster(self) -> Roster | None:
         """The current run's roster (cgroup mode only); a new run gets a new one."""
-        t = self._target()
+        t = self.target()
         if t.cgroup is None or t.main is None:
             return None
         r = self._roster
@@ -177,11 +181,12 @@ class SupervisorCore:
             r = self._roster = Roster(t)
         return r
 
-    def _memory_group(self) -> Path | None:
+    def memory_group(self) -> Path | None:
+        """The run's own memory cgroup, when trainctl made it."""
         group = self.state.memory_cgroup
         return Path(group) if group and memory.is_ours(Path(group)) else None
 
-    def _observe(
+    def observe(
         self, *, add: tuple[tuple[str, tuple[str, ...], int], ...] = (), **put: object
     ) -> None:
         """A watcher's look, handed to the owner, which records it (lc.Observed)."""
@@ -192,9 +197,11 @@ class SupervisorCore:
         with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
             self.events_tx.send_nowait(ev)
 
-    def _fire(self, event: str, cause: Cause, *, notify: bool = True) -> None:
-        """Hand the event to a hook runner, if the job has a hook or a URL for it."""
-        step = self._sampled_step[1] if self._sampled_step else None
+    def fire(
+        self, event: str, cause: Cause, *, notify: bool = True, step: float | None = None
+    ) -> None:
+        """Hand the event to a hook runner, if the job has a hook or a URL for it (``step``:
+        the newest progress step the watchers sampled, if any)."""
         if step is None:  # a job that reports through $TRAINCTL_PROGRESS (trainer.report)
             reported = progress_path(self.jdir, self.state.run)
             step = steps.newest_reported(reported)

@@ -19,21 +19,31 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trainctl.supervisor.model.spec import StopOrder
 
-from .core import SupervisorCore
+from .core import RunCore
 from .errors import StateError
 from .life import lifecycle as lc
 from .model import control
 from .tree import terminal
+from .tree.terminal import Terminal
 
 
-class ControlServer(SupervisorCore):
+class ControlServer:
     """Serves control.sock: one task per connection, each answered by the owner."""
 
-    def _rebind(self, why: str) -> None:
+    def __init__(self, core: RunCore) -> None:
+        self.core = core
+        self.terminal: Terminal | None = None  # `--tty`: main's pty, for `attach` (the owner's)
+        self._tg: anyio.abc.TaskGroup | None = None
+        try:  # the socket this supervisor serves; a different file there is not ours
+            self._sock_ino: int | None = os.stat(core.jdir / control.SOCK_NAME).st_ino
+        except OSError:
+            self._sock_ino = None
+
+    def rebind(self, why: str) -> None:
         """Bind control.sock again if it is gone (a tmp cleaner, a careless rm)."""
-        if self.life.stage not in (lc.Stage.RUNNING, lc.Stage.STOPPING, lc.Stage.BACKOFF):
+        if self.core.life.stage not in (lc.Stage.RUNNING, lc.Stage.STOPPING, lc.Stage.BACKOFF):
             return  # a successor binds it (or the run is over)
-        path = self.jdir / control.SOCK_NAME
+        path = self.core.jdir / control.SOCK_NAME
         try:
             if os.stat(path).st_ino == self._sock_ino:
                 return
@@ -42,17 +52,19 @@ class ControlServer(SupervisorCore):
         except OSError:
             return
         try:
-            sock = control.bind(self.jdir)
+            sock = control.bind(self.core.jdir)
             self._sock_ino = os.stat(path).st_ino
         except (OSError, StateError) as e:
-            self.log.warning("control_socket_rebind_failed", error=str(e), why=why)
+            self.core.log.warning("control_socket_rebind_failed", error=str(e), why=why)
             return
-        self.log.warning("control_socket_rebound", why=why)
+        self.core.log.warning("control_socket_rebound", why=why)
         if self._tg is not None:
             self._tg.start_soon(self._serve_socket, sock)
 
-    async def _serve(self) -> None:
-        await self._serve_socket(self.listener)
+    async def serve(self, tg: anyio.abc.TaskGroup) -> None:
+        """Answer on the bound socket (and on any socket a rebind makes, in ``tg``)."""
+        self._tg = tg
+        await self._serve_socket(self.core.listener)
 
     async def _serve_socket(self, sock: socket.socket) -> None:
         listener = await anyio.abc.SocketListener.from_socket(sock)
@@ -60,11 +72,11 @@ class ControlServer(SupervisorCore):
             await listener.serve(self._handle)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
-        self.handlers += 1
+        self.core.handlers += 1
         try:
             await self._handle_one(stream)
         finally:
-            self.handlers -= 1
+            self.core.handlers -= 1
 
     async def _handle_one(self, stream: anyio.abc.SocketStream) -> None:
         with contextlib.suppress(
@@ -96,7 +108,7 @@ class ControlServer(SupervisorCore):
         pid: int,
     ) -> None:
         """`trainctl attach`: the reply line, then the job's terminal as frames (terminal.py)."""
-        term = self._terminal
+        term = self.terminal
         read_only = req.get("read_only") is True
         why = "no terminal" if term is None else term.refusal(read_only)
         if term is None or why is not None:
@@ -107,26 +119,27 @@ class ControlServer(SupervisorCore):
         if not read_only and isinstance(rows, int) and isinstance(cols, int):
             with contextlib.suppress(OSError):
                 terminal.set_winsize(term.master, rows, cols)
-        main = self.state.main.pid if self.state.main else None
-        self.log.info("attached", viewer_pid=pid, read_only=read_only)
-        await stream.send(control.encode({"ok": True, "main_pid": main, "run": self.state.run}))
+        main = self.core.state.main.pid if self.core.state.main else None
+        self.core.log.info("attached", viewer_pid=pid, read_only=read_only)
+        hello = {"ok": True, "main_pid": main, "run": self.core.state.run}
+        await stream.send(control.encode(hello))
         await term.serve(viewer, stream, reader)
-        self.log.info("detached", viewer_pid=pid)
+        self.core.log.info("detached", viewer_pid=pid)
 
     async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "phase": str(self.state.phase)}
+            return {"ok": True, "pid": os.getpid(), "phase": str(self.core.state.phase)}
         if op == "stop":
             try:
                 ask = control.StopAsk.from_doc(req)
             except StateError as e:
                 return control.StopReply(error=str(e)).to_doc()
-            token = next(self.tokens)
-            done = self.replies[token] = anyio.Event()
+            token = next(self.core.tokens)
+            done = self.core.replies[token] = anyio.Event()
             order = ask.order if ask.order in tuple(StopOrder) else None
-            self.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s, ask.verb))
+            self.core.send(lc.StopRequested(token, ask.grace_s, order, ask.gpu_timeout_s, ask.verb))
             await done.wait()
-            del self.replies[token]
-            return self.answers.pop(token)
+            del self.core.replies[token]
+            return self.core.answers.pop(token)
         return {"ok": False, "error": f"unknown op {op!r}"}

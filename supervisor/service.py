@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import signal
 import socket
@@ -44,33 +45,52 @@ from trainctl.supervisor.tree.spawn import Spawned
 from trainctl.supervisor.tree.stacks import before_kill_writer
 from trainctl.supervisor.tree.stop import run_stop
 from trainctl.supervisor.tree.terminal import Terminal, log_appender
+from trainctl.supervisor.tree.terminate import Grace
 
 from . import ids
+from .core import RunCore
 from .errors import TrainctlError
 from .life import causes
 from .life import lifecycle as lc
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
 from .model import checkpoints, control
+from .server import ControlServer
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
 REAP_BATCH_S = 0.01
 
 
-class Supervisor(Watchers):
-    """Supervises one run of one job; one task owns its lifecycle (see lifecycle.py)."""
+class Owner:
+    """The lifecycle owner: the one task that moves the run's life (lifecycle.py) and the
+    only code that writes its state, and the concurrency beside it (the reaper, the
+    signal handler, the stop thread, the relaunch). It holds the run's record and the
+    other parts; none of them holds it."""
+
+    def __init__(self, core: RunCore, server: ControlServer, watchers: Watchers) -> None:
+        self.core, self.server, self.watchers = core, server, watchers
+        self.grace = Grace(math.inf)  # the running stop's grace end; a later stop may shorten it
+        self.backoff_scope: anyio.CancelScope | None = None
+        self._stopping = False  # a stop sequence is running (see _reaper)
+        self._reap_on_signal: anyio.CancelScope | None = None
+        self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
+        self._terminal: Terminal | None = None  # `--tty`: main's pty (see run)
+
+    def fire(self, event: str, cause: Cause, *, notify: bool = True) -> None:
+        """A hook, with the newest step the watchers sampled."""
+        self.core.fire(event, cause, notify=notify, step=self.watchers.last_step())
 
     async def _own_lifecycle(self, tg: anyio.abc.TaskGroup) -> None:
         """The one task that moves the lifecycle and writes the state: every decision
         and every record happens here, in order."""
-        while not lc.ended(self.life):
+        while not lc.ended(self.core.life):
             await self._step(tg)
 
     async def _step(self, tg: anyio.abc.TaskGroup) -> None:
-        ev = await self.events_rx.receive()
-        self.life = dataclasses.replace(self.life, now=time.time())
-        self.life, actions = lc.step(self.life, ev, self.spec)
+        ev = await self.core.events_rx.receive()
+        self.core.life = dataclasses.replace(self.core.life, now=time.time())
+        self.core.life, actions = lc.step(self.core.life, ev, self.core.spec)
         for action in actions:
             self._do(tg, action)
 
@@ -80,7 +100,7 @@ class Supervisor(Watchers):
         elif isinstance(a, lc.Persist | lc.Record):
             self._write(a)
         elif isinstance(a, lc.Log):
-            self.log.info(a.event, **a.fields)
+            self.core.log.info(a.event, **a.fields)
         elif isinstance(a, lc.WaitBackoff):
             self.backoff_scope = anyio.CancelScope()
             tg.start_soon(self._wait_backoff, a.seconds, self.backoff_scope)
@@ -89,25 +109,25 @@ class Supervisor(Watchers):
                 self.backoff_scope.cancel()
         elif isinstance(a, lc.ShortenGrace):
             self.grace.shorten(a.seconds)
-            self.log.info("grace_shortened", grace_left_s=round(self.grace.left_s(), 3))
+            self.core.log.info("grace_shortened", grace_left_s=round(self.grace.left_s(), 3))
         elif isinstance(a, lc.Relaunch):
             tg.start_soon(self._relaunch, a.failure)
         elif isinstance(a, lc.Reply):
             for token in a.tokens:
                 self._answer(token, a)
         elif isinstance(a, lc.Hook):
-            self._fire(a.event, a.cause, notify=a.notify)
+            self.fire(a.event, a.cause, notify=a.notify)
 
     def _write(self, a: lc.Persist | lc.Record) -> None:
         """The owner's writes: a phase move, or what a watcher observed (phase unchanged,
         its lines appended to the state as it is now)."""
         if isinstance(a, lc.Persist):
-            self._set(a.phase, durable=a.durable, **a.fields)
+            self.core.set_state(a.phase, durable=a.durable, **a.fields)
             return
         fields = dict(a.put)
         for name, lines, keep in a.add:
-            fields[name] = (*getattr(self.state, name), *lines)[-keep:]
-        self._set(self.state.phase, durable=a.durable, **fields)
+            fields[name] = (*getattr(self.core.state, name), *lines)[-keep:]
+        self.core.set_state(self.core.state.phase, durable=a.durable, **fields)
 
     def _answer(self, token: int, a: lc.Reply) -> None:
         if a.forward:
@@ -116,16 +136,16 @@ class Supervisor(Watchers):
             )
         else:
             report = a.report or lc.NOTHING_TO_STOP
-            if self.persist_error:
-                report = dataclasses.replace(report, persist_error=self.persist_error)
+            if self.core.persist_error:
+                report = dataclasses.replace(report, persist_error=self.core.persist_error)
             msg = control.StopReply(
                 ok=True,
                 report=report,
-                exit_code=self.state.exit_code,
-                joined=token in self.life.joined,
+                exit_code=self.core.state.exit_code,
+                joined=token in self.core.life.joined,
             )
-        self.answers[token] = msg.to_doc()
-        done = self.replies.get(token)
+        self.core.answers[token] = msg.to_doc()
+        done = self.core.replies.get(token)
         if done is not None:
             done.set()
 
@@ -142,25 +162,27 @@ class Supervisor(Watchers):
         while True:
             with anyio.CancelScope() as self._reap_on_signal:
                 with anyio.open_signal_receiver(signal.SIGCHLD) as signals:
-                    self.reap()  # children that exited before the handler was installed
+                    self.core.reap()  # children that exited before the handler was installed
                     async for _ in signals:
-                        self.reap()
+                        self.core.reap()
             while self._stopping:
-                self.reap()
+                self.core.reap()
                 await anyio.sleep(REAP_BATCH_S)
 
     async def _watch_main(self) -> None:
-        fd = self.spawned.pidfd
+        fd = self.core.spawned.pidfd
         try:
             await anyio.wait_readable(fd)  # readable = exited; no polling delay
         finally:
             os.close(fd)
-        self.reap()
-        if self.spawned.proc is None and not self.main_reaped.is_set():
+        self.core.reap()
+        if self.core.spawned.proc is None and not self.core.main_reaped.is_set():
             # Adopted: main is not our child, so its exit code is not ours to read.
-            self.main_reaped.set()
-            self.log.info("main_exited", pid=self.spawned.pid, exit_code=None, adopted=True)
-            self.send(lc.MainExited(None))
+            self.core.main_reaped.set()
+            self.core.log.info(
+                "main_exited", pid=self.core.spawned.pid, exit_code=None, adopted=True
+            )
+            self.core.send(lc.MainExited(None))
 
     async def _signals(self) -> None:
         """SIGTERM and SIGINT stop the job gracefully; SIGHUP is ignored; SIGUSR1 rebinds.
@@ -177,48 +199,50 @@ class Supervisor(Watchers):
             async for sig in signals:
                 name = signal.Signals(sig).name
                 if sig == signal.SIGUSR1:
-                    self._rebind(why="SIGUSR1")
+                    self.server.rebind(why="SIGUSR1")
                 elif sig == signal.SIGURG:
                     await self._scope_stopping()
                 elif sig == signal.SIGHUP:
-                    self.log.warning("supervisor_signal_ignored", signal=name)
+                    self.core.log.warning("supervisor_signal_ignored", signal=name)
                 else:
-                    self.log.warning("supervisor_signal_stops_job", signal=name)
-                    self.send(lc.StopRequested(next(self.tokens), None, verb=name))
+                    self.core.log.warning("supervisor_signal_stops_job", signal=name)
+                    self.core.send(lc.StopRequested(next(self.core.tokens), None, verb=name))
 
     async def _scope_stopping(self) -> None:
         """SIGURG is what systemd sends when it stops this run's scope (systemd.STOP_SIGNAL):
         a host shutdown or `systemctl stop`. The job then gets its own graceful stop, inside
         the scope's TimeoutStopSec. A SIGURG while the scope is plainly active (socket
         out-of-band data, a stray kill) changes nothing."""
-        unit = self.state.unit
+        unit = self.core.state.unit
         if unit is None:
-            self.log.info("supervisor_signal_ignored", signal="SIGURG", why="no systemd scope")
+            self.core.log.info("supervisor_signal_ignored", signal="SIGURG", why="no systemd scope")
             return
         active = await anyio.to_thread.run_sync(systemd.unit_active_state, unit)
         if active == "active":
-            self.log.info("supervisor_signal_ignored", signal="SIGURG", unit_state=active)
+            self.core.log.info("supervisor_signal_ignored", signal="SIGURG", unit_state=active)
             return
-        self.log.warning("scope_stopping", unit=unit, unit_state=active)
-        self.send(lc.StopRequested(next(self.tokens), None, verb="shutdown"))
+        self.core.log.warning("scope_stopping", unit=unit, unit_state=active)
+        self.core.send(lc.StopRequested(next(self.core.tokens), None, verb="shutdown"))
 
     async def _run_stop(self, a: lc.RunStop) -> None:
         """Run the stop sequence in a thread (shielded), then report it to the owner."""
         run = functools.partial(
             run_stop,
-            self._target(),
-            self.spec,
+            self.core.target(),
+            self.core.spec,
             grace_s=a.grace_s,
             reason=a.reason,
             order=StopOrder(a.order) if a.order else None,
-            leases=self.state.gpus,
+            leases=self.core.state.gpus,
             gpu_timeout_s=a.gpu_timeout_s,
-            emit=self.log.info,
+            emit=self.core.log.info,
             grace=self.grace,
-            roster=self.roster(),
-            before_kill=before_kill_writer(self.jdir, self.state.run, self.state.marker),
-            gpu_memory=lambda: dict(self._gpu.memory) if self._gpu else {},
-            gpu_backend=self._gpu.backend if self._gpu else None,
+            roster=self.core.roster(),
+            before_kill=before_kill_writer(
+                self.core.jdir, self.core.state.run, self.core.state.marker
+            ),
+            gpu_memory=lambda: dict(self.watchers.gpu.memory) if self.watchers.gpu else {},
+            gpu_backend=self.watchers.gpu.backend if self.watchers.gpu else None,
         )
         with anyio.CancelScope(shield=True):
             self._stopping = True
@@ -230,37 +254,37 @@ class Supervisor(Watchers):
                 self._stopping = False
             # main's exit status comes through the reaper; let it land before deciding
             with anyio.move_on_after(2):
-                await self.main_reaped.wait()
+                await self.core.main_reaped.wait()
             if self._terminal is not None:
                 self._terminal.read_available()  # the job's last output, before its cause
             cause = None
-            if a.reason == "main exited" and not self.life.user_stop:
+            if a.reason == "main exited" and not self.core.life.user_stop:
                 cause = await anyio.to_thread.run_sync(self._analyse_safely)
             with contextlib.suppress(OSError):  # a nicety: the stop's report must still land
-                self._watch_oom()  # the last kills, recorded before the group goes
-                memory.remove(self._memory_group(), self._target().cgroup)
+                self.watchers.watch_oom()  # the last kills, recorded before the group goes
+                memory.remove(self.core.memory_group(), self.core.target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
-            self._stamper.step()  # the times of the last lines (in the loop: one writer)
+            self.watchers.stamper.step()  # the times of the last lines (in the loop: one writer)
             ones = []
-            if not self.life.user_stop:  # the breaker on progress needs the newest step
+            if not self.core.life.user_stop:  # the breaker on progress needs the newest step
                 ones = await anyio.to_thread.run_sync(self._complete_checkpoints)
         step = ones[0].step if ones else None
-        resumed = self.state.resumed_from or self.spec.env.get(RESUME_VAR)
-        self.send(lc.StopFinished(report, cause, ckpt_step=step, resumed_from=resumed))
+        resumed = self.core.state.resumed_from or self.core.spec.env.get(RESUME_VAR)
+        self.core.send(lc.StopFinished(report, cause, ckpt_step=step, resumed_from=resumed))
 
     def _complete_checkpoints(self) -> list[checkpoints.Verdict]:
         """The two newest complete checkpoints, once the run has stopped (never raises: a
         folder that cannot be read costs the breaker on progress its figure, not the stop)."""
-        pattern = self.spec.watch.checkpoint
+        pattern = self.core.spec.watch.checkpoint
         if not pattern:
             return []
-        run = self.state.run
-        files = [progress_path(self.jdir, run), steps_path(log_path(self.jdir, run))]
+        run = self.core.state.run
+        files = [progress_path(self.core.jdir, run), steps_path(log_path(self.core.jdir, run))]
         try:
             # called once the run's every process is gone: what is there is final (a
             # second look at each fresh file cost a healing restart 0.25 s a file, twice)
             return checkpoints.complete_ones(
-                self.spec.cwd, pattern, checkpoints.step_lookup(files), want=2, quiet=True
+                self.core.spec.cwd, pattern, checkpoints.step_lookup(files), want=2, quiet=True
             )
         except OSError:
             return []
@@ -273,9 +297,9 @@ class Supervisor(Watchers):
         if not ones:
             return None, None
         newest = ones[0]
-        handed = self.state.resumed_from or self.spec.env.get(RESUME_VAR)
+        handed = self.core.state.resumed_from or self.core.spec.env.get(RESUME_VAR)
         failed_on_it = handed == newest.path
-        tried = {h.resumed_from for h in self.life.history}
+        tried = {h.resumed_from for h in self.core.life.history}
         if failed_on_it and len(ones) > 1 and ones[1].path not in tried:
             return ones[1].path, newest.path
         return newest.path, None
@@ -286,22 +310,22 @@ class Supervisor(Watchers):
         try:
             return self._analyse()
         except Exception as e:  # noqa: BLE001  (logged; the lifecycle falls back)
-            self.log.warning("cause_analysis_failed", error=f"{type(e).__name__}: {e}")
+            self.core.log.warning("cause_analysis_failed", error=f"{type(e).__name__}: {e}")
             return None
 
     def _analyse(self) -> Cause:
         """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason."""
-        st, status = self.state, self.main_status
-        code = self.life.main_code
+        st, status = self.core.state, self.core.main_status
+        code = self.core.life.main_code
         died_of = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
         reason = causes.Reason()
         if code != 0 or died_of is not None:
-            ef = self.spec.env.get("TORCHELASTIC_ERROR_FILE")
+            ef = self.core.spec.env.get("TORCHELASTIC_ERROR_FILE")
             reason = causes.job_reason(
-                log_path(self.jdir, st.run),
-                Path(ef) if ef else error_file(self.jdir, st.run),
+                log_path(self.core.jdir, st.run),
+                Path(ef) if ef else error_file(self.core.jdir, st.run),
                 st.started_at,
-                self.spec.causes,
+                self.core.spec.causes,
             )
         cause = causes.ended_on_its_own(code, died_of, reason, self._oom_of(died_of))
         if (code != 0 or died_of is not None) and st.gpu_faults:
@@ -312,44 +336,44 @@ class Supervisor(Watchers):
 
     def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
         """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
-        group = self._memory_group()
+        group = self.core.memory_group()
         kills = memory.oom_kills(group) if group is not None else 0
         if not kills and died_of != signal.SIGKILL:
             return None
-        st = self.state
+        st = self.core.state
         cmds = {m.pid: m.cmd for m in st.members}
         main = st.main.pid if st.main else 0
-        victims = self._oom_victims()
+        victims = self.watchers.oom_victims()
         if not kills and not victims:
             return None  # a SIGKILL from someone else, not the OOM killer
         pick = next((v for v in victims if v.pid == main), victims[0] if victims else None)
         if pick is None and died_of == signal.SIGKILL:
             pick = memory.Victim(main, "")
-        cap = self.spec.memory.max_bytes
+        cap = self.core.spec.memory.max_bytes
         if pick is None:
             return (0, None, kills, cap)
         cmd = cmds.get(pick.pid)
         if not cmd and pick.pid == main:
-            cmd = " ".join(self.spec.argv)
+            cmd = " ".join(self.core.spec.argv)
         cmd = (cmd or pick.comm)[:200] or None
         return (pick.pid, cmd, kills or len(victims), cap)
 
     async def _wait_backoff(self, seconds: float, scope: anyio.CancelScope) -> None:
         with scope:
             await anyio.sleep(seconds)
-            self.send(lc.BackoffElapsed())
+            self.core.send(lc.BackoffElapsed())
 
     async def _relaunch(self, failure: Failure) -> None:
-        st = self.state
+        st = self.core.state
         failure = dataclasses.replace(failure, at=time.time())
         resume, skipped = await anyio.to_thread.run_sync(self._resume_target)
         if skipped is not None:
-            self.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
+            self.core.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
                              why="the run failed right after resuming from it")  # fmt: skip
         try:
             leases = await anyio.to_thread.run_sync(self._healthy_leases)
         except TrainctlError as e:
-            self.send(lc.Relaunched(error=str(e)))
+            self.core.send(lc.Relaunched(error=str(e)))
             return
         leases = tuple(await anyio.to_thread.run_sync(fresh_baselines, leases))
         handover = Handover(
@@ -358,21 +382,27 @@ class Supervisor(Watchers):
             gpus=leases,
             restarts=st.restarts + 1,
             last_failure=failure,
-            restart_history=self.life.history,
+            restart_history=self.core.life.history,
             resume_from=resume,  # a complete checkpoint, never a partial one
         )
-        self.listener.close()  # the new supervisor binds the socket path itself
-        home = self.jdir.parent.parent
+        self.core.listener.close()  # the new supervisor binds the socket path itself
+        home = self.core.jdir.parent.parent
         try:
             reply = await anyio.to_thread.run_sync(
                 functools.partial(
-                    launch_supervisor, home, self.jdir, self.spec, handover, 30.0, self.lock_fd
+                    launch_supervisor,
+                    home,
+                    self.core.jdir,
+                    self.core.spec,
+                    handover,
+                    30.0,
+                    self.core.lock_fd,
                 )
             )
         except TrainctlError as e:
-            self.send(lc.Relaunched(error=str(e)))
+            self.core.send(lc.Relaunched(error=str(e)))
             return
-        self.log.info(
+        self.core.log.info(
             "relaunched",
             run=handover.run,
             main_pid=reply.main_pid,
@@ -380,22 +410,22 @@ class Supervisor(Watchers):
             resume_from=resume,
             skipped=skipped,
         )
-        self.send(lc.Relaunched())
+        self.core.send(lc.Relaunched())
 
     def _healthy_leases(self) -> tuple[GpuLease, ...]:
         """The GPUs the next run gets: the run's own, less those a reset- or reboot-class
         fault made unhealthy (gpu/health.py), when ``min_gpus`` allows running on fewer;
         else TrainctlError says why (the run ends: never relaunched onto a lost GPU)."""
-        leases = self.state.gpus
-        keep, lost = health.split_leases(self.jdir.parent.parent, leases)
+        leases = self.core.state.gpus
+        keep, lost = health.split_leases(self.core.jdir.parent.parent, leases)
         if not lost:
             return leases
-        need = self.spec.gpu.min_gpus
+        need = self.core.spec.gpu.min_gpus
         sick = ", ".join(f"GPU {u.index} is {u.line()}" for u in lost)
         if need is None or len(keep) < need:
             floor = f"min_gpus {need}" if need is not None else "min_gpus is not set"
             raise TrainctlError(f"{sick}: {len(keep)} of {len(leases)} GPU(s) left, {floor}")
-        self.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=sick)
+        self.core.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=sick)
         return keep
 
     async def _copy_log(self, source: Path) -> None:
@@ -403,7 +433,7 @@ class Supervisor(Watchers):
         writes from adoption on into the run's log, where `logs`, progress and the stall
         watchdog read it. The first line says where the earlier output is."""
         note = f"==> trainctl: adopted; the output before this is in {source} <==\n"
-        copy = self._log_copy = LogCopy(source, log_path(self.jdir, self.state.run))
+        copy = self._log_copy = LogCopy(source, log_path(self.core.jdir, self.core.state.run))
         await anyio.to_thread.run_sync(copy.step, note.encode())
         while True:
             await anyio.sleep(LOG_COPY_S)
@@ -418,45 +448,41 @@ class Supervisor(Watchers):
     async def run(self) -> None:
         """Supervise until the run has ended and every waiting client has its answer."""
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             tg.start_soon(self._reaper)
             tg.start_soon(self._watch_main)
             tg.start_soon(self._signals)
-            tg.start_soon(self._snapshots)
-            tg.start_soon(self._serve)
-            tg.start_soon(self._watch_gpus)
-            tg.start_soon(self._watch_log)
-            tg.start_soon(self._record_samples)
-            if self.spawned.pty is not None:
-                path = log_path(self.jdir, self.state.run)
+            tg.start_soon(self.server.serve, tg)
+            self.watchers.start(tg)
+            if self.core.spawned.pty is not None:
+                path = log_path(self.core.jdir, self.core.state.run)
                 write, error = log_appender(path)
                 if error is not None:  # the terminal is still read: the job must not block
-                    self.log.warning("tty_log_unwritable", path=str(path), error=error)
-                self._terminal = Terminal(self.spawned.pty, write)
+                    self.core.log.warning("tty_log_unwritable", path=str(path), error=error)
+                self._terminal = self.server.terminal = Terminal(self.core.spawned.pty, write)
                 tg.start_soon(self._terminal.pump)
-            source = self.state.adopted.log_source if self.state.adopted else None
+            source = self.core.state.adopted.log_source if self.core.state.adopted else None
             if source is not None:
                 tg.start_soon(self._copy_log, Path(source))
-            if self.state.restarts == 0 and self.state.adopted is None:
-                self._fire("start", self._started(), notify=False)
+            if self.core.state.restarts == 0 and self.core.state.adopted is None:
+                self.fire("start", self._started(), notify=False)
             await self._own_lifecycle(tg)
             if self._terminal is not None:
                 self._terminal.finish(self._end_of_run())
-            if self.life.stage is not lc.Stage.HANDED_OVER:
+            if self.core.life.stage is not lc.Stage.HANDED_OVER:
                 with contextlib.suppress(FileNotFoundError):
-                    (self.jdir / control.SOCK_NAME).unlink()
+                    (self.core.jdir / control.SOCK_NAME).unlink()
             # clients still connected get their answer (late stops: the final report)
             # ... by the same owner: the ended machine answers a stop with the final report
             with anyio.move_on_after(5):
-                while self.handlers:
+                while self.core.handlers:
                     with anyio.move_on_after(0.05):
                         await self._step(tg)
             tg.cancel_scope.cancel()
 
     def _end_of_run(self) -> dict[str, object]:
         """What an attached viewer is told when the run ends (terminal.END)."""
-        st = self.state
-        if self.life.stage is lc.Stage.HANDED_OVER:
+        st = self.core.state
+        if self.core.life.stage is lc.Stage.HANDED_OVER:
             summary = f"run {st.run} ended; run {st.run + 1} started (attach again)"
         else:
             summary = st.cause.summary if st.cause else f"run {st.run} ended"
@@ -468,10 +494,37 @@ class Supervisor(Watchers):
         }
 
     def _started(self) -> Cause:
-        main = self.state.main.pid if self.state.main else None
-        gpus = ",".join(str(g.index) for g in self.state.gpus)
+        main = self.core.state.main.pid if self.core.state.main else None
+        gpus = ",".join(str(g.index) for g in self.core.state.gpus)
         on = f" on GPU(s) {gpus}" if gpus else ""
-        return Cause(kind="start", summary=f"run {self.state.run} started{on}, main pid {main}")
+        return Cause(
+            kind="start", summary=f"run {self.core.state.run} started{on}, main pid {main}"
+        )
+
+
+class Supervisor:
+    """One run of one job, supervised: its parts wired together, nothing more.
+
+    The run's record (core.py) is held by each part; the control server answers the CLI
+    and the watchers look (each reporting as an event); the lifecycle owner decides and
+    writes. None inherits from another.
+    """
+
+    def __init__(
+        self,
+        jdir: Path,
+        spec: Spec,
+        state: JobState,
+        spawned: Spawned,
+        cgroup: Path | None,
+        listener: socket.socket,
+        lock_fd: int,
+    ) -> None:
+        self.core = RunCore(jdir, spec, state, spawned, cgroup, listener, lock_fd)
+        self.server = ControlServer(self.core)
+        self.watchers = Watchers(self.core, rebind=self.server.rebind)
+        self.owner = Owner(self.core, self.server, self.watchers)
+        self.run = self.owner.run
 
 
 def run_supervisor(
@@ -487,15 +540,16 @@ def run_supervisor(
     widen_fd_table()  # while still single-threaded: see roster.widen_fd_table
     sup = Supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)
     code = 0
+    core = sup.core
     try:
         anyio.run(sup.run)
     except Exception:  # noqa: BLE001  (last resort: record why, the job itself is unharmed)
-        sup.log.error("supervisor_crashed", traceback=traceback.format_exc())  # noqa: TRY400
+        core.log.error("supervisor_crashed", traceback=traceback.format_exc())  # noqa: TRY400
         code = 70
-    sup.log.info(
+    core.log.info(
         "supervisor_exit",
-        phase=str(sup.state.phase),
-        handed_over=sup.life.stage is lc.Stage.HANDED_OVER,
+        phase=str(core.state.phase),
+        handed_over=core.stage is lc.Stage.HANDED_OVER,
     )
     # Everything is on disk (state fsynced, events line-buffered). Exiting right here keeps
     # the lock until the process is really gone, and skips an interpreter teardown that

@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -30,15 +31,15 @@ from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
 from trainctl.supervisor.tree.stacks import stacks_writer
 from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
-from trainctl.supervisor.watch.logtimes import STAMP_S
-from trainctl.supervisor.watch.stall import CheckpointWatch
+from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
+from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
 
+from .core import RunView
 from .errors import GpuError, TrainctlError
 from .gpu import health, xid
 from .life import lifecycle as lc
 from .linux import memory, procfs
 from .model import steps
-from .server import ControlServer
 from .tree import handoff
 from .watch import logs, samples
 
@@ -74,8 +75,43 @@ def _newest_mtime(cwd: str, pattern: str) -> float | None:
     return best
 
 
-class Watchers(ControlServer):
-    """The looks taken while the run lives (the snapshot loop drives most of them)."""
+class Watchers:
+    """The looks taken while the run lives (the snapshot loop drives most of them).
+
+    Given a read-only view of the run and how to report (``RunView``: ``send``,
+    ``observe``), plus the control server's rebind: they change nothing of the run's state.
+    What they keep is their own: the drift mark, the GPU watch, the log's stamps, the
+    stall learner, the sampled steps.
+    """
+
+    def __init__(self, run: RunView, *, rebind: Callable[[str], None]) -> None:
+        self.run = run
+        self._rebind = rebind
+        self.drift_mark: tuple[int, ...] = ()
+        self.drift_at = 0.0
+        self.gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
+        self.stamper = LogStamper(log_path(run.jdir, run.state.run))  # when the log grew
+        self.sampled_step: tuple[int, float] | None = None  # (run, step): for the ETA, hooks
+        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/model/steps.py)
+        self._exe_checked: set[ProcRef] = set()  # members whose executable was read
+        self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
+        self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
+        self._stale_checked = 0.0  # when the checkpoint's age was last looked at
+        self._stale_fired = False  # on_checkpoint_stale fired; re-armed by a newer checkpoint
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start every watcher's loop in the supervisor's task group."""
+        tg.start_soon(self._snapshots)
+        tg.start_soon(self._watch_gpus)
+        tg.start_soon(self._watch_log)
+        tg.start_soon(self._record_samples)
+
+    def last_step(self) -> float | None:
+        """The newest progress step sampled from the log, if any (hooks carry it)."""
+        return self.sampled_step[1] if self.sampled_step else None
+
+    def _fire(self, event: str, cause: Cause) -> None:
+        self.run.fire(event, cause, step=self.last_step())
 
     async def _snapshots(self) -> None:
         """Keep state.json's member snapshot current, at a cost that follows the job's size.
@@ -89,31 +125,31 @@ class Watchers(ControlServer):
         # that escapes at start-up (setsid, double fork, scrubbed environment) is on
         # record within a moment, so a supervisor that dies soon after does not take
         # the only knowledge of it along.
-        pause = min(EARLY_SNAPSHOT_S, self.spec.watch.snapshot_interval_s)
+        pause = min(EARLY_SNAPSHOT_S, self.run.spec.watch.snapshot_interval_s)
         while True:
             await anyio.sleep(pause)
-            pause = min(pause * 2, self.spec.watch.snapshot_interval_s)
-            self.reap()
-            self._rebind(why="the socket file was gone")
+            pause = min(pause * 2, self.run.spec.watch.snapshot_interval_s)
+            self.run.reap()
+            self._rebind("the socket file was gone")
             self._sample_steps()
-            if self.life.stage is not lc.Stage.RUNNING:
+            if self.run.stage is not lc.Stage.RUNNING:
                 continue
-            self._watch_oom()
+            self.watch_oom()
             await self._watch_checkpoint_age()
             await self._check_drift()
             full = time.monotonic() - last_full >= FULL_SCAN_S
             if full:
                 last_full = time.monotonic()
-            roster = self.roster()
+            roster = self.run.roster()
             light = (
                 roster.refresh
                 if roster is not None
-                else functools.partial(scan_light, self._target())
+                else functools.partial(scan_light, self.run.target())
             )
             if full:
                 if roster is not None:  # kept current for a stop, whichever scan runs
                     await anyio.to_thread.run_sync(roster.refresh)
-                members = await anyio.to_thread.run_sync(scan, self._target())
+                members = await anyio.to_thread.run_sync(scan, self.run.target())
             else:
                 members = await anyio.to_thread.run_sync(light)
                 self._keep_known(members)
@@ -122,12 +158,12 @@ class Watchers(ControlServer):
             # Rewrite (and fsync) only when the member set changed: a quiet job costs
             # nothing, not even a read of each member's command line.
             if {m.ref for m in live.values()} != {
-                ProcRef(s.pid, s.start_ticks) for s in self.state.members
-            } and self.life.stage is lc.Stage.RUNNING:
+                ProcRef(s.pid, s.start_ticks) for s in self.run.state.members
+            } and self.run.stage is lc.Stage.RUNNING:
                 snap = tuple(
                     MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
                 )
-                self._observe(members=snap, snapshot_at=time.time())
+                self.run.observe(members=snap, snapshot_at=time.time())
 
     async def _look_for_handoffs(self, live: dict[int, Member]) -> None:
         """Record a member that is a tmux client of a server outside the job.
@@ -141,11 +177,11 @@ class Watchers(ControlServer):
         if not any(handoff.is_tmux(r.pid) for r in new):
             return
         found = await anyio.to_thread.run_sync(handoff.find_handoffs, set(live))
-        lines = [h.line() for h in found if h.line() not in self.state.handed_off]
+        lines = [h.line() for h in found if h.line() not in self.run.state.handed_off]
         if lines:
             for line in lines:
-                self.log.warning("handed_off", what=line)
-            self._observe(add=(("handed_off", tuple(lines), 10),))
+                self.run.log.warning("handed_off", what=line)
+            self.run.observe(add=(("handed_off", tuple(lines), 10),))
 
     async def _check_drift(self) -> None:
         """Recompute the code drift when git or the entry script changed, else once a minute.
@@ -153,16 +189,16 @@ class Watchers(ControlServer):
         `status` then reads the result from state.json instead of running `git diff` on
         every call, so its cost does not grow with the repository.
         """
-        if not self.state.code:
+        if not self.run.state.code:
             return
         now = time.monotonic()
-        mark = await anyio.to_thread.run_sync(fingerprint, self.spec)
+        mark = await anyio.to_thread.run_sync(fingerprint, self.run.spec)
         if mark == self.drift_mark and now - self.drift_at < FULL_SCAN_S:
             return
         self.drift_mark, self.drift_at = mark, now
-        changes = tuple(await anyio.to_thread.run_sync(drift, self.state.code, self.spec))
-        if changes != self.state.code_drift or self.state.drift_checked_at is None:
-            self._observe(code_drift=changes, drift_checked_at=time.time())
+        changes = tuple(await anyio.to_thread.run_sync(drift, self.run.state.code, self.run.spec))
+        if changes != self.run.state.code_drift or self.run.state.drift_checked_at is None:
+            self.run.observe(code_drift=changes, drift_checked_at=time.time())
 
     def _keep_known(self, members: dict[int, Member]) -> None:
         """Between full scans, keep the snapshot's members that still live (same start time).
@@ -170,7 +206,7 @@ class Watchers(ControlServer):
         The light scan cannot see a member that left both the cgroup and our tree (only
         the marker finds it); it must not drop out of the snapshot until the next full scan.
         """
-        for snap in self.state.members:
+        for snap in self.run.state.members:
             if snap.pid in members:
                 continue
             st = procfs.read_stat(snap.pid)
@@ -185,18 +221,18 @@ class Watchers(ControlServer):
         would hold up the supervisor's exit until its wait returns); memory and ECC are
         read every ``GPU_SAMPLE_S``. At rest that is one wake-up a minute.
         """
-        if not self.state.gpus:
+        if not self.run.state.gpus:
             return
         try:
-            self._gpu = await anyio.to_thread.run_sync(GpuWatch.open, self.state.gpus)
+            self.gpu = await anyio.to_thread.run_sync(GpuWatch.open, self.run.state.gpus)
         except GpuError as e:
-            self.log.warning("gpu_watch_unavailable", error=str(e))
+            self.run.log.warning("gpu_watch_unavailable", error=str(e))
             return
-        watch = self._gpu
+        watch = self.gpu
         info = watch.backend.driver()
-        self.log.info(
+        self.run.log.info(
             "gpu_watch",
-            gpus=[g.label for g in self.state.gpus],
+            gpus=[g.label for g in self.run.state.gpus],
             xid_events=watch.xids is not None,
             driver=info.driver_version,
         )
@@ -210,7 +246,7 @@ class Watchers(ControlServer):
             try:
                 faults = await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
             except GpuError as e:
-                self.log.warning("gpu_watch_failed", error=str(e))
+                self.run.log.warning("gpu_watch_failed", error=str(e))
                 continue
             for fault in faults:
                 self._gpu_fault(fault)
@@ -233,18 +269,18 @@ class Watchers(ControlServer):
 
     async def _record_samples(self) -> None:
         """One sample of the run every sample_interval_s, for the charts (samples.py)."""
-        book = samples.SampleLog(log_path(self.jdir, self.state.run))
+        book = samples.SampleLog(log_path(self.run.jdir, self.run.state.run))
         meter = samples.CpuMeter()
         while True:
-            await anyio.sleep(self.spec.watch.sample_interval_s)
-            if self.life.stage is not lc.Stage.RUNNING:
+            await anyio.sleep(self.run.spec.watch.sample_interval_s)
+            if self.run.stage is not lc.Stage.RUNNING:
                 continue
             src = self._sample_sources()
             sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
             book.append(sample)
 
     def _sample_sources(self) -> samples.Sources:
-        st, gpu = self.state, self._gpu
+        st, gpu = self.run.state, self.gpu
         labels = {g.uuid: g.label for g in st.gpus}
         members = {(m.pid, m.start_ticks) for m in st.members}
         if st.main is not None:  # before the first member snapshot too
@@ -254,12 +290,12 @@ class Watchers(ControlServer):
         utilization = dict(gpu.utilization) if gpu else {}
         return samples.Sources(
             members=tuple(sorted(members)),
-            memory_group=self._memory_group(),
+            memory_group=self.run.memory_group(),
             gpu_mem={labels[u]: b for u, b in memory.items() if u in labels},
             gpu_util={labels[u]: p for u, p in utilization.items() if u in labels},
-            progress_file=progress_path(self.jdir, st.run),
-            log=log_path(self.jdir, st.run),
-            progress_regex=self.spec.watch.progress_regex,
+            progress_file=progress_path(self.run.jdir, st.run),
+            log=log_path(self.run.jdir, st.run),
+            progress_regex=self.run.spec.watch.progress_regex,
         )
 
     async def _watch_log(self) -> None:
@@ -268,9 +304,9 @@ class Watchers(ControlServer):
         job writing 15 MiB/s passes an 8 MiB cap in half a second, and a snapshot tick
         (3 s, longer under a busy drift or checkpoint look) let the log reach many times it.
         """
-        pace = logs.Pace(self.spec.logs.max_bytes, STAMP_S)
+        pace = logs.Pace(self.run.spec.logs.max_bytes, STAMP_S)
         while True:
-            self._stamper.step()
+            self.stamper.step()
             # the stall watchdog looks here too: a learned deadline is seconds, not minutes
             if self._check_stall():
                 await self._write_stall_stacks()
@@ -283,25 +319,25 @@ class Watchers(ControlServer):
         unhealthy in the home (no run is handed it) and stops the run: its healthy ranks
         get their grace to checkpoint; the hung ones are ended at grace end, stacks first."""
         if isinstance(fault, str):
-            self.log.warning("gpu_fault", fault=fault)
-            self._observe(add=(("gpu_faults", (fault,), 20),))
+            self.run.log.warning("gpu_fault", fault=fault)
+            self.run.observe(add=(("gpu_faults", (fault,), 20),))
             return
         line = fault.line(time.strftime("%H:%M:%S"))
         action = xid.ACTION_WORDS[fault.klass]
-        self.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
+        self.run.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
                          klass=fault.klass, action=action)  # fmt: skip
-        self._observe(add=(("gpu_faults", (line,), 20),))
+        self.run.observe(add=(("gpu_faults", (line,), 20),))
         if fault.unhealthy:
             self._gpu_unhealthy(fault, action)
 
     def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
         """Mark the GPU unhealthy in the home; stop the run that cannot go on on it (the
         lifecycle restarts it on the healthy GPUs left when ``min_gpus`` allows)."""
-        leases, home = self.state.gpus, self.jdir.parent.parent
+        leases, home = self.run.state.gpus, self.run.jdir.parent.parent
         uuid = next((g.uuid for g in leases if g.index == fault.gpu), None)
         with contextlib.suppress(OSError, TrainctlError):
-            health.record(home, fault, uuid, self.spec.name)
-        if self.life.stage is not lc.Stage.RUNNING:
+            health.record(home, fault, uuid, self.run.spec.name)
+        if self.run.stage is not lc.Stage.RUNNING:
             return
         try:  # every GPU of the run marked so far (two may fall off the bus together)
             keep, _ = health.split_leases(home, leases)
@@ -310,14 +346,14 @@ class Watchers(ControlServer):
         keep = tuple(g for g in keep if g.index != fault.gpu)
         code = f"Xid {fault.xid}: " if fault.xid is not None else ""
         labels = ",".join(g.label for g in keep)
-        need = self.spec.gpu.min_gpus
+        need = self.run.spec.gpu.min_gpus
         if need is not None and len(keep) >= need:
             advice = (
                 f"restarting on {len(keep)} of {len(leases)} GPU(s): {labels} (min_gpus {need})"
             )
         elif keep:
             advice = (
-                f"to go on on {len(keep)} GPU(s): trainctl start {self.spec.name} --gpus "
+                f"to go on on {len(keep)} GPU(s): trainctl start {self.run.spec.name} --gpus "
                 f"{labels}, (a process count of $TRAINCTL_GPU_COUNT follows it; "
                 f"--min-gpus N restarts on its own)"
             )
@@ -326,30 +362,32 @@ class Watchers(ControlServer):
         else:
             advice = "no other GPU of the run is left"
         lost = lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice, fault.gpu, len(keep))
-        self.send(lost)
+        self.run.send(lost)
 
     async def _bound_log(self) -> int:
         """Rotate the log past its cap (the copy in a thread); return its size now."""
-        log = log_path(self.jdir, self.state.run)
+        log = log_path(self.run.jdir, self.run.state.run)
         try:
             size = await anyio.to_thread.run_sync(
-                rotate_if_big, log, self.spec.logs.max_bytes, self.spec.logs.keep
+                rotate_if_big, log, self.run.spec.logs.max_bytes, self.run.spec.logs.keep
             )
         except OSError as e:
-            self.log.warning("log_rotation_failed", error=e.strerror)
+            self.run.log.warning("log_rotation_failed", error=e.strerror)
             return 0
         if size:
-            self.log.info("log_rotated", bytes=size, keep=self.spec.logs.keep)
+            self.run.log.info("log_rotated", bytes=size, keep=self.run.spec.logs.keep)
             return 0
         return logs.size_of(log)
 
     def _stall_idle(self) -> tuple[float, float, bool]:
         """(when the run last wrote, how long it has been quiet, whether that is a stall)."""
-        st, now = self.state, time.time()
-        progress = progress_path(self.jdir, st.run)
-        last = max([st.started_at, *(mtime(p) for p in (log_path(self.jdir, st.run), progress))])
-        if not self.spec.watch.stall_auto:
-            timeout = self.spec.watch.stall_timeout_s or 0.0
+        st, now = self.run.state, time.time()
+        progress = progress_path(self.run.jdir, st.run)
+        last = max(
+            [st.started_at, *(mtime(p) for p in (log_path(self.run.jdir, st.run), progress))]
+        )
+        if not self.run.spec.watch.stall_auto:
+            timeout = self.run.spec.watch.stall_timeout_s or 0.0
             return last, now - last, now - last >= timeout
         ckpt = self._newest_checkpoint_mtime()
         learner = self._stall_learner
@@ -358,70 +396,72 @@ class Watchers(ControlServer):
         if deadline is not None and (
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
         ):
-            self._observe(stall_deadline_s=round(deadline, 2))
+            self.run.observe(stall_deadline_s=round(deadline, 2))
         return last, now - last, learner.stalled_for(now, ckpt) is not None
 
     def _newest_checkpoint_mtime(self) -> float:
-        pattern = self.spec.watch.checkpoint
+        pattern = self.run.spec.watch.checkpoint
         if not pattern:
             return 0.0
         if self._ckpt_watch is None:  # a glob only when a folder changed (stall.py)
-            self._ckpt_watch = CheckpointWatch(self.spec.cwd, pattern)
+            self._ckpt_watch = CheckpointWatch(self.run.spec.cwd, pattern)
         return self._ckpt_watch.newest_mtime()
 
     def _check_stall(self) -> bool:
         """Mark or clear STALLED; True the moment a stall is first seen."""
-        watch = self.spec.watch
+        watch = self.run.spec.watch
         if (
             not (watch.stall_timeout_s or watch.stall_auto)
-            or self.life.stage is not lc.Stage.RUNNING
+            or self.run.stage is not lc.Stage.RUNNING
         ):
             return False
-        st = self.state
+        st = self.run.state
         last, idle, stalled = self._stall_idle()
         if not stalled:
             if st.stalled_since is not None:
-                self._observe(stalled_since=None)
-                self.log.info("unstalled")
+                self.run.observe(stalled_since=None)
+                self.run.log.info("unstalled")
             return False
         first = st.stalled_since is None
         if first:
-            self._observe(stalled_since=last)
-            self.log.warning("stalled", idle_s=round(idle, 1), on_stall=self.spec.watch.on_stall)
+            self.run.observe(stalled_since=last)
+            self.run.log.warning(
+                "stalled", idle_s=round(idle, 1), on_stall=self.run.spec.watch.on_stall
+            )
             idle_line = f"no progress and no output for {idle:.0f} s"
             self._fire("stall", Cause(kind="stalled", summary=idle_line))
-        if self.spec.watch.on_stall == "restart":
-            self.send(lc.Stalled())
+        if self.run.spec.watch.on_stall == "restart":
+            self.run.send(lc.Stalled())
         return first
 
     async def _write_stall_stacks(self) -> None:
         """Where every process of the stalled run stands, read once, off the event loop."""
-        refs = [m.ref for m in alive(scan_light(self._target())).values()]
-        write = stacks_writer(self.jdir, self.state.run, "stall", self.state.marker)
+        refs = [m.ref for m in alive(scan_light(self.run.target())).values()]
+        write = stacks_writer(self.run.jdir, self.run.state.run, "stall", self.run.state.marker)
         path = await anyio.to_thread.run_sync(write, refs)
         if path:
-            self.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
+            self.run.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
 
-    def _watch_oom(self) -> None:
+    def watch_oom(self) -> None:
         """Name each OOM kill in the job's memory group as it happens (one small read)."""
-        group = self._memory_group()
+        group = self.run.memory_group()
         if group is None:
             return
         kills = memory.oom_kills(group)
-        if kills <= self.state.oom_kills:
+        if kills <= self.run.state.oom_kills:
             return
-        cmds = {m.pid: m.cmd for m in self.state.members}
-        self.log.warning(
+        cmds = {m.pid: m.cmd for m in self.run.state.members}
+        self.run.log.warning(
             "oom_kill",
             oom_kills=kills,
-            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self._oom_victims()],
-            cap_bytes=self.spec.memory.max_bytes,
+            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self.oom_victims()],
+            cap_bytes=self.run.spec.memory.max_bytes,
         )
-        self._observe(oom_kills=kills)
+        self.run.observe(oom_kills=kills)
 
-    def _oom_victims(self) -> list[memory.Victim]:
+    def oom_victims(self) -> list[memory.Victim]:
         """The kernel log's OOM kills of this run: its members' pids, or its group's name."""
-        st = self.state
+        st = self.run.state
         pids = {m.pid for m in st.members} | ({st.main.pid} if st.main else set())
         return memory.oom_victims(pids, Path(st.cgroup).name if st.cgroup else None)
 
@@ -432,8 +472,8 @@ class Watchers(ControlServer):
         for a short limit), off the loop;
         fired once, and armed again when a newer checkpoint appears.
         """
-        limit = self.spec.hooks.checkpoint_stale_s
-        pattern = self.spec.watch.checkpoint
+        limit = self.run.spec.hooks.checkpoint_stale_s
+        pattern = self.run.spec.watch.checkpoint
         now = time.time()
         if (
             limit is None
@@ -442,8 +482,8 @@ class Watchers(ControlServer):
         ):
             return
         self._stale_checked = now
-        newest = await anyio.to_thread.run_sync(_newest_mtime, self.spec.cwd, pattern)
-        age = now - max(newest or 0.0, self.state.started_at)
+        newest = await anyio.to_thread.run_sync(_newest_mtime, self.run.spec.cwd, pattern)
+        age = now - max(newest or 0.0, self.run.state.started_at)
         if age < limit:
             self._stale_fired = False
             return
@@ -452,25 +492,25 @@ class Watchers(ControlServer):
         self._stale_fired = True
         what = "no checkpoint yet" if newest is None else "the newest checkpoint"
         summary = f"{what}: {age:.0f} s since {'start' if newest is None else 'it was written'}"
-        self.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
+        self.run.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
         self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
 
     def _sample_steps(self) -> None:
         """Record (time, newest step) now and then, for an ETA over a recent window."""
-        regex = self.spec.watch.progress_regex
-        if not regex or self.life.stage is not lc.Stage.RUNNING:
+        regex = self.run.spec.watch.progress_regex
+        if not regex or self.run.stage is not lc.Stage.RUNNING:
             return
         now = time.time()
-        every = self.spec.watch.snapshot_interval_s
+        every = self.run.spec.watch.snapshot_interval_s
         if now - self._sampled_at < max(min(STEP_SAMPLE_S, 5 * every), every):
             return
-        log = log_path(self.jdir, self.state.run)
+        log = log_path(self.run.jdir, self.run.state.run)
         written = mtime(log)
         if written <= self._sampled_at:
             return  # nothing new since the last sample
         self._sampled_at = now
         step = steps.newest_step(log, re.compile(regex))
-        if step is not None and (self.state.run, step) != self._sampled_step:
-            self._sampled_step = (self.state.run, step)
+        if step is not None and (self.run.state.run, step) != self.sampled_step:
+            self.sampled_step = (self.run.state.run, step)
             with contextlib.suppress(OSError, TrainctlError):  # a full disk costs the ETA only
                 steps.append_sample(log, written, step)

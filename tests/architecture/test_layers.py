@@ -290,9 +290,9 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
         if (fns := _calls_by_function(path, "write_state")) and path.name != "state.py"
     }
     assert set(writers) == {"boot.py", "core.py"}, writers
-    assert writers["core.py"] == {"_set"}, writers
-    parts = ("core.py", "server.py", "watchers.py", "service.py")  # the supervisor's class
-    setters = {p: fns for p in parts if (fns := _calls_by_function(sup / p, "_set"))}
+    assert writers["core.py"] == {"set_state"}, writers
+    parts = ("core.py", "server.py", "watchers.py", "service.py")  # the supervisor's parts
+    setters = {p: fns for p in parts if (fns := _calls_by_function(sup / p, "set_state"))}
     assert setters == {"service.py": {"_write"}}, setters  # the lifecycle owner's writes
     assign = [
         fn.name
@@ -304,7 +304,35 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
         for t in node.targets
         if isinstance(t, ast.Attribute) and t.attr == "state"
     ]
-    assert set(assign) <= {"__init__", "_set"}, assign
+    assert set(assign) <= {"__init__", "set_state"}, assign
+
+
+# a class of supervisor/ may build on these (a record, an error, an enum, a protocol)
+BASES_ALLOWED = {"Exception", "Protocol", "Enum", "StrEnum", "IntEnum", "NamedTuple", "TypedDict"}
+
+
+def test_no_supervisor_class_inherits_from_another() -> None:
+    """issue 45: the supervisor is composed, not inherited: its parts (the run's record,
+    the control server, the watchers, the lifecycle owner) each hold what they need, and
+    no class of supervisor/ builds on another of its classes (errors and protocols aside)."""
+    sup = ROOT / "supervisor"
+    classes: dict[str, Path] = {}
+    bases: list[tuple[Path, str, str]] = []
+    for path in sorted(sup.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = path
+                for b in node.bases:
+                    name = b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                    bases.append((path, node.name, name))
+    errors = {n for n, p in classes.items() if n.endswith(("Error", "Unavailable"))}
+    inherited = [
+        f"{p.relative_to(ROOT)}: {cls}({base})"
+        for p, cls, base in bases
+        if base in classes and base not in errors and base not in BASES_ALLOWED
+    ]
+    assert not inherited, inherited
+    assert len(classes) > 100  # the walk found supervisor/'s classes
 
 
 def test_every_package_is_in_the_distribution() -> None:
