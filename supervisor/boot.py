@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.linux.systemd import own_unit
+from trainctl.supervisor.model.events import append_event
 from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
@@ -30,7 +31,6 @@ from trainctl.supervisor.model.state import (
     MemberSnap,
     Phase,
     ProcRef,
-    append_event,
     check_not_symlink,
     current_boot_id,
     gpu_env,

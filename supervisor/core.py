@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import socket
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Protocol, TextIO, cast
 
@@ -22,14 +23,13 @@ import anyio.from_thread
 import anyio.lowlevel
 import structlog
 
+from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import (
     JobState,
     Phase,
-    open_events,
     progress_path,
-    write_event_line,
     write_state,
 )
 from trainctl.supervisor.tree.proctree import Target, target_of
@@ -43,14 +43,18 @@ from .linux import memory
 from .model import steps
 
 
+def _render(_logger: object, _name: str, event_dict: MutableMapping[str, Any]) -> str:
+    return events.encode(dict(event_dict))
+
+
 def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
-    events = _BestEffortFile(jdir / "events.jsonl")
+    sink = _BestEffortFile(jdir)
     structlog.configure(
         processors=[
             structlog.processors.TimeStamper(fmt=None, key="ts"),
-            structlog.processors.JSONRenderer(),
+            _render,  # the one encoder of events.jsonl (model/events.py)
         ],
-        logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, events)),
+        logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, sink)),
         # per-orphan "reaped" lines are debug: 240 of them would slow a stop by ~15 ms
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         cache_logger_on_first_use=True,
@@ -68,11 +72,11 @@ class _BestEffortFile:
     failures are reported).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, jdir: Path) -> None:
         self.failures = 0
         self.fd: int | None = None
         try:
-            self.fd = open_events(path.parent)
+            self.fd = events.open_events(jdir)
         except (OSError, StateError):
             self.failures += 1
 
@@ -80,7 +84,7 @@ class _BestEffortFile:
         if self.fd is None:
             return
         try:
-            write_event_line(self.fd, text)
+            events.write_event_line(self.fd, text)
         except OSError:
             self.failures += 1
 

@@ -37,8 +37,8 @@ from trainctl.supervisor.tree.stop import run_stop
 from .boot import set_subreaper
 from .errors import StateError
 from .linux import procfs
+from .model import events
 from .model import nodefiles as nf
-from .model import state
 
 _stop = {"asked": False, "by_request": False}
 
@@ -158,7 +158,7 @@ def _start_here(jdir: Path, spec: Spec, run: int, marker: str) -> tuple[Target, 
 def _report(jdir: Path, run: int, target: Target, report: StopReport, code: int) -> None:
     """This node's end: its record (the stop's report, the exit code) and an event."""
     _record(jdir, run, target, stop=report.to_doc(), exit_code=code, stopped=_stop["asked"])
-    state.append_event(
+    events.append_event(
         jdir,
         "node_done",
         node=node_name(),
@@ -182,7 +182,7 @@ def sweep(jdir: Path, spec: Spec, run: int, marker: str) -> int:
     report = run_stop(target, spec.with_stop(kill_wait_s=5.0), grace_s=0.5, reason="sweep")
     _reap_all()
     _record(jdir, run, target, stop={**report.to_doc(), "swept": True}, sweep=True)
-    state.append_event(
+    events.append_event(
         jdir, "node_swept", node=node_name(), run=run, found=report.found, ok=report.ok
     )
     return 0 if report.ok else 1

@@ -58,7 +58,7 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.life import hooks
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
@@ -329,7 +329,7 @@ class _Deploy:
         )
         state.write_json_atomic(report_path(self.jdir, p.id), rep.to_doc())
         with contextlib.suppress(OSError):
-            state.append_event(self.jdir, "deploy", **rep.to_doc())
+            events.append_event(self.jdir, "deploy", **rep.to_doc())
         return rep
 
 
@@ -399,7 +399,7 @@ def _on_probation(d: _Deploy, run: int, gate: _Gate, resume: str | None) -> Depl
         keepsafe.discard(d.kept.path if d.kept else None)
         d.say("done", f"run {run} passed its probation: {trial.why}")
         with contextlib.suppress(OSError):
-            state.append_event(d.jdir, "deploy_probation", id=p.id, run=run,
+            events.append_event(d.jdir, "deploy_probation", id=p.id, run=run,
                                outcome="passed", why=trial.why)  # fmt: skip
         return rep
     trial.why = f"on probation: {trial.why}"

@@ -36,9 +36,9 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.steps import number, steps_path, timed_steps
 
-from .history import read_events
 from .jobs import current_phase, existing_job
 
 SLOW = 3.0  # a gap over this many typical steps is not a step: a save, or a stall

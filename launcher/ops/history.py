@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +17,11 @@ from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
 
 from .jobs import current_phase, existing_job
-
-
-def read_events(jdir: Path) -> list[dict[str, Any]]:
-    """The job's events.jsonl, each a dict with an ``event`` (unreadable lines skipped)."""
-    out = []
-    try:
-        with open(jdir / "events.jsonl", "rb") as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(ev, dict) and isinstance(ev.get("event"), str):
-                    out.append(ev)
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def _num(v: object) -> float | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +12,8 @@ from trainctl.launcher.inputs import closest, human_duration
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.events import newest_first
 from trainctl.supervisor.model.state import JobState, Phase
-from trainctl.supervisor.model.tail import read_end
 from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
 
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
@@ -66,11 +65,9 @@ class StopUnderWay:
 def stop_under_way(jdir: Path) -> StopUnderWay | None:
     """The newest `stopping` (or `grace_shortened`) event, read from the end of the
     events: a few KiB, read only while a stop is on. None when there is none."""
-    raw, _ = read_end(jdir / "events.jsonl", 65536)
     shortened: tuple[float, float] | None = None
-    for line in reversed(raw.splitlines()):
+    for ev in newest_first(jdir, 65536):
         try:
-            ev = json.loads(line)
             kind, ts = ev.get("event"), float(ev["ts"])
             if kind == "grace_shortened" and shortened is None:
                 shortened = (ts, float(ev["grace_left_s"]))

@@ -7,7 +7,6 @@ Reads only: files under the job's directory and the checkpoint glob's matches.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.events import newest_first
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.tail import latest_frame, read_end
 from trainctl.supervisor.watch.samples import Sample, read_series
@@ -141,14 +141,9 @@ def _verdict(r: StopReport) -> str:
 
 def _stop_events(jdir: Path) -> dict[str, dict[str, Any]]:
     """The newest `stopping` event and the `escalated` after it, from events.jsonl's end."""
-    raw, _ = read_end(jdir / "events.jsonl", EVENTS_BYTES)
     found: dict[str, dict[str, Any]] = {}
-    for line in reversed(raw.split(b"\n")):
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict) or not isinstance(ev.get("ts"), int | float):
+    for ev in newest_first(jdir, EVENTS_BYTES):
+        if not isinstance(ev.get("ts"), int | float):
             continue
         kind = ev.get("event")
         if kind == "escalated" and "stopping" not in found:

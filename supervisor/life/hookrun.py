@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.model.state import append_event, open_in, write_bytes_atomic
+from trainctl.supervisor.model.events import append_event
+from trainctl.supervisor.model.state import open_in, write_bytes_atomic
 from trainctl.supervisor.model.tail import tail_text
 
 from .hooks import HookJob

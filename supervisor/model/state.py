@@ -27,7 +27,6 @@ import json
 import os
 import re
 import stat
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -541,28 +540,6 @@ def mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def open_events(jdir: Path) -> int:
-    """Open the job's events.jsonl for appending (never through a planted symlink)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    return open_in(jdir / "events.jsonl", flags)
-
-
-def write_event_line(fd: int, line: str) -> None:
-    """Write one event line with a single write(2): with O_APPEND, the CLI's and the
-    supervisor's lines never interleave, however long a line is."""
-    os.write(fd, line.rstrip("\n").encode() + b"\n")
-
-
-def append_event(jdir: Path, event: str, **fields: Any) -> None:
-    """Append one JSON line to events.jsonl."""
-    line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
-    fd = open_events(jdir)
-    try:
-        write_event_line(fd, line)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- locks

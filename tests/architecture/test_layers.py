@@ -307,6 +307,25 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
     assert set(assign) <= {"__init__", "set_state"}, assign
 
 
+def test_one_writer_and_one_reader_of_the_event_log() -> None:
+    """issue 45: events.jsonl is spelt, encoded and read in one module (model/events.py):
+    the supervisor's structlog renders through its encoder, the CLI appends through it,
+    and status, history, report and the stop's timeline read through it."""
+    named = sorted(
+        str(p.relative_to(ROOT))
+        for d in ("supervisor", "launcher")
+        for p in (ROOT / d).rglob("*.py")
+        if 'events.jsonl"' in p.read_text()
+    )
+    assert named == ["supervisor/model/events.py"], named
+    dumps = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "supervisor").rglob("*.py")
+        if "JSONRenderer" in p.read_text()
+    ]
+    assert not dumps, dumps  # structlog's own JSON encoder would be a second one
+
+
 # a class of supervisor/ may build on these (a record, an error, an enum, a protocol)
 BASES_ALLOWED = {"Exception", "Protocol", "Enum", "StrEnum", "IntEnum", "NamedTuple", "TypedDict"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.state import JobState, MemberSnap, Phase, ProcRef
 
 
@@ -114,7 +114,7 @@ def test_files_are_opened_relative_to_a_directory_that_is_not_a_symlink(tmp_path
     with pytest.raises(StateError, match="symlink"):
         state.write_bytes_atomic(jdir / "victim", b"overwritten")
     with pytest.raises(StateError, match="symlink"):
-        state.append_event(jdir, "x")
+        events.append_event(jdir, "x")
     with pytest.raises(StateError, match="symlink"):
         state.read_state(jdir)
     assert (real / "victim").read_text() == "keep"
@@ -128,7 +128,7 @@ def test_a_file_that_is_a_symlink_is_never_followed(tmp_path: Path) -> None:
     (tmp_path / "state.json").symlink_to(target)
     (tmp_path / "lock").symlink_to(target)
     with pytest.raises(StateError, match="symlink"):
-        state.append_event(tmp_path, "x")
+        events.append_event(tmp_path, "x")
     with pytest.raises(StateError, match="symlink"):
         state.read_state(tmp_path)
     with pytest.raises(StateError, match="symlink"), state.job_lock(tmp_path, 1.0):

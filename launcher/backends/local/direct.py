@@ -18,7 +18,7 @@ from trainctl.launcher.results import StopResult
 from trainctl.supervisor.gpu.verify import gpu_policy_of, verify_release
 from trainctl.supervisor.life.causes import stopped
 from trainctl.supervisor.linux import memory
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.reports import Cause, StopReport
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
@@ -42,7 +42,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
 
     def emit(event: str, **fields: Any) -> None:
         try:
-            state.append_event(jdir, event, job=st.name, via="cli", **fields)
+            events.append_event(jdir, event, job=st.name, via="cli", **fields)
         except OSError as e:
             failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
 

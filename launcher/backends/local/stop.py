@@ -17,7 +17,7 @@ from trainctl.launcher.results import StopResult
 from trainctl.supervisor.errors import JobConflictError, TrainctlError
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import control, state
+from trainctl.supervisor.model import control, events, state
 from trainctl.supervisor.model.spec import Spec
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
@@ -175,7 +175,7 @@ def _end_supervisor(jdir: Path) -> None:
             f"job {jdir.name}: the process holding supervisor.lock is not the recorded "
             "supervisor; not signalling it"
         )
-    state.append_event(jdir, "supervisor_ended", job=st.name, pid=sup.pid, why="stop --force")
+    events.append_event(jdir, "supervisor_ended", job=st.name, pid=sup.pid, why="stop --force")
     _wait_supervisor_exit(jdir, 5.0)
 
 

@@ -31,8 +31,8 @@ from trainctl.launcher.results import (
 from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor.errors import ConfigError, JobConflictError, StateError, TrainctlError
 from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model import nodefiles as nf
-from trainctl.supervisor.model import state
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.sections import SlurmRecord
 from trainctl.supervisor.model.spec import Spec
@@ -74,7 +74,7 @@ def _stop_slurm(
         ask = nf.StopFile(at=time.time(), grace_s=grace_s, order=order)
         nf.write_stop_request(jdir, ask)
         fields = dataclasses.asdict(ask)
-        state.append_event(jdir, "stop_requested", job=st.name, via="node agents", **fields)
+        events.append_event(jdir, "stop_requested", job=st.name, via="node agents", **fields)
         # the agents need their grace, their escalation and a moment to report back
         ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
     if not ended:
@@ -83,11 +83,13 @@ def _stop_slurm(
         # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
         # terminating the whole step at once, which would take the grace away.
         scancel([scancel_bin, f"--signal={sig}", job_id])
-        state.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel")
+        events.append_event(
+            jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel"
+        )
         cancelled = not _wait_left_queue(st, grace_s)
         if cancelled:
             scancel([scancel_bin, job_id])
-            state.append_event(jdir, "escalated", job=st.name, via="scancel")
+            events.append_event(jdir, "escalated", job=st.name, via="scancel")
             _wait_left_queue(st, 60)
     # else: Slurm has ended (or forgotten) the job, but its processes outlived it
     # (a node agent SIGKILLed). A node whose agent left no report gets a sweep job; then
@@ -112,7 +114,7 @@ def _stop_slurm(
         survivors=local.survivors,
         total_s=round(time.monotonic() - t0, 3),
     )
-    state.append_event(jdir, "stop_report", job=st.name, **report.to_doc())
+    events.append_event(jdir, "stop_report", job=st.name, **report.to_doc())
     return report
 
 
@@ -150,7 +152,7 @@ def _sweep(jdir: Path, st: JobState, silent: list[str]) -> list[str]:
         try:
             run_tool(argv, timeout_s=SWEEP_WAIT_S)
         except TrainctlError as e:
-            state.append_event(jdir, "sweep_failed", job=st.name, node=node, error=str(e))
+            events.append_event(jdir, "sweep_failed", job=st.name, node=node, error=str(e))
             continue
         done.append(node)
     return done

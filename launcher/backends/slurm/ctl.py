@@ -19,7 +19,7 @@ from trainctl.launcher.config import load_config
 from trainctl.launcher.results import SlurmVerdict
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import ConfigError, StateError, TrainctlError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.sections import SlurmRecord
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import JobState, Phase
@@ -172,7 +172,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
         ),
     )
     state.write_state(jdir, new)
-    state.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)
+    events.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)
     return new
 
 

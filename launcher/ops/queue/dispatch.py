@@ -31,7 +31,7 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.linux import systemd
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 
 from .entries import (
@@ -362,7 +362,7 @@ class _Dispatcher:
                 return None
             entry_path(self.home, e.name).unlink()
         with contextlib.suppress(OSError, TrainctlError):
-            state.append_event(
+            events.append_event(
                 state.job_dir(self.home, e.name),
                 "dispatched",
                 job=e.name,

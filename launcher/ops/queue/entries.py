@@ -46,7 +46,7 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
@@ -378,4 +378,4 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
         state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
         state.write_state(jdir, st)
         with contextlib.suppress(OSError):
-            state.append_event(jdir, "queue_failed", job=e.name, run=st.run, reason=why)
+            events.append_event(jdir, "queue_failed", job=e.name, run=st.run, reason=why)

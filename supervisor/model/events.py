@@ -1,0 +1,89 @@
+"""``events.jsonl``: the one encoder and the one reader of a job's event log.
+
+Every line is one JSON object with ``ts`` (seconds since the epoch) and ``event`` (its
+kind), written with a single ``write(2)`` on an ``O_APPEND`` descriptor, so the CLI's and
+the supervisor's lines never interleave. The supervisor's structlog logger renders
+through :func:`encode`, the CLI appends through :func:`append_event`; `status`, `history`,
+`report`, the web page, MCP and the tests read through :func:`read_events` (the whole
+log) or :func:`newest_first` (its end, for a look at the latest stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .state import open_in
+from .tail import read_end
+
+FILE = "events.jsonl"
+
+
+def path(jdir: Path) -> Path:
+    """The job's event log."""
+    return jdir / FILE
+
+
+def encode(doc: dict[str, Any]) -> str:
+    """One event as its line (no newline): JSON, anything else as its str()."""
+    return json.dumps(doc, default=str)
+
+
+def open_events(jdir: Path) -> int:
+    """Open the job's events.jsonl for appending (never through a planted symlink)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    return open_in(path(jdir), flags)
+
+
+def write_event_line(fd: int, line: str) -> None:
+    """Write one event line with a single write(2): with O_APPEND, the CLI's and the
+    supervisor's lines never interleave, however long a line is."""
+    os.write(fd, line.rstrip("\n").encode() + b"\n")
+
+
+def append_event(jdir: Path, event: str, **fields: Any) -> None:
+    """Append one event, stamped now."""
+    line = encode({"ts": round(time.time(), 6), "event": event, **fields})
+    fd = open_events(jdir)
+    try:
+        write_event_line(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _decode(line: bytes) -> dict[str, Any] | None:
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(ev, dict) and isinstance(ev.get("event"), str):
+        return ev
+    return None
+
+
+def read_events(jdir: Path) -> list[dict[str, Any]]:
+    """Every event of the job, oldest first (unreadable lines skipped)."""
+    out = []
+    try:
+        with open(path(jdir), "rb") as f:
+            for line in f:
+                ev = _decode(line)
+                if ev is not None:
+                    out.append(ev)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def newest_first(jdir: Path, nbytes: int) -> Iterator[dict[str, Any]]:
+    """The events in the log's last ``nbytes``, newest first (a partial first line and
+    unreadable lines skipped)."""
+    raw, _ = read_end(path(jdir), nbytes)
+    for line in reversed(raw.split(b"\n")):
+        ev = _decode(line)
+        if ev is not None:
+            yield ev
