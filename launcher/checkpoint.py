@@ -79,7 +79,7 @@ def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:
 
 def user_path(spec: Spec, path: str) -> str:
     """A checkpoint path as the user knows it: a run in a snapshot reaches its relative
-    checkpoint folder through a link to the source's (backends/local/snapshot.py), so a
+    checkpoint folder through a link to the source's (launcher/snapshot.py), so a
     path under the snapshot that is the source's own file is named by the source's path."""
     if spec.source is None or not path.startswith(spec.cwd.rstrip("/") + "/"):
         return path

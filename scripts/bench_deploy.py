@@ -1,6 +1,6 @@
 """Deploy benchmarks (issue 35), printed as ratios; run by scripts/bench.sh --deploy.
 
-1. A git snapshot of a 30,000-file repository (launcher/backends/local/snapshot.py) against
+1. A git snapshot of a 30,000-file repository (launcher/snapshot.py) against
    a bare ``git worktree add --detach`` of the same commit (target: <= 2 s, <= 1.2x).
 2. The overhead of `trainctl deploy` beyond the job's own stop and start: a deploy
    (``--at now``) against a `trainctl restart --health 0` of the same job, interleaved,
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainctl.launcher.backends.local import snapshot
+from trainctl.launcher import snapshot
 from trainctl.supervisor.model.spec import SnapshotPolicy, Spec
 
 GIT = ["git", "-c", "user.email=b@b", "-c", "user.name=b"]

@@ -72,10 +72,24 @@ class StopRequest:
 STOP_SLACK_S = 60.0
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do beyond start, stop and status: an operation asks these,
+    never the backend's name."""
+
+    deploy: bool = False  # new code into a running run, checkpoint-gated (deploy)
+    terminal: bool = False  # main's terminal held by a supervisor on this machine (attach)
+    local_stacks: bool = False  # the run's processes are here, for py-spy (stack)
+    memory_caps: bool = False  # memory_max / memory_high on the run's own cgroup
+    gpu_healing: bool = False  # min_gpus: a GPU fault restarts on the box's healthy GPUs
+
+
 class Backend(Protocol):
     """What each operation needs from the place a job runs."""
 
     kind: str
+    title: str  # how a message names it ("Slurm")
+    can: Capabilities
     # whether trainctl's own queue (--queue, --after, --singleton) serves its jobs; a
     # backend with a scheduler of its own (Slurm) queues there instead
     queues_here: bool

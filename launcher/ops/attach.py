@@ -43,8 +43,8 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
     """Connect to job NAME's terminal; raise with one line when it cannot be had."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    if backends.of(st).kind != "local":
-        raise JobConflictError(f"job {name} runs under Slurm: it has no terminal to attach to")
+    if not (b := backends.of(st)).can.terminal:
+        raise JobConflictError(f"job {name} runs under {b.title}: it has no terminal to attach to")
     phase = current_phase(jdir, st)
     if phase not in (Phase.RUNNING, Phase.STARTING, Phase.STOPPING):
         raise NotRunningError(f"job {name} is not running ({phase}): nothing to attach to")

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainctl.launcher.backends.local import snapshot
+from trainctl.launcher import backends, snapshot
 from trainctl.launcher.checkpoint import (
     first_step,
     newest_checkpoint,
@@ -117,7 +117,7 @@ def plan_deploy(
     st = state.read_state(jdir)
     phase = current_phase(jdir, st)
     _refuse_unless_running(name, st, phase, home)
-    if st.backend != "local":
+    if not backends.of(st).can.deploy:
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
     spec = state.read_spec(jdir)
     new_spec = reloaded_spec(spec, cfg) if reload else spec

@@ -6,8 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from trainctl.launcher import backends
-from trainctl.launcher.backends.local import snapshot
+from trainctl.launcher import backends, snapshot
 from trainctl.supervisor.errors import JobConflictError, JobNotFoundError, StateError
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model import state

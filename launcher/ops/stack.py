@@ -42,8 +42,8 @@ def job_stacks(home: Path, name: str, *, native: bool = False) -> StackReport:
     t0 = time.monotonic()
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    if backends.of(st).kind != "local":
-        raise ConfigError(f"job {name} runs under Slurm: run `trainctl stack` on its nodes")
+    if not (b := backends.of(st)).can.local_stacks:
+        raise ConfigError(f"job {name} runs under {b.title}: run `trainctl stack` on its nodes")
     members = sorted(alive(scan(target_of(st))).values(), key=lambda m: m.stat.pid)
     tool = pyspy_path()
     dumps = stacks.dump(tool, [m.stat.pid for m in members], native=native)

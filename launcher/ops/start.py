@@ -164,7 +164,7 @@ def _min_gpus(d: SpecDraft) -> int | None:
         raise ConfigError("min_gpus needs --gpus: it is the least of the GPUs the job is given")
     if n < 1:
         raise ConfigError("min_gpus must be at least 1")
-    if (d.backend or "local") != "local":
+    if not backends.backend(d.backend).can.gpu_healing:
         raise ConfigError("min_gpus is for the local backend (Slurm replaces a node's GPUs)")
     req = d.gpus.strip()
     asked = int(req) if req.isdigit() and int(req) >= 1 else None
@@ -282,7 +282,7 @@ def _check_memory(spec: Spec, cfg: Config) -> None:
     m = spec.memory
     if not m.wanted:
         return
-    if spec.backend != "local":
+    if not backends.backend(spec.backend).can.memory_caps:
         raise ConfigError(
             "memory_max/memory_high are for local jobs; on Slurm ask for memory with "
             'sbatch_args = ["--mem=64G"]'

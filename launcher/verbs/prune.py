@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from trainctl.launcher import render
-from trainctl.launcher.backends.local import snapshot
+from trainctl.launcher import render, snapshot
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.jobs import ended_jobs

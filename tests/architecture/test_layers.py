@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "output",
             "progress",
             "remote",
+            "snapshot",
             "specfile",
             "term",
             "trainer",
@@ -256,14 +257,26 @@ def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
     assert new <= allowed, sorted(new - allowed)
 
 
-def test_no_verb_names_a_backend() -> None:
-    """A verb asks the backend what it can do; it never tests which backend it is."""
+def test_no_verb_or_operation_names_a_backend() -> None:
+    """A verb or an operation asks the backend what it can do (``Backend.can``); it never
+    compares a backend's name, nor imports a backend's own modules (issue 45 item 4)."""
     from trainctl.supervisor.model.spec import BACKENDS  # noqa: PLC0415  (the names under test)
 
-    for path in sorted((LAUNCHER / "verbs").glob("*.py")):
+    files = [*(LAUNCHER / "verbs").glob("*.py"), *(LAUNCHER / "ops").rglob("*.py")]
+    for path in sorted(files):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and node.value in BACKENDS:
-                raise AssertionError(f"{path.name}:{node.lineno} names backend {node.value!r}")
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                names = [c.value for c in sides if isinstance(c, ast.Constant)]
+                bad = [n for n in names if n in BACKENDS]
+                assert not bad, f"{path.name}:{node.lineno} compares a backend's name {bad}"
+    for path in sorted(LAUNCHER.rglob("*.py")):
+        if "backends" in path.parts:
+            continue
+        for _, target in launcher_imports(path):
+            assert not target.startswith(("backends.local", "backends.slurm")), (
+                f"{path.relative_to(ROOT)} imports {target}: ask the backend protocol"
+            )
 
 
 def _calls_by_function(path: Path, name: str) -> set[str]:

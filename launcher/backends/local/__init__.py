@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from trainctl.launcher.backends import Asked, StartRequest, StopRequest
+from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.launcher.specfile import SpecDraft
@@ -30,6 +30,10 @@ class Local:
     """Here, under trainctl's own supervisor."""
 
     kind = "local"
+    title = "local"
+    can = Capabilities(
+        deploy=True, terminal=True, local_stacks=True, memory_caps=True, gpu_healing=True
+    )
     queues_here = True
 
     def check_values(self, draft: SpecDraft) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from trainctl.launcher import snapshot
 from trainctl.launcher.backends import StartRequest, StopRequest
 from trainctl.launcher.gpus import lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
@@ -18,7 +19,6 @@ from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import Phase, gpu_env
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 
-from . import snapshot
 from .stop import stop_once
 
 

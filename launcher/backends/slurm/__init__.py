@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from trainctl.launcher.backends import Asked, StartRequest, StopRequest
+from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import (
     Checkpoint,
@@ -206,6 +206,8 @@ class Slurm:
     """In a Slurm allocation: sbatch submits, a node agent supervises on each node."""
 
     kind = "slurm"
+    title = "Slurm"
+    can = Capabilities()  # Slurm's own tools do these on its nodes
     queues_here = False
 
     def check_values(self, draft: SpecDraft) -> None:
