@@ -562,25 +562,12 @@ def bench_queue(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> Non
     """11. The queue: how soon a queued job starts once its GPU is free or its dependency
     ended, and what 20 waiting jobs cost. One fake GPU (chosen explicitly: this part needs
     a machine without an NVIDIA driver)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu.nvml_double import document  # noqa: PLC0415  (the fakes' one schema)
+
     dev = tmp / "qdev"
-    dev.mkdir(exist_ok=True)
-    (dev / "nvidia0").touch()
     gpus = tmp / "qgpus.json"
-    gpus.write_text(
-        json.dumps(
-            {
-                "dev_dir": str(dev),
-                "gpus": [
-                    {
-                        "uuid": "GPU-q-0",
-                        "name": "Fake",
-                        "memory_total_mib": 81920,
-                        "base_used_mib": 0,
-                    }
-                ],
-            }
-        )
-    )
+    gpus.write_text(json.dumps(document(dev, 1)))  # the one schema of both driver fakes
     qenv = {**env, "TRAINCTL_HOME": str(tmp / "queue-home"), "TRAINCTL_FAKE_GPU": str(gpus),
             "FAKE_DEV_DIR": str(dev), "FAKE_GPU_MIB": "1024"}  # fmt: skip
     home = Path(qenv["TRAINCTL_HOME"])

@@ -2,22 +2,31 @@
 
 Selected only by ``TRAINCTL_FAKE_GPU=/path/to/gpus.json`` and refused when a real NVIDIA
 driver is present (see :func:`trainctl.supervisor.gpu.open_backend`). The "GPU processes"
-are real processes that keep ``<dev_dir>/nvidiaN`` open, standing in for ``/dev/nvidiaN``:
+are real processes that keep a device node (``node``) open, standing in for ``/dev/nvidiaN``:
 their fake memory is released exactly when the process really dies, and trainctl's fd
 scan finds them the same way it finds real GPU holders. A holder's memory is the
 ``FAKE_GPU_MIB`` variable in its environment (default 1024).
 
-JSON description::
+The description is the C double's (tests/gpu/nvml_double.c): ONE schema for both
+fakes of the driver, so a test can say the same thing to either, and a test runs the
+same document through both (tests/gpu/test_backends.py). The keys this fake reads::
 
-    {"dev_dir": "/tmp/t/dev",
-     "init_error": null,                  # a string: NVML fails to initialise with it
-     "gpus": [{"uuid": "GPU-fake-0", "name": "Fake H200", "memory_total_mib": 143771,
-               "base_used_mib": 0, "utilization": 0,
-               "hide_processes": false,     # container: memory counted, process list empty
-               "phantom_pids": [],          # pids listed that do not exist here
-               "per_process_memory": true,  # false: used memory per process unknown
-               "release_delay_s": 0,        # memory freed this long after the holder died
-               "never_release": false}]}    # memory of dead holders stays for good
+    {"driver_version": "550.54.15", "nvml_version": "12.550.54.15",
+     "init_error": "DRIVER_NOT_LOADED",   # NVML's error name: nvmlInit fails with it
+     "devices": [{"uuid": "GPU-...", "name": "NVIDIA H200",
+                  "total": bytes, "used": bytes (driver-reserved, with no process),
+                  "utilization": 0,
+                  "node": "/tmp/t/dev/nvidia0",  # live processes with it open hold the GPU
+                  "release_delay_s": 0,      # a dead holder's memory is freed this late
+                  "stuck": false,            # a dead holder's memory is never freed
+                  "hide_processes": false,   # memory counted, process list empty (container)
+                  "process_memory": true,    # false: NVML gives no per-process memory
+                  "processes": [{"pid": 7, "used": bytes | -1, "host": true}]}]}
+                                             # listed while /proc/<pid> exists, or always
+                                             # with "host" (a host pid seen from a container)
+
+The double's other keys (Xid events, MIG, a lost GPU, per-call failures, a slow init)
+are the C double's alone: a test of them loads the real nvidia-ml-py on the double.
 
 Delayed and never-released memory needs memory across CLI calls: ``<json>.ghosts``
 records each holder seen alive and when it was first seen dead (under an flock). A
@@ -51,17 +60,17 @@ class FakeBackend:
             self.doc: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError) as e:
             raise GpuError(f"fake GPU description {path} unreadable: {e}") from None
-        if self.doc.get("init_error"):
-            if self.doc["init_error"] == "no driver":
+        error = self.doc.get("init_error")
+        if error:
+            if error in _NO_DRIVER:
                 raise NoDriverError("no NVIDIA driver found (fake)")
-            raise GpuError(f"NVML: {self.doc['init_error']} (fake)")
-        self.dev_dir = Path(self.doc["dev_dir"])
-        self.specs: list[dict[str, Any]] = list(self.doc["gpus"])
+            raise GpuError(f"NVML: {_MESSAGES.get(error, error)} (fake)")
+        self.specs: list[dict[str, Any]] = list(self.doc.get("devices", ()))
         self._usage = self._observe()
 
     def device_paths(self) -> dict[str, int]:
-        """Map the marker files to GPU indices."""
-        return {str(self.dev_dir / f"nvidia{i}"): i for i in range(len(self.specs))}
+        """Map the device nodes to GPU indices."""
+        return {s["node"]: i for i, s in enumerate(self.specs) if s.get("node")}
 
     def gpus(self) -> list[Gpu]:
         """Return the GPUs with memory = base + live holders + not-yet-released ghosts.
@@ -74,8 +83,10 @@ class FakeBackend:
                 index=i,
                 uuid=s["uuid"],
                 name=s.get("name", "Fake GPU"),
-                memory_used_bytes=(s.get("base_used_mib", 0) + self._usage[i][0]) * MIB,
-                memory_total_bytes=s.get("memory_total_mib", 81920) * MIB,
+                memory_used_bytes=int(s.get("used", 0))
+                + self._usage[i][0] * MIB
+                + sum(max(0, used) for _, used in _listed(s)),
+                memory_total_bytes=int(s.get("total", 80 << 30)),
                 utilization_pct=s.get("utilization", 0),
             )
             for i, s in enumerate(self.specs)
@@ -87,9 +98,9 @@ class FakeBackend:
         spec = self.specs[index]
         if spec.get("hide_processes"):
             return []
-        per = spec.get("per_process_memory", True)
+        per = spec.get("process_memory", True)
         out = [GpuProc(pid, mib * MIB if per else None) for pid, mib in self._usage[index][1]]
-        out += [GpuProc(pid, 1024 * MIB if per else None) for pid in spec.get("phantom_pids", ())]
+        out += [GpuProc(pid, used if used >= 0 else None) for pid, used in _listed(spec)]
         return out
 
     def xid_events(self, indices: list[int]) -> XidSource | None:
@@ -97,8 +108,10 @@ class FakeBackend:
         return None
 
     def driver(self) -> DriverInfo:
-        """Return the fake's versions."""
-        return DriverInfo("fake", "fake")
+        """Return the versions the description gives (else "fake")."""
+        return DriverInfo(
+            self.doc.get("driver_version", "fake"), self.doc.get("nvml_version", "fake")
+        )
 
     def close(self) -> None:
         """Nothing to release."""
@@ -132,9 +145,7 @@ class FakeBackend:
                         continue
                     entry = book[key]
                     entry["died"] = entry["died"] or now
-                    if spec.get("never_release") or now - entry["died"] < spec.get(
-                        "release_delay_s", 0
-                    ):
+                    if spec.get("stuck") or now - entry["died"] < spec.get("release_delay_s", 0):
                         used += entry["mib"]
                     else:
                         del book[key]
@@ -156,6 +167,25 @@ class FakeBackend:
             os.write(fd, data)
         finally:
             os.close(fd)
+
+
+def _listed(spec: dict[str, Any]) -> list[tuple[int, int]]:
+    """The device's listed processes NVML shows now: (pid, bytes; -1 not available), each
+    while its /proc entry exists, or always for a host pid (seen from a container)."""
+    out = []
+    for p in spec.get("processes", ()):
+        pid = int(p["pid"])
+        if p.get("host") or os.path.exists(f"/proc/{pid}"):
+            out.append((pid, int(p.get("used", 0))))
+    return out
+
+
+_NO_DRIVER = {"DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND"}
+_MESSAGES = {  # NVML's own words for the errors a test names
+    "UNKNOWN": "Unknown Error",
+    "NO_PERMISSION": "Insufficient Permissions",
+    "LIB_RM_VERSION_MISMATCH": "RM has detected an NVML/RM version mismatch.",
+}
 
 
 def _exiting(pid: int) -> bool:

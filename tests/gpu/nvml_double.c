@@ -7,7 +7,9 @@
  * older than pynvml does (pynvml 12.575+ then raises NVMLLibraryMismatchError).
  *
  * "The driver" is the JSON file named by $NVML_DOUBLE, read again on every call, so a
- * test changes what it says while a job runs. Schema (every key optional):
+ * test changes what it says while a job runs. The schema is shared with the Python fake
+ * (supervisor/gpu/fake.py's docstring lists the keys it reads too; a test runs one
+ * document through both, tests/gpu/test_backends.py). Every key optional:
  *
  *   {"driver_version": "550.54.15", "nvml_version": "12.550.54.15",
  *    "init_delay_s": 1.0,                  no persistence mode: nvmlInit takes this long
@@ -25,6 +27,7 @@
  *       "release_delay_s": 0,              a dead holder's memory is freed this late
  *       "stuck": false,                    a dead holder's memory is never freed
  *       "hide_processes": false,           memory counted, process list empty (container)
+ *       "process_memory": true,            false: holders listed without their memory
  *       "processes": [{"pid": 7, "used": bytes | -1 (not available), "kind":
  *                      "compute" | "graphics" | "mps", "host": true}],
  *                                          listed while /proc/<pid> exists, or always with
@@ -432,9 +435,14 @@ static int listed(jval *dev, const char *kind, proc_t *out, int max, unsigned lo
   int n = 0, nlive = holders(dev, live, 256, &ghosts);
   *used = (unsigned long long)jnum(dev, "used", 0) + ghosts;
   int hide = (int)jnum(dev, "hide_processes", 0);
+  int per = (int)jnum(dev, "process_memory", 1);
   for (int i = 0; i < nlive; i++) {
     *used += live[i].used;
-    if (!strcmp(kind, "compute") && !hide && n < max) out[n++] = live[i];
+    if (!strcmp(kind, "compute") && !hide && n < max) {
+      out[n] = live[i];
+      if (!per) out[n].used = ~0ULL; /* NVML_VALUE_NOT_AVAILABLE */
+      n++;
+    }
   }
   for (int i = 0; i < jlen(dev, "processes"); i++) {
     jval *p = jat(dev, "processes", i);

@@ -67,23 +67,28 @@ def h200(i: int, dev: Path, **over: Any) -> dict[str, Any]:
     }
 
 
+def document(dev: Path, n: int, **top: Any) -> dict[str, Any]:
+    """n H200s in the one schema of both driver fakes (this double and the Python fake,
+    supervisor/gpu/fake.py), each with its device node in ``dev``."""
+    dev.mkdir(exist_ok=True)
+    for i in range(n):
+        (dev / f"nvidia{i}").touch()
+    return {
+        "driver_version": "550.54.15",
+        "nvml_version": "12.550.54.15",
+        "devices": [h200(i, dev) for i in range(n)],
+        **top,
+    }
+
+
 class Driver:
     """The double's JSON document for one test, and the environment that selects it."""
 
     def __init__(self, tmp: Path, n: int = 8, old_driver: bool = False, **top: Any) -> None:
         self.dev = tmp / "nvdev"
-        self.dev.mkdir(exist_ok=True)
-        for i in range(n):
-            (self.dev / f"nvidia{i}").touch()
         self.path = tmp / "nvml.json"
         self.init_log = tmp / "nvml-inits.log"
-        self.doc: dict[str, Any] = {
-            "driver_version": "550.54.15",
-            "nvml_version": "12.550.54.15",
-            "init_log": str(self.init_log),
-            "devices": [h200(i, self.dev) for i in range(n)],
-            **top,
-        }
+        self.doc = document(self.dev, n, init_log=str(self.init_log), **top)
         self.lib = build(old_driver)
         self.write()
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.nvml_double import document
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.gpu import MIB, NoDriverError, open_backend
 from trainctl.supervisor.gpu.fake import FakeBackend
@@ -67,16 +70,12 @@ def test_no_driver_without_fake(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def describe(tmp: Path, **opts: object) -> Path:
-    dev = tmp / "dev"
-    dev.mkdir()
-    (dev / "nvidia0").touch()
-    (dev / "nvidia1").touch()
+    """Two GPUs in the one schema of both driver fakes (tests/gpu/nvml_double.py)."""
+    doc = document(tmp / "dev", 2)
+    for i, g in enumerate(doc["devices"]):
+        g.update(uuid=f"GPU-{i}", total=1000 * MIB, used=10 * MIB, **opts)
     path = tmp / "gpus.json"
-    gpus = [
-        {"uuid": f"GPU-{i}", "memory_total_mib": 1000, "base_used_mib": 10, **opts}
-        for i in range(2)
-    ]
-    path.write_text(json.dumps({"dev_dir": str(dev), "gpus": gpus}))
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -100,7 +99,7 @@ def test_fake_counts_a_holder_by_its_open_fd(tmp_path: Path) -> None:
 
 def test_fake_container_and_phantom_modes(tmp_path: Path) -> None:
     path = describe(
-        tmp_path, hide_processes=False, phantom_pids=[4194001], per_process_memory=False
+        tmp_path, processes=[{"pid": 4194001, "used": -1, "host": True}], process_memory=False
     )
     b = FakeBackend(str(path))
     [p] = b.processes(b.gpus()[0])
@@ -114,10 +113,56 @@ def test_fake_container_and_phantom_modes(tmp_path: Path) -> None:
 def test_fake_init_errors(tmp_path: Path) -> None:
     path = describe(tmp_path)
     doc = json.loads(path.read_text())
-    for err, exc in (("no driver", NoDriverError), ("Unknown Error", GpuError)):
+    for err, exc in (("DRIVER_NOT_LOADED", NoDriverError), ("UNKNOWN", GpuError)):
         doc["init_error"] = err
         path.write_text(json.dumps(doc))
         with pytest.raises(exc):
             FakeBackend(str(path))
     with pytest.raises(GpuError, match="unreadable"):
         FakeBackend(str(tmp_path / "missing.json"))
+
+
+_LOOK = """\
+import json
+from trainctl.supervisor.gpu import open_backend
+b = open_backend()
+print(json.dumps([[g.index, g.uuid, g.name, g.memory_used_bytes, g.memory_total_bytes,
+                   g.utilization_pct, sorted([p.pid, p.used_bytes] for p in b.processes(g))]
+                  for g in b.gpus()]))
+"""
+
+
+def test_one_document_says_the_same_through_both_driver_fakes(tmp_path: Path) -> None:
+    """issue 45 item 5: the Python fake and the C double of libnvidia-ml read one schema:
+    the same document gives the same GPUs, memory and process lists through the fake and
+    through the real nvidia-ml-py on the double (a bug is fixed once, in one reading)."""
+    pytest.importorskip("pynvml")
+    from tests.gpu.nvml_double import Driver  # noqa: PLC0415  (builds the double: skips without cc)
+
+    d = Driver(tmp_path, 3)
+    d.device(0, process_memory=False, processes=[{"pid": 4194001, "used": -1, "host": True}])
+    d.device(1, hide_processes=True, used=3 * MIB)
+    d.device(2, processes=[{"pid": 4194002, "used": 5 * MIB, "host": True}], utilization=40)
+    holds = [os.open(d.dev / f"nvidia{i}", os.O_RDWR) for i in (0, 1, 2)]  # a holder of each
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "TRAINCTL_FAKE_GPU"}
+        out = subprocess.run(
+            [sys.executable, "-c", _LOOK], env={**env, **d.env()},
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        through_nvml = json.loads(out)
+        fake = FakeBackend(str(d.path))
+        through_fake = [
+            [g.index, g.uuid, g.name, g.memory_used_bytes, g.memory_total_bytes,
+             g.utilization_pct, sorted([p.pid, p.used_bytes] for p in fake.processes(g))]
+            for g in fake.gpus()
+        ]  # fmt: skip
+    finally:
+        for fd in holds:
+            os.close(fd)
+    assert through_fake == through_nvml
+    me = os.getpid()
+    assert through_fake[0][6] == sorted([[me, None], [4194001, None]])  # no per-process memory
+    assert through_fake[1][6] == []  # a container's empty list
+    assert through_fake[1][3] == 3 * MIB + 1024 * MIB  # ... its memory still counted
+    assert [me, 1024 * MIB] in through_fake[2][6]

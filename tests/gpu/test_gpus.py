@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Harness, Result, wait_for
+from tests.gpu.nvml_double import MIB, document
 
 GIB = 1 << 30
 
@@ -22,28 +23,19 @@ GIB = 1 << 30
 def fake_gpus(h: Harness, n: int = 4, **overrides: Any) -> Path:
     """Describe n fake GPUs (overrides apply to every GPU) and select the fake backend."""
     dev = h.tmp / "dev"
-    dev.mkdir(exist_ok=True)
-    gpus = []
-    for i in range(n):
-        (dev / f"nvidia{i}").touch()
-        gpus.append(
-            {
-                "uuid": f"GPU-fake-{i:04d}",
-                "name": "Fake H200",
-                "memory_total_mib": 143771,
-                "base_used_mib": 300,
-                **overrides,
-            }
-        )
+    doc = document(dev, n)  # the one schema of both driver fakes (tests/gpu/nvml_double.py)
+    for i, g in enumerate(doc["devices"]):
+        g.update(uuid=f"GPU-fake-{i:04d}", name="Fake H200", total=143771 * MIB,
+                 used=300 * MIB, **overrides)  # fmt: skip
     path = h.tmp / "gpus.json"
-    path.write_text(json.dumps({"dev_dir": str(dev), "gpus": gpus}))
+    path.write_text(json.dumps(doc))
     h.env.update(TRAINCTL_FAKE_GPU=str(path), FAKE_DEV_DIR=str(dev), FAKE_GPU_MIB="2048")
     return path
 
 
 def set_gpu_option(path: Path, **options: Any) -> None:
     doc = json.loads(path.read_text())
-    for g in doc["gpus"]:
+    for g in doc["devices"]:
         g.update(options)
     path.write_text(json.dumps(doc))
 
@@ -256,7 +248,7 @@ def test_delayed_release_is_waited_for(harness: Harness) -> None:
 def test_memory_never_released_fails_truthfully(harness: Harness) -> None:
     h = harness
     path = fake_gpus(h)
-    set_gpu_option(path, never_release=True)
+    set_gpu_option(path, stuck=True)
     Path(h.env["TRAINCTL_CONFIG"]).write_text("[gpu]\nrelease_timeout_s = 1.0\n")
     start_gpu_job(h, "leak", "0,")
     assert len(gpus_json(h)[0]["processes"]) == 4  # seen alive (the fake remembers them)
@@ -281,7 +273,7 @@ def test_container_style_empty_process_list(harness: Harness) -> None:
     """NVML lists nothing (other PID namespace): holders are still found by their fds."""
     h = harness
     path = fake_gpus(h)
-    set_gpu_option(path, hide_processes=True, per_process_memory=False)
+    set_gpu_option(path, hide_processes=True, process_memory=False)
     start_gpu_job(h, "ct", "0,")
     g0 = gpus_json(h)[0]
     assert {p["seen"] for p in g0["processes"]} == {"fd"}
@@ -295,7 +287,7 @@ def test_container_style_empty_process_list(harness: Harness) -> None:
 def test_phantom_nvml_pids_are_never_attributed(harness: Harness) -> None:
     h = harness
     path = fake_gpus(h)
-    set_gpu_option(path, phantom_pids=[4194000])
+    set_gpu_option(path, processes=[{"pid": 4194000, "used": 1 << 30, "host": True}])
     g0 = gpus_json(h)[0]
     [p] = g0["processes"]
     assert p["pid"] == 4194000
@@ -305,8 +297,8 @@ def test_phantom_nvml_pids_are_never_attributed(harness: Harness) -> None:
 @pytest.mark.parametrize(
     ("init_error", "rc", "needle"),
     [
-        ("no driver", 0, "no NVIDIA driver found"),
-        ("Unknown Error", 1, "NVML: Unknown Error"),
+        ("DRIVER_NOT_LOADED", 0, "no NVIDIA driver found"),
+        ("UNKNOWN", 1, "NVML: Unknown Error"),
     ],
 )
 def test_driver_failures(harness: Harness, init_error: str, rc: int, needle: str) -> None:
