@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import ipaddress
 import secrets
 import socket
 import webbrowser
+from collections.abc import Callable
+from typing import Any
 
-from trainctl.launcher import render
-from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher import render, verbs
+from trainctl.launcher.exitcodes import ExitCode, exit_code_for
 from trainctl.launcher.inputs import parse_allow
 from trainctl.launcher.web import app
-from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.errors import ConfigError, TrainctlError
 
 from . import Invocation
 
@@ -63,9 +66,39 @@ def run(
         )
     if allowed:
         render.line(f"actions allowed: {', '.join(sorted(allowed))}")
-    cfg = app.WebConfig(inv.home, token, app.allowed_hosts(bind, port), allowed)
+    cfg = app.WebConfig(
+        inv.home, token, app.allowed_hosts(bind, port), allowed, act=in_process(inv.home_opt)
+    )
     if open_browser:
         with contextlib.suppress(webbrowser.Error):
             webbrowser.open(url)
     app.serve(cfg, sock)
     return ExitCode.OK
+
+
+def in_process(home_opt: str | None) -> Callable[[str, str], dict[str, Any]]:
+    """The page's actions, run in the server's process by the verbs' own code (as `trainctl
+    mcp` runs its tools): each in a fresh invocation, its text to a sink of its own (never
+    the server's stdout), its --json document kept, and any error as its one line."""
+
+    def act(what: str, name: str) -> dict[str, Any]:
+        runs: dict[str, Callable[[Invocation], int]] = {
+            "stop": lambda i: verbs.load("stop").run(i, name, as_json=True),
+            "restart": lambda i: verbs.load("restart").run(i, name, as_json=True),
+            "deploy": lambda i: verbs.load("deploy").run(i, [name], as_json=True),
+        }
+        text = io.StringIO()
+        with render.to(text), render.captured_json() as docs:
+            try:
+                code = runs[what](Invocation(home_opt))
+                error = None
+            except TrainctlError as e:
+                code, error = int(exit_code_for(e)), str(e)
+        return {
+            "ok": code == 0,
+            "exit_code": code,
+            "error": error,
+            "report": docs[0] if len(docs) == 1 else docs or None,
+        }
+
+    return act

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
@@ -71,6 +69,9 @@ class WebConfig:
     token: str
     hosts: frozenset[str]  # acceptable Host headers (with their port)
     allowed: frozenset[str]  # actions: stop, restart, deploy
+    # runs an action in this process (the verb, given by the verb layer above this one):
+    # (what, job) -> {"ok", "exit_code", "error", "report"}
+    act: Callable[[str, str], dict[str, Any]] | None = None
 
 
 def allowed_hosts(bind: str, port: int) -> frozenset[str]:
@@ -274,23 +275,12 @@ class _Web:
         return await _guarded(lambda name: self._act(what, name), request.path_params["name"])
 
     def _act(self, what: str, name: str) -> Response:
-        argv = [
-            sys.executable,
-            "-m",
-            "trainctl.launcher",
-            "--home",
-            str(self.cfg.home),
-            what,
-            name,
-            "--json",
-        ]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-        )
-        error = (done.stderr.strip().splitlines() or [""])[-1].removeprefix("trainctl: error: ")
-        return JSONResponse(
-            {"ok": done.returncode == 0, "exit_code": done.returncode, "error": error or None}
-        )
+        """The action, run in this process by the verb's own code (its output to a sink
+        of the request's, not to the server's stdout), answered with its exit code, its
+        one error line and its --json document."""
+        if self.cfg.act is None:
+            return JSONResponse({"ok": False, "error": "this server runs no actions"}, 403)
+        return JSONResponse(self.cfg.act(what, name))
 
 
 async def _guarded(make: Callable[[str], Response], name: str) -> Response:

@@ -187,7 +187,12 @@ def test_an_allowed_stop_needs_the_header_and_our_origin(harness: Harness) -> No
         assert server.request("POST", "/api/jobs/train/restart", headers=token)[0] == 403
         status, _, body = server.request("POST", "/api/jobs/train/stop", headers=token)
         assert status == 200, body
-        assert json.loads(body)["ok"] is True
+        answer = json.loads(body)
+        assert answer["ok"] is True
+        # run in the server's process by the stop verb itself: its --json document comes
+        # back whole (the proof of the stop), its text went to the request's own sink
+        assert answer["report"]["report"]["ok"] is True, answer
+        assert answer["exit_code"] == 0
     assert h.tc("status", "train").rc == 3  # stopped
 
 

@@ -1,0 +1,105 @@
+"""Records into text and JSON: the only package that formats what a verb prints.
+
+It reads records (``results``) and nothing above them; operations and backends never
+format text. One module an area (as results/ is): base (the output sink and the shared
+formatters), stop, status, tools, deploy, fleet. Everything a verb calls is named here.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    NAMED_LINES,
+    age,
+    ago,
+    captured_json,
+    capturing,
+    clean,
+    cmd_cell,
+    duration,
+    emit_json,
+    error_line,
+    gib,
+    line,
+    out,
+    size,
+    time_cell,
+    to,
+    write,
+)
+from .deploy import deploy_plan, deploy_report, deploy_step, goodput, history
+from .fleet import fleet_gpus, fleet_jobs, fleet_top
+from .status import (
+    as_written,
+    checkpoint_line,
+    health,
+    job_table,
+    memory_line,
+    progress_line,
+    ps,
+    status,
+    status_doc,
+)
+from .stop import (
+    ended_at_once,
+    gpu_line,
+    queued,
+    slurm_stop,
+    start,
+    stop,
+    stop_doc,
+    stop_plan,
+    stop_summary,
+    survivor_line,
+)
+from .tools import doctor, gpus, hosts, stacks
+
+__all__ = [
+    "NAMED_LINES",
+    "age",
+    "ago",
+    "as_written",
+    "captured_json",
+    "capturing",
+    "checkpoint_line",
+    "clean",
+    "cmd_cell",
+    "deploy_plan",
+    "deploy_report",
+    "deploy_step",
+    "doctor",
+    "duration",
+    "emit_json",
+    "ended_at_once",
+    "error_line",
+    "fleet_gpus",
+    "fleet_jobs",
+    "fleet_top",
+    "gib",
+    "goodput",
+    "gpu_line",
+    "gpus",
+    "health",
+    "history",
+    "hosts",
+    "job_table",
+    "line",
+    "memory_line",
+    "out",
+    "progress_line",
+    "ps",
+    "queued",
+    "size",
+    "slurm_stop",
+    "stacks",
+    "start",
+    "status",
+    "status_doc",
+    "stop",
+    "stop_doc",
+    "stop_plan",
+    "stop_summary",
+    "survivor_line",
+    "time_cell",
+    "to",
+    "write",
+]

@@ -1,0 +1,186 @@
+"""The output sink and the small formatters every area shares (durations, sizes, a
+safe terminal line); one JSON document out, or kept (``captured_json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
+
+from trainctl.launcher import term
+from trainctl.launcher.results import (
+    ENDED_STATES,
+    Status,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+class _Sinks(threading.local):
+    """The output sinks of one thread, innermost last (see :func:`to`)."""
+
+    def __init__(self) -> None:
+        self.stack: list[TextIO] = []
+
+
+_SINKS = _Sinks()
+
+
+def out(*parts: object, sep: str = " ", end: str = "\n", flush: bool = False) -> None:
+    """Write what a verb prints to its invocation's output: the innermost :func:`to`
+    of this thread, else stdout. Every line of text a verb shows goes through here."""
+    stream = _SINKS.stack[-1] if _SINKS.stack else sys.stdout
+    print(*parts, sep=sep, end=end, file=stream, flush=flush)
+
+
+@contextlib.contextmanager
+def to(stream: TextIO) -> Iterator[TextIO]:
+    """Send this thread's output to ``stream`` inside the block: an invocation's explicit
+    sink (the web page runs a verb in-process and answers with what it printed)."""
+    _SINKS.stack.append(stream)
+    try:
+        yield stream
+    finally:
+        _SINKS.stack.pop()
+
+
+def line(text: str) -> None:
+    """Print one line of a verb's own (a note, a refusal's context)."""
+    out(text)
+
+
+def error_line(text: str) -> None:
+    """Print one ``trainctl: …`` line to stderr (an error the verb reports itself)."""
+    sys.stderr.write(f"trainctl: {text}\n")
+
+
+class _Captures(threading.local):
+    """The open captured_json() blocks of one thread, innermost last. Per thread: the
+    MCP server runs each tool call in a worker thread of its own, and two calls at once
+    must never receive each other's documents."""
+
+    def __init__(self) -> None:
+        self.stack: list[list[Any]] = []
+
+
+_CAPTURE = _Captures()
+
+
+def emit_json(doc: Any) -> None:
+    """Print one JSON document (or keep it, inside ``captured_json``)."""
+    if _CAPTURE.stack:
+        _CAPTURE.stack[-1].append(json.loads(json.dumps(doc, default=str)))
+        return
+    out(json.dumps(doc, indent=2, default=str))
+
+
+def capturing() -> bool:
+    """Tell whether this thread's JSON documents are being collected (no text may go out)."""
+    return bool(_CAPTURE.stack)
+
+
+@contextlib.contextmanager
+def captured_json() -> Iterator[list[Any]]:
+    """Collect the documents emitted inside the block (a verb run for several jobs prints
+    them as one JSON list)."""
+    got: list[Any] = []
+    _CAPTURE.stack.append(got)
+    try:
+        yield got
+    finally:
+        _CAPTURE.stack.pop()
+
+
+def duration(secs: float) -> str:
+    """Format seconds as 3d4h, 2h05m, 4m07s or 12.3s."""
+    if secs < 60:
+        return f"{secs:.1f}s"
+    m, s = divmod(int(secs), 60)
+    h, m = divmod(m, 60)
+    d, h = divmod(h, 24)
+    if d:
+        return f"{d}d{h}h"
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def ago(ts: float | None) -> str:
+    """`5m02s ago`, from an epoch time ("-" when there is none)."""
+    return "-" if ts is None else f"{age(max(0.0, time.time() - ts))} ago"
+
+
+def age(secs: float) -> str:
+    """An age as every verb prints it: whole seconds under a minute, else `duration`."""
+    return f"{secs:.0f}s" if secs < 60 else duration(secs)
+
+
+def time_cell(s: Status) -> str:
+    """`up 3m02s` for a live run, `ended 5m02s ago` for a finished one (list, top)."""
+    if s.ended_at is not None and s.state in ENDED_STATES:
+        return f"ended {ago(s.ended_at)}"
+    if s.state == "queued":
+        return f"queued {duration(s.uptime_s)}"
+    return f"up {duration(s.uptime_s)}"
+
+
+def size(nbytes: int) -> str:
+    """Format a byte count as 512K, 3.1M, 2.0G."""
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}G"
+
+
+NAMED_LINES = 8  # processes named one by one in the human report; --json has up to 64
+
+
+def cmd_cell(cmd: str, used: int) -> str:
+    """A job's command in a report line that has ``used`` columns already: cut in the
+    middle to fit a terminal, whole when piped (term.width is unlimited then)."""
+    return term.middle(clean(cmd), max(20, term.width() - used))
+
+
+_CARET = {i: f"^{chr(i + 64)}" for i in range(32)} | {0x7F: "^?"}
+
+
+_CARET.update({i: "?" for i in range(0x80, 0xA0)})  # C1 controls (CSI, OSC as one byte)
+
+
+_CARET[9] = " "  # a tab is harmless, but would break the columns
+
+
+def clean(text: str) -> str:
+    """Make text from a job (its output, argv, error lines) safe to show on a terminal.
+
+    Control characters are shown in caret notation (ESC as ``^[``), so an escape sequence
+    in a log line or a command line can neither retitle the window, clear the screen nor
+    fake a line of trainctl's own output. The one sanitizer for every such field.
+    """
+    return text.translate(_CARET)
+
+
+def write(text: str) -> None:
+    """Write raw log text."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def gib(nbytes: int | None) -> str:
+    """Format bytes as GiB with one decimal ('?' when unknown)."""
+    return "?" if nbytes is None else f"{nbytes / (1 << 30):.1f} GiB"
+
+
+def _few(procs: list[Any], used: int, *, with_pid: bool) -> str:
+    """The first three processes' commands on one line that has ``used`` columns already:
+    each cut in the middle to its share of a terminal, whole when piped."""
+    each = max(20, (term.width() - used) // 3)
+    return ", ".join(
+        (f"{p.pid} " if with_pid else "") + term.middle(clean(p.cmd), each) for p in procs[:3]
+    )

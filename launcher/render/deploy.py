@@ -1,0 +1,131 @@
+"""`deploy` (plan, steps, report), `report` (goodput) and `history`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from trainctl.launcher import term
+from trainctl.launcher.inputs import human_duration
+
+if TYPE_CHECKING:
+    from trainctl.launcher.results.ops import (
+        DeployPlan,
+        DeployReport,
+        DeployStep,
+        Goodput,
+        HistoryRow,
+    )
+
+
+from .base import age, clean, duration, out
+
+
+def deploy_plan(p: DeployPlan) -> None:
+    """`deploy --dry-run`: every step it would take, and what it would touch."""
+    old = p.from_code.line() if p.from_code else "not recorded"
+    new = p.to_code.line() if p.to_code else "not recorded"
+    out(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
+    out(f"  changes     {clean('; '.join(p.changes))}")
+    if p.at == "next-checkpoint":
+        out(
+            f"  checkpoint  wait for the trainer's own next save (nothing is signalled), at most "
+            f"{human_duration(p.checkpoint_timeout_s)}; newest now: {p.newest_checkpoint or 'none'}"
+        )
+    elif p.at == "checkpoint":
+        seen = (
+            "none yet"
+            if p.newest_checkpoint is None
+            else (f"{p.newest_checkpoint}, {age(p.newest_age_s or 0.0)} old")
+        )
+        out(
+            f"  checkpoint  ask for one ({p.checkpoint_signal}), wait at most "
+            f"{human_duration(p.checkpoint_timeout_s)}; newest now: {seen}"
+        )
+    else:
+        out("  checkpoint  none asked for (--at now)")
+    gpus = f" on GPU(s) {', '.join(p.gpus)}" if p.gpus else ""
+    out(f"  stop        run {p.from_run}: main pid {p.main_pid}, {p.members} member(s){gpus}")
+    resume = (
+        ""
+        if p.newest_step is None
+        else f", its first step at or past {p.newest_step - p.resume_tolerance:g}"
+    )
+    out(f"  gate        progress past its first step within {human_duration(p.health_s)}{resume}")
+    out(
+        f"  probation   until its first complete checkpoint, at most "
+        f"{human_duration(p.probation_s)}: a crash or stall rolls back"
+    )
+    back = p.rollback_to if p.rollback_to else f"none ({p.no_rollback_why})"
+    out(f"  rollback    {p.rollback}: {back}")
+
+
+def deploy_step(step: DeployStep) -> None:
+    """One step of a deploy, as it happens."""
+    left = f" ({human_duration(step.left_s)} at most)" if step.left_s else ""
+    out(f"  [{step.step}] {clean(step.line)}{left}", flush=True)
+
+
+def deploy_report(r: DeployReport) -> None:
+    """How a deploy ended (on stderr as well when it did not deploy)."""
+    line = f"deploy {r.name}: {r.outcome}: {clean(r.summary)}"
+    if r.ok:
+        out(line)
+        if r.probation_until is not None:
+            until = time.strftime("%H:%M:%S", time.localtime(r.probation_until))
+            out(
+                f"  on probation until {until} or its first complete checkpoint: a crash or "
+                f"stall meanwhile rolls back (`trainctl status {r.name}`)"
+            )
+        return
+    sys.stderr.write(f"trainctl: {line}\n")
+    for text in r.last_lines[-10:]:
+        sys.stderr.write(f"  | {clean(text)}\n")
+
+
+def goodput(g: Goodput) -> None:
+    """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
+    state = "running" if g.running else "ended"
+    if g.goodput is None:
+        out(f"{g.name}: {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}")
+    else:
+        out(
+            f"{g.name}: goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} "
+            f"of {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
+        )
+    lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]
+    steps = "" if not g.steps_lost else f" ({g.steps_lost:g} steps redone)"
+    out(f"  lost      {', '.join(lost) or 'nothing'}{steps}")
+    if g.typical_step_s:
+        out(f"  step      {duration(g.typical_step_s)} typical")
+    for i in g.interruptions:
+        when = time.strftime("%m-%d %H:%M:%S", time.localtime(i.at))
+        out(
+            f"  run {i.run:<4} {when}  lost {duration(i.lost_s):>8}, {i.steps_lost:g} steps: "
+            f"{clean(i.cause)}"
+        )
+    if g.needs_progress:
+        out(
+            "  no progress reported: productive time, goodput, start-up, restore, saves and "
+            "steps redone need $TRAINCTL_PROGRESS or progress_regex (docs/training.md)"
+        )
+
+
+def history(name: str, rows: list[HistoryRow]) -> None:
+    """`trainctl history NAME`: a run a row, oldest first."""
+    out(f"{'RUN':>4}  {'STARTED':<19}  {'TOOK':>8}  {'CODE':<28}  {'STEPS':>8}  END")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
+        took = duration(r.duration_s) if r.duration_s is not None else "-"
+        steps = f"{r.steps:g}" if r.steps is not None else "-"
+        end = r.phase or "running"
+        if r.cause:
+            end += f": {r.cause}"
+        marks = f"  [{'; '.join(r.marks)}]" if r.marks else ""
+        out(
+            f"{r.run:>4}  {when:<19}  {took:>8}  {clean(r.code or '-'):<28}  {steps:>8}  "
+            f"{term.middle(clean(end + marks), max(20, term.width() - 78))}"
+        )
+    if not rows:
+        out(f"job {name} has no recorded run yet")

@@ -1,0 +1,111 @@
+"""`gpus`, `hosts`, `stack` and `doctor`."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import TYPE_CHECKING
+
+from trainctl.launcher import term
+from trainctl.launcher.results import (
+    StackReport,
+)
+
+if TYPE_CHECKING:
+    from trainctl.launcher.remote import HostRow
+    from trainctl.launcher.results import GpuInventory
+    from trainctl.launcher.results.ops import (
+        Check,
+    )
+
+
+from .base import NAMED_LINES, clean, emit_json, gib, out
+
+
+def stacks(r: StackReport) -> None:
+    """Render `trainctl stack`: each distinct stack once, with who stands at it."""
+    n = len({t.pid for g in r.groups for t in g.threads})
+    out(
+        f"{r.name} run {r.run}: {n} Python process(es), {len(r.groups)} distinct "
+        f"stack(s) ({r.elapsed_s:.2f} s)"
+    )
+    for g in sorted(r.groups, key=lambda g: -len(g.threads)):
+        who = ", ".join(
+            f"pid {t.pid}"
+            + (f" rank {t.rank}" if t.rank is not None else "")
+            + (f" thread {clean(t.thread)}" if not t.thread.isdigit() else "")
+            for t in g.threads[:NAMED_LINES]
+        )
+        more = f" and {len(g.threads) - NAMED_LINES} more" if len(g.threads) > NAMED_LINES else ""
+        out(f"\n  {len(g.threads)} thread(s): {who}{more}")
+        for f in g.frames:
+            where = f"{clean(f.filename)}:{f.line}" if f.line is not None else clean(f.filename)
+            out(f"    {clean(f.name)} ({where})")
+    for sk in r.skipped:
+        out(f"\n  skipped pid {sk.pid} {clean(sk.cmd)[:60]}: {sk.why}")
+
+
+# Idle memory that needs no explanation: the driver reserves some on every GPU.
+_IDLE_NOTE_BYTES = 1 << 30
+
+
+def gpus(inv: GpuInventory) -> None:
+    """Render `trainctl gpus`: the driver, a line a GPU, its processes, the warnings."""
+    d = inv.driver
+    out(f"driver {d.driver_version or '?'}  NVML {d.nvml_version or '?'}")
+    for v in inv.views:
+        if v.unhealthy is not None:
+            out(f"GPU {v.label}  {term.paint(v.unhealthy.upper()[:9], 'red')}{v.unhealthy[9:]}")
+        if v.error is not None:
+            out(f"GPU {v.label}  {term.paint('ERROR', 'red')}: {v.error}")
+            continue
+        util = "?" if v.utilization_pct is None else f"{v.utilization_pct}%"
+        lease = f"leased by {v.leased_by}" if v.leased_by else "free"
+        if v.mig_mode:
+            lease = "MIG mode (bound per instance)"
+        modes = "" if v.persistence is not False else "  persistence off"
+        indent = "  " if v.mig is not None else ""
+        out(
+            f"{indent}GPU {v.label}  {v.name}  {gib(v.memory_used_bytes)} / "
+            f"{gib(v.memory_total_bytes)}  util {util}  {lease}{modes}  {v.uuid}"
+        )
+        for p in v.processes:
+            kind = f" [{p.seen.split(' ')[1]}]" if p.seen.startswith("nvml+fd ") else ""
+            out(
+                f"{indent}    pid {p.pid:>7}  {gib(p.used_bytes):>9}  {p.owner or '':<22} "
+                f"{(p.cmd or '')[:80]}{kind}"
+            )
+        if not v.processes and not v.mig_mode and v.memory_used_bytes > _IDLE_NOTE_BYTES:
+            out(f"{indent}    (no process listed: NVML may not see other PID namespaces)")
+    for w in inv.warnings:
+        sys.stderr.write(f"trainctl: warning: {w}\n")
+
+
+def hosts(rows: list[HostRow]) -> None:
+    """Render `trainctl hosts`."""
+    for r in rows:
+        h = r.host
+        line = f"{h.name:<16} {h.target}"
+        if h.port:
+            line += f":{h.port}"
+        if h.prefix:
+            line += f"  via `{' '.join(h.prefix)}`"
+        if r.check is not None:
+            if r.check.error:
+                line += f"  FAIL: {r.check.error}"
+            else:
+                ok = "ok" if r.check.compatible else "INCOMPATIBLE"
+                line += f"  trainctl {r.check.version} ({ok})"
+        out(line)
+
+
+def doctor(checks: list[Check], *, as_json: bool) -> None:
+    """Render `trainctl doctor`: one line per check, a hint under what needs action."""
+    if as_json:
+        emit_json([dataclasses.asdict(ch) for ch in checks])
+        return
+    width = max(len(ch.name) for ch in checks)
+    for ch in checks:
+        out(f"{'ok  ' if ch.ok else 'FIX '} {ch.name:<{width}}  {ch.value}")
+        if ch.hint:
+            out(f"     {'':<{width}}  -> {ch.hint}")
