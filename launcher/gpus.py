@@ -186,13 +186,19 @@ def _count_of(n: int, gpus: list[Gpu], leasable: list[Gpu], busy: dict[str, str]
 _INVENTORY: list[Gpu] = []
 
 
-def lease_fit(request: str, leased: dict[str, str], *, share: bool) -> str | None:
-    """Could ``request`` fit, judged by the home's leases alone? None, or what holds it.
+def lease_fit(
+    request: str, leased: dict[str, str], *, share: bool, sick: dict[int, str] | None = None
+) -> str | None:
+    """Could ``request`` fit, judged by the home's leases and GPU health alone? None, or
+    what holds it.
 
     The queue asks this four times a second without touching the driver: which GPUs a
     machine has does not change, so they are read once per process; a GPU leased by a
-    live job is busy whatever its memory says. Foreign use is for `start` to find.
+    live job is busy whatever its memory says. Foreign use is for `start` to find. An
+    unhealthy GPU (``sick``: index -> why, gpu/health.py) is as good as absent: a job
+    that needs more than the healthy count waits, saying so.
     """
+    sick = sick or {}
     if not _INVENTORY:
         try:
             backend = open_backend()
@@ -206,12 +212,17 @@ def lease_fit(request: str, leased: dict[str, str], *, share: bool) -> str | Non
     held = {} if share else leased
     label = {g.uuid: g.label for g in _INVENTORY}
     if isinstance(parsed, int):
-        free = [g for g in _INVENTORY if g.leasable and g.uuid not in held]
+        healthy = [g for g in _INVENTORY if g.leasable and g.index not in sick]
+        free = [g for g in healthy if g.uuid not in held]
         if len(free) >= parsed:
             return None
-        return f"needs {parsed} GPU(s), {len(free)} free" + _held_by(held, label)
+        ill = "".join(f"; GPU {i} {why}" for i, why in sorted(sick.items()))
+        return f"needs {parsed} GPU(s), {len(free)} free" + _held_by(held, label) + ill
+    named = [f"GPU {g.label} is {sick[g.index]}" for g in parsed if g.index in sick]
     busy = {g.uuid: held[g.uuid] for g in parsed if g.uuid in held}
-    return None if not busy else _held_by(busy, label).removeprefix("; ")
+    if busy:
+        named.append(_held_by(busy, label).removeprefix("; "))
+    return "; ".join(named) or None
 
 
 def _held_by(held: dict[str, str], label: dict[str, str]) -> str:

@@ -139,6 +139,18 @@ def test_without_min_gpus_the_cause_says_how_to_go_on(harness: Harness) -> None:
     res = h.tc("restart", "plain")
     assert res.rc == 1, res
     assert "GPU 3 is unhealthy: Xid 79" in res.err
+    # the queue counts GPU 3 as absent: a job that needs all four waits, saying why ...
+    q = h.tc("start", "--name", "q", "--queue", "--gpus", "4", "--", "sleep", "600")
+    assert q.rc == 0, q
+    wait_for(lambda: "GPU 3 unhealthy: Xid 79" in h.tc("status", "q").out, 20, "the reason")
+    assert "needs 4 GPU(s), 3 free" in h.tc("status", "q").out
+    # ... and starts once the GPU is healthy again
+    d.device(3, xids=[])
+    h.tc("gpus", "--clear", "3", check=True)
+    started = h.home / "jobs" / "q" / "state.json"
+    wait_for(lambda: started.exists() and h.state("q")["phase"] == "running", 30, "q to start")
+    assert [g["index"] for g in h.state("q")["gpus"]] == [0, 1, 2, 3]
+    h.tc("stop", "q", check=True)
 
 
 @pytest.mark.parametrize(

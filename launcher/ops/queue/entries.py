@@ -46,6 +46,7 @@ from trainctl.supervisor.errors import (
     StateError,
     TrainctlError,
 )
+from trainctl.supervisor.gpu import health
 from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause
@@ -193,10 +194,13 @@ class HomeView:
         default_factory=dict
     )
     _leases: dict[str, str] | None = None  # for one round (see fresh)
+    _sick: dict[int, str] | None = None  # the unhealthy GPUs, for one round
 
     def fresh(self) -> None:
-        """A new round: the leases are read again (each state only if it changed)."""
+        """A new round: the leases and GPU health are read again (each state only if it
+        changed)."""
         self._leases = None
+        self._sick = None
 
     def queue(self) -> list[Entry]:
         """The trusted entries, first queued first; each parsed again only if it changed."""
@@ -258,6 +262,12 @@ class HomeView:
             key = None
         self.specs[name] = (mtime, key)
         return key
+
+    def unhealthy(self) -> dict[int, str]:
+        """{GPU index: why it is unhealthy} (gpu/health.py): the queue hands none out."""
+        if self._sick is None:
+            self._sick = {i: u.line() for i, u in health.unhealthy(self.home).items()}
+        return self._sick
 
     def leases(self) -> dict[str, str]:
         """{GPU uuid: the live job that leases it}."""

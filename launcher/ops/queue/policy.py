@@ -140,7 +140,7 @@ def blockers(
             return Blocked(waits, failed=verdict)
     if waits or not gpus_too or e.gpus is None:
         return Blocked(waits)
-    held = lease_fit(e.gpus, h.leases(), share=e.share)
+    held = lease_fit(e.gpus, h.leases(), share=e.share, sick=h.unhealthy())
     if held:
         return Blocked([held], gpu_wait=True)
     return Blocked([])
