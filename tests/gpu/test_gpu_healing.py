@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,41 @@ def test_bad_min_gpus_is_one_line_and_exit_2(harness: Harness, value: str, needl
     assert needle in res.err
     assert len(res.err.strip().splitlines()) == 1
     assert not (h.home / "jobs" / "b").exists()
+
+
+@pytest.mark.slow
+def test_real_torchrun_goes_on_with_one_rank_per_healthy_gpu(harness: Harness) -> None:
+    """The same on real torchrun (CPU, gloo): one rank per GPU, the process count taken
+    from $TRAINCTL_GPU_COUNT; after an Xid 79 on GPU 1 of 3 with min_gpus = 2, run 2 has
+    two ranks on GPUs 0 and 2, resumed from the checkpoint the ranks saved in their grace."""
+    pytest.importorskip("torch")
+    h = harness
+    d = driver(h, 3)
+    ck, out = h.tmp / "ck", h.tmp / "out"
+    out.mkdir()
+    ranks = Path(__file__).parents[1] / "trees" / "torch_gpu_ranks.py"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = f"exec {torchrun} --standalone --nproc-per-node=$TRAINCTL_GPU_COUNT {ranks} {ck} {out}"
+    h.tc(
+        "start", "--name", "tr", "--gpus", "0,1,2", "--min-gpus", "2", "--grace", "20",
+        "--set", f"checkpoint={ck}/step_*.pt", "--env", "OMP_NUM_THREADS=1",
+        "--", "sh", "-c", cmd,
+        check=True,
+    )  # fmt: skip
+    events = h.home / "jobs" / "tr" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 30, "the GPU watch")
+    wait_for((ck / "step_000020.pt.complete").exists, 120, "a first complete save")
+    run1 = [json.loads((out / f"run1-rank{r}.json").read_text()) for r in range(3)]
+    assert [(x["world"], x["gpu"]) for x in run1] == [(3, "0"), (3, "1"), (3, "2")]
+    d.device(1, xids=[79])
+    wait_for(lambda: len(list(out.glob("run2-rank*.json"))) == 2, 120, "run 2's two ranks")
+    time.sleep(0.2)
+    run2 = [json.loads((out / f"run2-rank{r}.json").read_text()) for r in range(2)]
+    assert [(x["world"], x["gpu"]) for x in run2] == [(2, "0"), (2, "2")]
+    resumed = int(Path(run2[0]["resume"]).name.removeprefix("step_").removesuffix(".pt"))
+    assert resumed >= 20
+    assert run2[0]["first"] == resumed + 1
+    assert not (out / "run2-rank2.json").exists()
+    status = h.tc("status", "tr").out
+    assert re.search(r"running on 2 of 3 GPUs \(GPU 1 unhealthy since \d\d:\d\d\)", status)
+    h.tc("stop", "tr", check=True)
