@@ -414,12 +414,22 @@ class Owner:
 
     def _healthy_leases(self) -> tuple[GpuLease, ...]:
         """The GPUs the next run gets: the run's own, less those a reset- or reboot-class
-        fault made unhealthy (gpu/health.py), when ``min_gpus`` allows running on fewer;
-        else TrainctlError says why (the run ends: never relaunched onto a lost GPU)."""
+        fault made unhealthy (gpu/health.py) and those the stop found still held, when
+        ``min_gpus`` allows running on fewer; else TrainctlError says why (the run ends:
+        never relaunched onto a lost or held GPU)."""
         leases = self.core.state.gpus
         keep, lost = health.split_leases(self.core.jdir.parent.parent, leases)
+        report = self.core.life.report
+        held = {g.index: g for g in report.held_gpus} if report is not None else {}
+        if report is not None and held and self.core.spec.gpu.min_gpus is not None:
+            # still held after the stop's release wait (the lifecycle let the relaunch
+            # go on without them): never started onto
+            keep = tuple(g for g in keep if g.index not in held)
+            self.core.log.warning(
+                "gpus_left_out", gpus=[g.label for g in keep], why=lc.held_line(report)
+            )
         if not lost:
-            return leases
+            return keep
         need = self.core.spec.gpu.min_gpus
         sick = ", ".join(f"GPU {u.index} is {u.line()}" for u in lost)
         if need is None or len(keep) < need:

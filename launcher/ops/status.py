@@ -65,7 +65,7 @@ def _gpus_note(home: Path, spec: Spec | None, st: JobState) -> str | None:
         why.append(
             f"GPU {t} unhealthy since {when}"
             if bad
-            else f"GPU {t} healthy again: `trainctl restart {spec.name}` grows the run back"
+            else f"GPU {t} left out, healthy now: `trainctl restart {spec.name}` grows the run back"
         )
     verb = "running on" if st.phase not in state.TERMINAL else "ran on"
     return f"{verb} {len(have)} of {len(asked)} GPUs ({'; '.join(why)})"

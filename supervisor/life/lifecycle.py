@@ -414,16 +414,18 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     report = dataclasses.replace(ev.report, reason=reason)
     cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
     lost = life.gpu_lost if reason == "gpu fault" else None
+    left_out = _gpus_left_out(report, spec, lost)
     verdict = decide(
         spec,
         restarts=life.restarts,
         cause=cause,
-        cleaned_up=report.ok or (lost is not None and _clean_but_the_lost_gpu(report, lost)),
+        cleaned_up=report.ok or left_out is not None,
         reason=reason,
         history=life.history,
         now=life.now,
         ckpt_step=ev.ckpt_step,
-        healthy_gpus=lost.healthy if lost is not None else None,
+        healthy_gpus=(lost.healthy - len(left_out or ())) if lost is not None else None,
+        held=held_line(report),
     )
     ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
     end = _Ending(report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from)
@@ -431,12 +433,31 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     return life, [*leftover_log, *actions]
 
 
-def _clean_but_the_lost_gpu(report: StopReport, lost: GpuLost) -> bool:
-    """Nothing of the run is left and every GPU but the lost one is released (the lost
-    one's driver cannot say: a GPU off the bus answers nothing)."""
+def _gpus_left_out(report: StopReport, spec: Spec, lost: GpuLost | None) -> set[int] | None:
+    """The GPUs a relaunch leaves out, when nothing of the run is left and only they stand
+    in its way: the lost one (its driver answers nothing), and, with ``min_gpus``, those
+    still held after the release wait (a leftover holder, never started onto) while at
+    least ``min_gpus`` of the others are released. None: the run's end is not that."""
     if report.survivors or report.unproven is not None:
-        return False
-    return all(g.ok for g in report.gpus if g.index != lost.gpu)
+        return None
+    lost_gpu = {lost.gpu} if lost is not None and lost.gpu is not None else set()
+    held = {g.index for g in report.gpus if not g.ok} - lost_gpu
+    if not held and not lost_gpu:
+        return None  # the stop failed for another reason than a GPU
+    need = spec.gpu.min_gpus
+    if held and (need is None or len(report.gpus) - len(held | lost_gpu) < need):
+        return None
+    return held
+
+
+def held_line(report: StopReport) -> str | None:
+    """The GPUs the stop found still held, each with what holds it (or None)."""
+    parts = []
+    for g in report.held_gpus:
+        who = ", ".join(f"pid {h.pid}" + (f" ({h.cmd[:40]})" if h.cmd else "") for h in g.holders)
+        gib = f"{(g.excess_bytes or 0) / (1 << 30):.1f} GiB" if g.excess_bytes else "memory"
+        parts.append(f"GPU {g.label} still holds {gib}" + (f": {who}" if who else ""))
+    return "; ".join(parts) or None
 
 
 def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause, list[Action]]:

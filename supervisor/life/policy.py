@@ -31,6 +31,7 @@ def decide(
     now: float = 0.0,
     ckpt_step: float | None = None,
     healthy_gpus: int | None = None,
+    held: str | None = None,
 ) -> Verdict:
     """Whether to relaunch after a run ended with ``cause``.
 
@@ -40,6 +41,7 @@ def decide(
     checkpoint's step at each failure), for ``restart_window`` and the breaker on progress.
     ``ckpt_step``: the newest complete checkpoint's step now (None: unknown).
     ``healthy_gpus``: after a GPU fault (reason "gpu fault"), the run's GPUs left healthy.
+    ``held``: the GPUs the stop found still held and by what (for the refusal's words).
     """
     if reason == "gpu fault":
         return _heal(spec, healthy_gpus or 0, cleaned_up)
@@ -53,6 +55,8 @@ def decide(
     if over is not None:
         return over
     if not cleaned_up:
+        if held:
+            return Verdict(False, f"not relaunching onto a held GPU: {held}")
         return Verdict(False, "the failed run left processes or GPU memory behind; not relaunching")
     return Verdict(True, matched=matched)
 

@@ -93,7 +93,9 @@ def test_xid_79_with_min_gpus_goes_on_on_the_healthy_three(harness: Harness) -> 
     # GPU 2 is healthy again (after a reset): `restart` grows the run back to 4
     assert h.tc("gpus", "--clear", "2", check=True).rc == 0
     d.device(2, xids=[])
-    assert "GPU 2 healthy again: `trainctl restart heal` grows" in h.tc("status", "heal").out
+    assert "GPU 2 left out, healthy now: `trainctl restart heal` grows" in (
+        h.tc("status", "heal").out
+    )
     h.tc("restart", "heal", check=True)
     wait_for((out / "run3.json").exists, 30, "run 3 on all four")
     run3 = json.loads((out / "run3.json").read_text())

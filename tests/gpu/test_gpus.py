@@ -328,3 +328,38 @@ def test_real_nvml_without_driver(harness: Harness) -> None:
     assert start.rc == 1
     assert "no NVIDIA driver found" in start.err
     h.tc("start", "--name", "plain", "--", "true", check=True)  # no --gpus: no GPU needed
+
+
+@pytest.mark.parametrize("min_gpus", [None, 2])
+def test_a_leftover_holder_is_named_waited_for_then_left_out_or_refused(
+    harness: Harness, min_gpus: int | None
+) -> None:
+    """Issue 47 §4: memory still held on GPU 1 after a crash (a process outside the job
+    took it meanwhile) is waited for up to the GPU timeout and named; the relaunch then
+    leaves GPU 1 out when min_gpus allows, else it is refused in one line. Never started
+    onto."""
+    h = harness
+    fake_gpus(h, 3)
+    extra = ["--min-gpus", str(min_gpus)] if min_gpus else []
+    h.tc(
+        "start", "--name", "c", "--gpus", "0,1,2", *extra, "--set", "restart=on-failure",
+        "--set", "max_restarts=1", "--set", "restart_backoff=0.1s", "--set", "gpu_timeout=2s",
+        "--", "sh", "-c", "sleep 1.5; exit 3",
+        check=True,
+    )  # fmt: skip
+    squatter = holder(h, 1, mib=2048)  # after the start: not in the run's baseline
+    if min_gpus is None:
+        wait_for(lambda: h.state("c")["phase"] == "failed", 30, "the run to end")
+        st = h.state("c")
+        assert st["run"] == 1
+        assert st["error"].startswith("not relaunching onto a held GPU: GPU 1 still holds 2.0 GiB")
+        assert f"pid {squatter.pid}" in st["error"]
+        assert f"pid {squatter.pid}" in h.tc("status", "c").out
+    else:
+        wait_for(lambda: h.state("c")["run"] == 2, 30, "run 2")
+        assert [g["index"] for g in h.state("c")["gpus"]] == [0, 2]
+        events = (h.home / "jobs" / "c" / "events.jsonl").read_text()
+        assert f"GPU 1 still holds 2.0 GiB: pid {squatter.pid}" in events
+        assert "running on 2 of 3 GPUs (GPU 1 left out, healthy now" in h.tc("status", "c").out
+        wait_for(lambda: h.state("c")["phase"] == "failed", 30, "run 2 to end")
+    squatter.kill()
