@@ -20,7 +20,10 @@ Per run, with its progress points (time, step):
   last run, stopped, is measured against the newest complete checkpoint;
 - **down** is the time between a run's end and the next run's start (a restart backoff, a
   person's reaction), **deploys** that time when a deploy started the next run, **queued**
-  the time the queue held the job for its GPUs.
+  the time the queue held the job for its GPUs;
+- **gpu faults**: what a run's end on a GPU fault (cause kind ``gpu``: a GPU fell off the
+  bus or needs a reset) cost, its steps redone, the time down and the next run's restore
+  together: the hardware's share of the lost time, apart from the code's.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ BUCKETS = (
     "down",
     "stalled",
     "deploys",
+    "gpu_faults",
 )
 NEEDS_PROGRESS = ("productive_s", "goodput", "startup", "restore", "checkpoint_save",
                   "steps_redone", "steps_lost")  # fmt: skip
@@ -64,6 +68,7 @@ class _Run:
     cause: str | None = None
     stopped: bool = False  # ended by a stop (not an interruption of its own)
     by_deploy: bool = False  # a deploy started it
+    gpu_fault: bool = False  # it ended on a GPU fault (cause kind "gpu")
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
@@ -91,7 +96,9 @@ def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple
             r = runs[run]
             r.end = r.end or ts
             r.cause = r.cause or _cause(ev)
-            r.stopped = (ev.get("cause") or {}).get("kind") == "stopped"
+            kind_of = (ev.get("cause") or {}).get("kind")
+            r.stopped = kind_of == "stopped"
+            r.gpu_fault = kind_of == "gpu"
         elif kind == "stalled":
             stalled_at = ts
         elif kind == "unstalled" and stalled_at is not None:
@@ -156,18 +163,20 @@ def report(home: Path, name: str) -> Goodput:
         nxt = ordered[i + 1] if i + 1 < len(ordered) else None
         end = r.end if r.end is not None else (now if nxt is None and live else None)
         productive += _steps_time(r, typical, stalls, lost)
-        _start_cost(r, i, typical, lost)
+        _start_cost(r, i, typical, lost, after_gpu_fault=i > 0 and ordered[i - 1].gpu_fault)
         if nxt is not None:
             gap = max(0.0, nxt.start - (end or nxt.start))
-            lost["deploys" if nxt.by_deploy else "down"] += gap
+            lost["deploys" if nxt.by_deploy else "gpu_faults" if r.gpu_fault else "down"] += gap
         # the run that picked up its work: the next one that resumed (a run that started
         # over, rolled back by a deploy, did not: the one after it did)
         resumer = next((x for x in ordered[i + 1 :] if x.points and x.points[0][1] > 1), nxt)
         steps, redone_s = _redone(r, resumer, typical, end, final_ck=_final_ck(jdir, st, r, nxt))
         steps_lost += steps
-        lost["steps_redone"] += redone_s
+        lost["gpu_faults" if r.gpu_fault else "steps_redone"] += redone_s
         productive -= steps * (typical or 0.0)
-        if end is not None and (nxt is not None or not r.stopped):
+        # an interruption: a run that ended and was followed, or ended on its own (not
+        # the live one: its "end" is now)
+        if end is not None and (nxt is not None or (r.end is not None and not r.stopped)):
             interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s))
     wall = max(0.0, last_end - first)
     has_progress = typical is not None
@@ -202,13 +211,16 @@ def _steps_time(r: _Run, typical: float | None, stalls: list[tuple[float, float]
     return advancing
 
 
-def _start_cost(r: _Run, i: int, typical: float | None, lost: dict[str, float]) -> None:
+def _start_cost(
+    r: _Run, i: int, typical: float | None, lost: dict[str, float], *, after_gpu_fault: bool
+) -> None:
     """Start-up (a first run, or one that did not resume) or restore (one that resumed):
-    from its start to its first step, less the step itself."""
+    from its start to its first step, less the step itself; a GPU fault's, after one."""
     if not r.points or typical is None:
         return
     resumed = i > 0 and r.points[0][1] > 1 + 1e-9
-    lost["restore" if resumed else "startup"] += max(0.0, r.points[0][0] - r.start - typical)
+    bucket = "gpu_faults" if after_gpu_fault else "restore" if resumed else "startup"
+    lost[bucket] += max(0.0, r.points[0][0] - r.start - typical)
 
 
 def _interruption(

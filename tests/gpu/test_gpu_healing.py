@@ -89,6 +89,14 @@ def test_xid_79_with_min_gpus_goes_on_on_the_healthy_three(harness: Harness) -> 
     doc = h.tc("status", "heal", "--json").json()
     assert doc["gpus_note"].startswith("running on 3 of 4 GPUs")  # type: ignore[index]
     assert re.search(r"GPU 2  UNHEALTHY: Xid 79", h.tc("gpus").out)
+    # `report` puts what the fault cost in its own bucket: the hardware's, not the code's
+    report = h.tc("report", "heal", "--json", check=True).json()
+    assert report["lost_s"]["gpu_faults"] > 0, report  # type: ignore[index]
+    assert report["lost_s"]["down"] == 0, report  # type: ignore[index]
+    assert report["lost_s"]["steps_redone"] == 0, report  # type: ignore[index]
+    [cut] = report["interruptions"]  # type: ignore[index]  # run 2 runs: not one
+    assert cut["cause"].startswith("GPU 2 lost (Xid 79: reboot needed)")
+    assert "gpu faults" in h.tc("report", "heal").out
     # no breaker counts a GPU fault: restart_on and max_restarts were never set
     # GPU 2 is healthy again (after a reset): `restart` grows the run back to 4
     assert h.tc("gpus", "--clear", "2", check=True).rc == 0
