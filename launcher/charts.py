@@ -18,6 +18,19 @@ PALETTE = ("#2f6fdf", "#d9480f", "#2b8a3e", "#7048e8", "#c2255c", "#0b7285", "#e
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 64, 12, 22, 26
 
 
+def plain(v: float) -> str:
+    """A plain, rounded number for an axis or a hover: 12,500 or 1.25M, 0.031, never
+    1.2e+04."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 1 or a == 0:
+        return f"{v:.3g}"
+    return f"{v:.4f}".rstrip("0").rstrip(".") if a >= 1e-4 else f"{v:.1e}"
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """One line: its name and its (time, value) points, oldest first."""
@@ -41,11 +54,14 @@ class Chart:
 
     title: str
     series: list[Series]
-    fmt: Callable[[float], str] = field(default=lambda v: f"{v:.3g}")
+    fmt: Callable[[float], str] = plain
     markers: list[Marker] = field(default_factory=list)
     y_max: float | None = None  # a cap to draw against (memory_max): a dashed line
     from_zero: bool = True  # False: the axis spans the values (a loss curve)
     reach: float | None = None  # the axis goes at least this high (100 for a percentage)
+
+
+HOVER_POINTS = 120  # per series: each a <title> with its time and value
 
 
 def thin(
@@ -133,9 +149,30 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
             f'data-points="{len(drawn)}" fill="none" stroke="{colour}" stroke-width="1.5" '
             f'points="{coords}"><title>{html.escape(s.label)}</title></polyline>'
         )
+        out.append(_hover(chart, s.label, drawn, x, y, t1 - t0))
     out.append(_legend(chart, width))
     out.append("</svg>")
     return "".join(out)
+
+
+def _hover(
+    chart: Chart,
+    label: str,
+    drawn: list[tuple[float, float]],
+    x: Callable[[float], float],
+    y: Callable[[float], float],
+    span_s: float,
+) -> str:
+    """Invisible points along a series, each saying its time and value on hover."""
+    step = max(1, math.ceil(len(drawn) / HOVER_POINTS))
+    name = html.escape(label)
+    return "".join(
+        f'<circle class="hover" cx="{x(t):.1f}" cy="{y(v):.1f}" r="4">'
+        f"<title>{name} {html.escape(when(t, span_s))}: {html.escape(chart.fmt(v))}</title>"
+        f"</circle>"
+        for t, v in drawn[::step]
+        if math.isfinite(v)
+    )
 
 
 def _axes(

@@ -7,10 +7,12 @@ Reads only: files under the job's directory and the checkpoint glob's matches.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from trainctl.launcher.results import Skipped, StackReport
 from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
@@ -20,6 +22,7 @@ from trainctl.supervisor.model.tail import latest_frame, read_end
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
+from .stack import add_threads
 
 MAX_CHECKPOINTS = 500  # the newest ones, when a glob matches more
 TAIL_BYTES = 64 << 10  # the first look at a log: its end
@@ -31,6 +34,35 @@ def run_samples(home: Path, name: str, run: int | None = None) -> list[Sample]:
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     return read_series(state.log_path(jdir, st.run if run is None else run))
+
+
+def job_samples(home: Path, name: str, runs: int = 20) -> list[Sample]:
+    """Every sample of the job's last ``runs`` runs, oldest first: a chart of the whole
+    job, its run boundaries marked by the caller."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    out: list[Sample] = []
+    for run in range(max(1, st.run - runs + 1), st.run + 1):
+        out += read_series(state.log_path(jdir, run))
+    return sorted(out, key=lambda s: s.t)
+
+
+def stored_stacks(path: str | None, name: str, run: int) -> StackReport | None:
+    """A stacks file the supervisor wrote (a stall, a before-SIGKILL look), grouped as
+    `trainctl stack` groups them; None when there is none or it cannot be read."""
+    text = read_stacks(path, limit=4 << 20)
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text)
+        report = StackReport(name, int(doc.get("run", run)))
+        for p in doc["processes"]:
+            add_threads(report, int(p["pid"]), str(p.get("cmd") or ""), p.get("threads"))
+            if p.get("error"):
+                report.skipped.append(Skipped(int(p["pid"]), str(p.get("cmd") or ""), p["error"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return report
 
 
 def checkpoints(home: Path, name: str) -> list[CheckpointFile]:

@@ -21,7 +21,7 @@ from trainctl.supervisor.gpu.holders import read_env_var
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model import state
 from trainctl.supervisor.tree import stacks
-from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
+from trainctl.supervisor.tree.proctree import alive, scan, target_of
 
 from .jobs import existing_job
 
@@ -60,7 +60,7 @@ def job_stacks(home: Path, name: str, *, native: bool = False) -> StackReport:
             refused += [m.stat.pid] if why.startswith("ptrace") else []
             report.skipped.append(Skipped(m.stat.pid, cmd, why))
             continue
-        _add_threads(report, m, cmd, payload)
+        add_threads(report, m.stat.pid, cmd, payload)
     if refused and not report.groups:
         raise ProcessTreeError(_ptrace_fix(refused))
     report.elapsed_s = round(time.monotonic() - t0, 3)
@@ -124,9 +124,9 @@ def _ptrace_fix(pids: list[int]) -> str:
     )
 
 
-def _add_threads(report: StackReport, m: Member, cmd: str, threads: Any) -> None:
-    """File each thread of ``m`` under the group of its exact stack."""
-    pid = m.stat.pid
+def add_threads(report: StackReport, pid: int, cmd: str, threads: Any) -> None:
+    """File each thread (py-spy's JSON) of process ``pid`` under the group of its exact
+    stack: `trainctl stack`, and the stacks the supervisor wrote (the web page)."""
     rank, local = read_env_var(pid, "RANK"), read_env_var(pid, "LOCAL_RANK")
     for t in threads if isinstance(threads, list) else []:
         frames = [

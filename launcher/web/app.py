@@ -18,6 +18,7 @@ Guards, each checked before any route runs:
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import socket
@@ -36,10 +37,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from trainctl.launcher import render
 from trainctl.launcher.ops import runview
 from trainctl.launcher.ops.history import job_history
 from trainctl.launcher.ops.status import all_statuses, job_status
-from trainctl.launcher.results import Status
+from trainctl.launcher.results import StackReport, Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
 from trainctl.supervisor.model import state
@@ -202,19 +204,19 @@ class _Web:
         """The job's charts, and the checkpoints and runs marked on them."""
         ckpts = runview.checkpoints(self.cfg.home, name)
         history = job_history(self.cfg.home, name)
-        samples = runview.run_samples(self.cfg.home, name)
+        samples = runview.job_samples(self.cfg.home, name)  # every run, boundaries marked
         return pages.chart_set(samples, ckpts, s, history), ckpts, history
 
     def _job_page(self, name: str) -> Response:
         s = job_status(self.cfg.home, name)
         charts, ckpts, history = self._charts(name, s)
         stacks = [
-            (label, text)
+            (label, _stacks_text(report))
             for label, path in (
                 ("at the stall", s.stall_stacks),
                 ("before SIGKILL", getattr(s.last_stop, "stacks", None)),
             )
-            if (text := runview.read_stacks(path)) is not None
+            if (report := runview.stored_stacks(path, name, s.run)) is not None
         ]
         html = pages.job_page(s, charts, ckpts, history, stacks, self.cfg.allowed, self.cfg.token)
         return HTMLResponse(html)
@@ -281,6 +283,15 @@ class _Web:
         if self.cfg.act is None:
             return JSONResponse({"ok": False, "error": "this server runs no actions"}, 403)
         return JSONResponse(self.cfg.act(what, name))
+
+
+def _stacks_text(report: StackReport) -> str:
+    """Stacks as `trainctl stack` shows them (each distinct stack once, who stands at
+    it), rendered into the page through the render package's output sink."""
+    buf = io.StringIO()
+    with render.to(buf):
+        render.stacks(report)
+    return buf.getvalue()
 
 
 async def _guarded(make: Callable[[str], Response], name: str) -> Response:

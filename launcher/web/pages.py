@@ -141,7 +141,8 @@ def chart_set(
 
 def _progress_charts(samples: list[Sample], marks: list[charts.Marker]) -> list[charts.Chart]:
     """Step, then up to four other numbers the job reports (loss, ...), each its own axis."""
-    keys = sorted({k for s in samples for k in s.progress if k != "step"})[:4]
+    # `t` is a progress line's time (trainer.report writes it), not a number to chart
+    keys = sorted({k for s in samples for k in s.progress if k not in ("step", "t")})[:4]
     out = [
         charts.Chart(
             "step", [charts.Series("step", _keyed(samples, "progress", "step"))], markers=marks

@@ -25,6 +25,7 @@ svg .title { font-weight: 600; font-size: 12px; } svg .tick, svg .legend { font-
 svg .grid { stroke: #e9ecef; } svg .empty { fill: #868e96; font-size: 12px; }
 svg .marker { stroke: #adb5bd; stroke-dasharray: 2 3; } svg .checkpoint { stroke: #2b8a3e; }
 svg .restart, svg .deploy { stroke: #c92a2a; } svg .cap { stroke: #c92a2a; stroke-dasharray: 5 4; }
+svg .hover { fill: transparent; } svg .hover:hover { fill: #495057; }
 .timeline td.at { text-align: right; font-family: ui-monospace, monospace; }
 .kind-signal { color: #1c64d6; } .kind-kill { color: #c92a2a; font-weight: 600; }
 .kind-exit { color: #2b8a3e; } .kind-gpu { color: #7048e8; } .kind-verdict { font-weight: 600; }
@@ -117,6 +118,8 @@ async function act(button) {
   const doc = await r.json();
   out.textContent = doc.ok ? what + ": done (exit " + doc.exit_code + ")"
                            : what + " refused: " + doc.error;
+  // what the action changed, at once: the status, the charts, the stop timeline
+  if (doc.ok) setTimeout(() => location.reload(), 800);
 }
 
 function every(ms, f) { const run = () => f().catch(() => {}); run(); setInterval(run, ms); }

@@ -3,11 +3,14 @@ the points, and every label is escaped."""
 
 from __future__ import annotations
 
+import io
+import json
 import math
 import re
+from pathlib import Path
 
-from trainctl.launcher import charts
-from trainctl.launcher.ops.runview import _verdict
+from trainctl.launcher import charts, render
+from trainctl.launcher.ops.runview import _verdict, stored_stacks
 from trainctl.supervisor.model.reports import GpuRelease, StopReport
 
 
@@ -53,3 +56,56 @@ def test_the_timelines_verdict_is_the_stops_own() -> None:
     assert "NOT PROVEN" in _verdict(unproven)
     clean = StopReport(ok=True, total_s=0.01, gpus=[GpuRelease(index=0, ok=True)])
     assert _verdict(clean) == "nothing of the job is alive, GPUs released (0.01 s)"
+
+
+def test_axes_and_hovers_say_plain_rounded_numbers() -> None:
+    """issue 44 §12: no scientific notation on an axis; every point says its value on
+    hover (an SVG <title> on an invisible point)."""
+    steps = [(float(t), 12_000.0 + 900.0 * t) for t in range(300)]
+    svg = charts.render(charts.Chart("step", [charts.Series("s<1>", steps)]))
+    ticks = re.findall(r'class="tick"[^>]*>([^<]+)<', svg)
+    assert "281,100" in ticks, ticks  # the top of the axis: 1.2e+04 before
+    assert not any("e+" in t or "e-" in t for t in ticks), ticks
+    hovers = re.findall(r'<circle class="hover"[^>]*><title>([^<]+)</title>', svg)
+    assert 50 <= len(hovers) <= charts.HOVER_POINTS + 1
+    assert hovers[0].startswith("s&lt;1&gt; "), hovers[0]
+    assert hovers[0].endswith(": 12,000"), hovers[0]
+    assert [charts.plain(v) for v in (0.031, 1.25e6, 250.4, 3.14159)] == [
+        "0.031", "1.25M", "250", "3.14"
+    ]  # fmt: skip
+
+
+def test_stored_stacks_are_shown_as_stacks(tmp_path: Path) -> None:
+    """A stacks file the supervisor wrote (py-spy's JSON per process) is grouped and
+    rendered as `trainctl stack` shows it, never as raw JSON."""
+    frames = [{"name": "wait", "short_filename": "dist.py", "line": 7},
+              {"name": "train", "short_filename": "train.py", "line": 42}]  # fmt: skip
+    doc = {
+        "at": 1.0,
+        "run": 3,
+        "processes": [
+            {"pid": 4194001, "cmd": "python train.py", "threads": [
+                {"thread_name": "MainThread", "frames": frames}], "error": None},
+            {"pid": 4194002, "cmd": "python train.py", "threads": [
+                {"thread_name": "MainThread", "frames": frames}], "error": None},
+            {"pid": 4194003, "cmd": "loader", "threads": [], "error": "ptrace refused"},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "run-3.stall.json"
+    path.write_text(json.dumps(doc))
+    report = stored_stacks(str(path), "j", 1)
+    assert report is not None
+    assert report.run == 3
+    [group] = report.groups
+    assert sorted(t.pid for t in group.threads) == [4194001, 4194002]
+    buf = io.StringIO()
+    with render.to(buf):
+        render.stacks(report)
+    text = buf.getvalue()
+    assert "2 thread(s): pid 4194001" in text
+    assert "    train (train.py:42)" in text
+    assert "skipped pid 4194003 loader: ptrace refused" in text
+    assert "{" not in text
+    assert stored_stacks(str(tmp_path / "missing.json"), "j", 1) is None
+    (tmp_path / "bad.json").write_text("{not json")
+    assert stored_stacks(str(tmp_path / "bad.json"), "j", 1) is None

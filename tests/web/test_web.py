@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -47,7 +48,7 @@ step = 0
 while True:
     step += 1
     with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
-        f.write(json.dumps({"step": step, "loss": 2.0 / (1 + step)}) + "\\n")
+        f.write(json.dumps({"step": step, "loss": 2.0 / (1 + step), "t": time.time()}) + "\\n")
     print(f"step {step}", flush=True)
     if step % 10 == 0:
         open(f"ckpt-{step}.pt", "w").write("x")
@@ -311,3 +312,24 @@ def test_the_stop_button_when_allowed(harness: Harness) -> None:
         finally:
             driver.quit()
     assert h.tc("status", "train").rc == 3
+
+
+def test_the_charts_cover_every_run_and_leave_out_the_time_field(harness: Harness) -> None:
+    """issue 44 §12: every run of the job is charted (its boundaries marked), and a
+    progress line's reserved `t` is not charted as a number."""
+    h = harness
+    log1 = start_trainer(h)
+    h.tc("restart", "train", "--json", check=True)
+    log2 = log1.with_name("run-2.log")
+    wait_for(lambda: len(read_series(log2)) >= 3, 30, "run 2's samples")
+    with serve(h) as server:
+        status, _, body = server.request("GET", "/jobs/train/charts")
+    assert status == 200
+    svg = body.decode()
+    assert 'aria-label="loss"' in svg
+    assert 'aria-label="t"' not in svg
+    assert "run 2: " in svg  # the boundary, marked
+    [step_points] = re.findall(r'aria-label="step".*?data-points="(\d+)"', svg)
+    both = len(read_series(log1)) + len(read_series(log2))
+    assert int(step_points) >= both - 2, (step_points, both)  # run 1's samples too
+    h.tc("stop", "train", check=True)
