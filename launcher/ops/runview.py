@@ -131,6 +131,10 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
         if p.exit_s is not None:
             how = "exited on SIGKILL" if p.killed else "exited"
             entries.append(TimelineEntry(round(at + p.exit_s, 4), "exit", f"{p.pid} {how}", p.pid))
+    for p in report.unsignalled:  # every member: those their parent shut down too
+        entries.append(
+            TimelineEntry(p.at_s or 0.0, "exit", f"{p.pid} {p.cmd} exited, unsignalled", p.pid)
+        )
     escalated = events.get("escalated")
     if report.killed:
         at = escalated["ts"] - t0 if escalated and t0 else report.grace_s

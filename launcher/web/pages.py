@@ -303,26 +303,28 @@ def stop_page(t: StopTimeline, token: str) -> str:
 
 
 def _timeline_svg(t: StopTimeline) -> str:
-    """Each signalled process as a bar from its signal to its exit (red: SIGKILLed)."""
+    """Every member as a bar: a signalled one from its signal to its exit (red:
+    SIGKILLed), one that its parent shut down (grey) from the stop's start to its exit."""
     signals = {e.pid: e.at_s for e in t.entries if e.kind == "signal" and e.pid is not None}
     exits = {e.pid: e.at_s for e in t.entries if e.kind == "exit" and e.pid is not None}
-    if not signals:
+    if not signals and not exits:
         return ""
     span = max([t.total_s, *exits.values(), *signals.values(), 0.001])
     width, left, row = 720, 70, 14
-    pids = list(signals)[:40]
+    pids = [*signals, *(p for p in exits if p not in signals)][:64]
     height = 20 + row * len(pids)
     parts = [f"<svg class='chart timeline' viewBox='0 0 {width} {height}'>"]
     for i, pid in enumerate(pids):
-        x0 = left + signals[pid] / span * (width - left - 10)
+        began = signals.get(pid, 0.0)
+        x0 = left + began / span * (width - left - 10)
         x1 = left + exits.get(pid, t.total_s) / span * (width - left - 10)
         killed = any(e.kind == "exit" and e.pid == pid and "SIGKILL" in e.text for e in t.entries)
-        colour = "#c92a2a" if killed else "#2f6fdf"
+        colour = "#c92a2a" if killed else "#2f6fdf" if pid in signals else "#adb5bd"
         y = 10 + i * row
         parts.append(
             f"<text class='tick' x='2' y='{y + 9}'>{pid}</text>"
             f"<rect x='{x0:.1f}' y='{y}' width='{max(2.0, x1 - x0):.1f}' height='10' "
-            f"fill='{colour}'><title>{pid}: +{signals[pid]:.3f} s → "
+            f"fill='{colour}'><title>{pid}: +{began:.3f} s → "
             f"+{exits.get(pid, t.total_s):.3f} s</title></rect>"
         )
     parts.append(

@@ -185,6 +185,9 @@ class StopReport:
     launchers: list[NamedProc] = field(default_factory=list)  # pid, cmd, why
     # per process, up to REPORT_NAMED each: pid, cmd, at_s (since the stop began), exit_s
     sent: list[NamedProc] = field(default_factory=list)
+    # the members that left without a signal of the stop's (a rank's loaders, shut down by
+    # it), each with when it was seen gone (at_s), up to REPORT_NAMED
+    unsignalled: list[NamedProc] = field(default_factory=list)
     killed_procs: list[NamedProc] = field(default_factory=list)  # pid, cmd
     survivors: list[Survivor] = field(default_factory=list)
     zombies: list[Zombie] = field(default_factory=list)

@@ -483,6 +483,19 @@ def _stop_until_quiet(tr: _Tracker, policy: StopPolicy, *, skip_cgroup: bool) ->
     return policy.stop_rounds
 
 
+def _unsignalled(tr: _Tracker, plan: Planner, t0: float) -> list[NamedProc]:
+    """The members that left without the stop's signal (shut down by their parent), each
+    with when it was seen gone, up to REPORT_NAMED: the timeline shows every member."""
+    out = []
+    for ref, seen_gone in tr.gone_at.items():
+        if ref in plan.sent or ref in tr.found_dead:
+            continue
+        out.append(NamedProc(ref.pid, tr.cmd(ref), round(seen_gone - t0, 4)))
+        if len(out) >= REPORT_NAMED:
+            break
+    return out
+
+
 def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Emit) -> StopReport:
     left = tr.pending()
     report.found = len(tr.known)
@@ -493,6 +506,7 @@ def _finish(report: StopReport, tr: _Tracker, plan: Planner, t0: float, emit: Em
     report.launchers = [
         NamedProc(ref.pid, tr.cmd(ref), why=why) for ref, why in plan.launchers.items()
     ]
+    report.unsignalled = _unsignalled(tr, plan, t0)
     for ref, at in list(plan.sent.items())[:REPORT_NAMED]:
         gone = tr.gone_at.get(ref)
         exit_s = None if gone is None else round(max(0.0, gone - at), 4)

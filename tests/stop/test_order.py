@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import Harness
 from tests.helpers import stop_and_check
+from trainctl.launcher.ops import runview
 
 
 def _start(h: Harness, *args: str, grace: float = 10, extra: tuple[str, ...] = ()) -> None:
@@ -40,6 +41,13 @@ def test_tree_order_lets_a_rank_checkpoint_with_its_loaders(mode_harness: Harnes
     # main got the signal; its two loaders were shut down by main itself, never signalled
     assert [p["pid"] for p in report["sent"]] == [h.state("job")["main"]["pid"]]
     assert report["exited_unsignalled"] == 2
+    # ... each named with when it went, so the stop's timeline shows every member
+    loaders = report["unsignalled"]
+    assert len(loaders) == 2, loaders
+    assert all(0 <= p["at_s"] <= report["total_s"] for p in loaders), loaders
+    timeline = runview.stop_timeline(h.home, "job")
+    assert timeline is not None
+    assert sum("exited, unsignalled" in e.text for e in timeline.entries) == 2
 
 
 def test_tree_order_skips_a_launcher_for_its_ranks(mode_harness: Harness) -> None:
