@@ -127,6 +127,33 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
         return PAD_TOP + plot_h - (v - lo) / (hi - lo) * plot_h
 
     out = [head, _axes(chart, t0, t1, lo, hi, x, y, width, height)]
+    out.append(_marks(chart, t0, t1, x, y, plot_w, plot_h))
+    for i, s in enumerate(chart.series):
+        drawn = thin(s.points, t0, t1, plot_w)
+        coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in drawn if math.isfinite(v))
+        colour = PALETTE[i % len(PALETTE)]
+        out.append(
+            f'<polyline class="series" data-label="{html.escape(s.label)}" '
+            f'data-points="{len(drawn)}" fill="none" stroke="{colour}" stroke-width="1.5" '
+            f'points="{coords}"><title>{html.escape(s.label)}</title></polyline>'
+        )
+        out.append(_hover(chart, s.label, drawn, x, y, t1 - t0))
+    out.append(_legend(chart, width))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _marks(
+    chart: Chart,
+    t0: float,
+    t1: float,
+    x: Callable[[float], float],
+    y: Callable[[float], float],
+    plot_w: float,
+    plot_h: float,
+) -> str:
+    """The markers (checkpoints, run boundaries, deploys) and the cap line, each titled."""
+    out = []
     for m in chart.markers:
         if t0 <= m.t <= t1:
             at = f"{x(m.t):.1f}"
@@ -140,18 +167,6 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
             f'<line class="cap" x1="{PAD_LEFT}" x2="{PAD_LEFT + plot_w}" y1="{cap:.1f}" '
             f'y2="{cap:.1f}"><title>cap {html.escape(chart.fmt(chart.y_max))}</title></line>'
         )
-    for i, s in enumerate(chart.series):
-        drawn = thin(s.points, t0, t1, plot_w)
-        coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in drawn if math.isfinite(v))
-        colour = PALETTE[i % len(PALETTE)]
-        out.append(
-            f'<polyline class="series" data-label="{html.escape(s.label)}" '
-            f'data-points="{len(drawn)}" fill="none" stroke="{colour}" stroke-width="1.5" '
-            f'points="{coords}"><title>{html.escape(s.label)}</title></polyline>'
-        )
-        out.append(_hover(chart, s.label, drawn, x, y, t1 - t0))
-    out.append(_legend(chart, width))
-    out.append("</svg>")
     return "".join(out)
 
 

@@ -156,6 +156,36 @@ def report(home: Path, name: str) -> Goodput:
     last_end = now if live else max((r.end or r.start) for r in ordered)
     lost = dict.fromkeys(BUCKETS, 0.0)
     lost["queued"] = queued
+    productive, steps_lost, interruptions = _walk(jdir, st, ordered, typical, stalls, lost, live)
+    wall = max(0.0, last_end - first)
+    has_progress = typical is not None
+    return Goodput(
+        name=name,
+        wall_s=round(wall, 3),
+        productive_s=round(max(0.0, productive), 3) if has_progress else None,
+        goodput=round(max(0.0, productive) / wall, 4) if has_progress and wall > 0 else None,
+        lost_s={k: round(v, 3) for k, v in lost.items()},
+        steps_lost=steps_lost if has_progress else None,
+        interruptions=interruptions,
+        runs=len(ordered),
+        typical_step_s=None if typical is None else round(typical, 4),
+        needs_progress=[] if has_progress else list(NEEDS_PROGRESS),
+        running=live,
+    )
+
+
+def _walk(
+    jdir: Path,
+    st: state.JobState,
+    ordered: list[_Run],
+    typical: float | None,
+    stalls: list[tuple[float, float]],
+    lost: dict[str, float],
+    live: bool,
+) -> tuple[float, float, list[Interruption]]:
+    """Run by run: the productive time, the steps lost, the interruptions; ``lost`` gets
+    each bucket's seconds."""
+    now = time.time()
     productive = 0.0
     steps_lost = 0.0
     interruptions: list[Interruption] = []
@@ -178,21 +208,7 @@ def report(home: Path, name: str) -> Goodput:
         # the live one: its "end" is now)
         if end is not None and (nxt is not None or (r.end is not None and not r.stopped)):
             interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s))
-    wall = max(0.0, last_end - first)
-    has_progress = typical is not None
-    return Goodput(
-        name=name,
-        wall_s=round(wall, 3),
-        productive_s=round(max(0.0, productive), 3) if has_progress else None,
-        goodput=round(max(0.0, productive) / wall, 4) if has_progress and wall > 0 else None,
-        lost_s={k: round(v, 3) for k, v in lost.items()},
-        steps_lost=steps_lost if has_progress else None,
-        interruptions=interruptions,
-        runs=len(ordered),
-        typical_step_s=None if typical is None else round(typical, 4),
-        needs_progress=[] if has_progress else list(NEEDS_PROGRESS),
-        running=live,
-    )
+    return productive, steps_lost, interruptions
 
 
 def _steps_time(r: _Run, typical: float | None, stalls: list[tuple[float, float]],
