@@ -520,17 +520,8 @@ class Supervisor:
     writes. None inherits from another.
     """
 
-    def __init__(
-        self,
-        jdir: Path,
-        spec: Spec,
-        state: JobState,
-        spawned: Spawned,
-        cgroup: Path | None,
-        listener: socket.socket,
-        lock_fd: int,
-    ) -> None:
-        self.core = RunCore(jdir, spec, state, spawned, cgroup, listener, lock_fd)
+    def __init__(self, core: RunCore) -> None:
+        self.core = core
         self.server = ControlServer(self.core)
         self.watchers = Watchers(self.core, rebind=self.server.rebind)
         self.owner = Owner(self.core, self.server, self.watchers)
@@ -548,7 +539,7 @@ def run_supervisor(
 ) -> int:
     """Run the supervisor to completion; log (not show) any crash. Does not return."""
     widen_fd_table()  # while still single-threaded: see roster.widen_fd_table
-    sup = Supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)
+    sup = Supervisor(RunCore(jdir, spec, state, spawned, cgroup, listener, lock_fd))
     code = 0
     core = sup.core
     try:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 
 from trainctl.launcher import term
 from trainctl.launcher.results import (
@@ -22,14 +22,29 @@ if TYPE_CHECKING:
     pass
 
 
-class _Sinks(threading.local):
-    """The output sinks of one thread, innermost last (see :func:`to`)."""
+T = TypeVar("T")
+
+
+class _PerThread(threading.local, Generic[T]):
+    """One thread's open blocks of a kind, innermost last. Per thread: the MCP server and
+    the web page run each call in a worker thread of its own, and two calls at once must
+    never receive each other's output or documents."""
 
     def __init__(self) -> None:
-        self.stack: list[TextIO] = []
+        self.stack: list[T] = []
+
+    @contextlib.contextmanager
+    def opened(self, item: T) -> Iterator[T]:
+        """``item`` is the innermost inside the block."""
+        self.stack.append(item)
+        try:
+            yield item
+        finally:
+            self.stack.pop()
 
 
-_SINKS = _Sinks()
+_SINKS: _PerThread[TextIO] = _PerThread()  # render.to() blocks: where out() writes
+_CAPTURE: _PerThread[list[Any]] = _PerThread()  # captured_json() blocks
 
 
 def out(*parts: object, sep: str = " ", end: str = "\n", flush: bool = False) -> None:
@@ -43,11 +58,8 @@ def out(*parts: object, sep: str = " ", end: str = "\n", flush: bool = False) ->
 def to(stream: TextIO) -> Iterator[TextIO]:
     """Send this thread's output to ``stream`` inside the block: an invocation's explicit
     sink (the web page runs a verb in-process and answers with what it printed)."""
-    _SINKS.stack.append(stream)
-    try:
+    with _SINKS.opened(stream):
         yield stream
-    finally:
-        _SINKS.stack.pop()
 
 
 def line(text: str) -> None:
@@ -58,18 +70,6 @@ def line(text: str) -> None:
 def error_line(text: str) -> None:
     """Print one ``trainctl: …`` line to stderr (an error the verb reports itself)."""
     sys.stderr.write(f"trainctl: {text}\n")
-
-
-class _Captures(threading.local):
-    """The open captured_json() blocks of one thread, innermost last. Per thread: the
-    MCP server runs each tool call in a worker thread of its own, and two calls at once
-    must never receive each other's documents."""
-
-    def __init__(self) -> None:
-        self.stack: list[list[Any]] = []
-
-
-_CAPTURE = _Captures()
 
 
 def emit_json(doc: Any) -> None:
@@ -89,12 +89,8 @@ def capturing() -> bool:
 def captured_json() -> Iterator[list[Any]]:
     """Collect the documents emitted inside the block (a verb run for several jobs prints
     them as one JSON list)."""
-    got: list[Any] = []
-    _CAPTURE.stack.append(got)
-    try:
+    with _CAPTURE.opened([]) as got:
         yield got
-    finally:
-        _CAPTURE.stack.pop()
 
 
 def duration(secs: float) -> str:
