@@ -75,6 +75,10 @@ def run_with_feedback(jdir: Path, name: str, work: Callable[[], T], *, enabled: 
 
 
 TICK_PLAIN_S = 15.0  # off a terminal, a waiting line is printed this often
+# off a terminal (a script, a log, a pipe), a stop says nothing until it has run this
+# long: a quick stop's output stays its report alone (under load, a 0.3 s stop of one
+# `sleep` printed "stopping p: 59s of grace left, 0 left" into a script's stderr)
+PLAIN_FIRST_S = 2.0
 
 
 def run_with_ticker(work: Callable[[], T], describe: Callable[[], str], *, enabled: bool) -> T:
@@ -123,7 +127,7 @@ class _Line:
     def __init__(self, jdir: Path, name: str, *, tty: bool) -> None:
         self.jdir, self.name, self.tty = jdir, name, tty
         self.last_count: int | None = None
-        self.last_plain = 0.0
+        self.last_plain = time.monotonic() + PLAIN_FIRST_S - 1.0  # the first after PLAIN_FIRST_S
         self.shown = False
         self.since = time.time() - 1.0  # a `stopping` event older than this is another stop's
 
