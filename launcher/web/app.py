@@ -12,8 +12,8 @@ Guards, each checked before any route runs:
 - **CSRF**: an action (POST) must also carry the token in ``X-Trainctl-Token``, which a
   page of another origin cannot set, and an Origin, when sent, must be this one.
 - **Read-only** unless ``--allow`` names the action (stop, restart, deploy), as for
-  `trainctl mcp`. An action runs the trainctl CLI with an argv list: no shell, and the job
-  name checked first.
+  `trainctl mcp`. An action runs the verb's own code in this process (as `trainctl mcp`
+  does; the job name checked first), its text to a sink of its own, never a shell.
 """
 
 from __future__ import annotations
