@@ -296,6 +296,17 @@ def test_a_root_cause_rank_without_a_traceback_is_its_own_exit(tmp_path: Path) -
     r = job_reason(log, None, 0.0, {})
     assert r.text == "rank 1 killed by SIGKILL (exit code -9)", r
     assert r.rank == 1
+    # a CI run: the killed rank's DataLoader worker, cut off from it, printed its own
+    # ConnectionResetError under rank 1's prefix; a SIGKILLed rank writes no traceback
+    loader = (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "multiprocessing/resource_sharer.py", line 145, in _serve\n'
+        "[rank1]: ConnectionResetError: [Errno 104] Connection reset by peer\n"
+    )
+    log.write_text(loader + ROOT_KILLED_LOG)
+    r = job_reason(log, None, 0.0, {})
+    assert r.text == "rank 1 killed by SIGKILL (exit code -9)", r
+    assert r.rank == 1
 
 
 def test_a_watchdog_line_that_names_its_rank_only_in_its_text(tmp_path: Path) -> None:
