@@ -163,7 +163,7 @@ def _unhealthy(home: Path, candidates: list[Gpu]) -> dict[str, str]:
     busy = {}
     for g in candidates:
         bad = sick.get(g.index)
-        if bad is not None and bad.uuid in (None, g.uuid):
+        if bad is not None and bad.covers(g.uuid):
             busy[g.uuid] = (
                 f"GPU {g.label} is {bad.line()}; `trainctl gpus --clear {g.index}` once the "
                 "driver shows it healthy again"

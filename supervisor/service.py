@@ -419,11 +419,11 @@ class Owner:
         never relaunched onto a lost or held GPU)."""
         leases = self.core.state.gpus
         keep, lost = health.split_leases(self.core.jdir.parent.parent, leases)
-        report = self.core.life.report
-        held = {g.index: g for g in report.held_gpus} if report is not None else {}
-        if report is not None and held and self.core.spec.gpu.min_gpus is not None:
-            # still held after the stop's release wait (the lifecycle let the relaunch
-            # go on without them): never started onto
+        report, life = self.core.life.report, self.core.life
+        # still held after the stop's release wait: the lifecycle let the relaunch go on
+        # without them (the same judgement, lifecycle.gpus_left_out); never started onto
+        held = lc.gpus_left_out(report, self.core.spec, lc.gpu_fault_of(life)) if report else None
+        if report is not None and held:
             keep = tuple(g for g in keep if g.index not in held)
             self.core.log.warning(
                 "gpus_left_out", gpus=[g.label for g in keep], why=lc.held_line(report)

@@ -42,6 +42,11 @@ class Unhealthy:
     uuid: str | None = None
     job: str | None = None  # the run it was seen in
 
+    def covers(self, uuid: str) -> bool:
+        """Whether this fault is the GPU with ``uuid`` (one recorded without a uuid covers
+        whatever GPU holds its index)."""
+        return self.uuid in (None, uuid)
+
     def line(self) -> str:
         """``unhealthy: Xid 79 at 03:12 (reboot needed)``."""
         when = time.strftime("%H:%M", time.localtime(self.at))
@@ -94,7 +99,7 @@ def split_leases(
     keep, lost = [], []
     for g in leases:
         bad = sick.get(g.index)
-        if bad is not None and bad.uuid in (None, g.uuid):
+        if bad is not None and bad.covers(g.uuid):
             lost.append(bad)
         else:
             keep.append(g)

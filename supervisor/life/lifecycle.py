@@ -413,8 +413,8 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     reason = "stop" if life.user_stop else str(life.stop_reason)
     report = dataclasses.replace(ev.report, reason=reason)
     cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
-    lost = life.gpu_lost if reason == "gpu fault" else None
-    left_out = _gpus_left_out(report, spec, lost)
+    lost = gpu_fault_of(life)
+    left_out = gpus_left_out(report, spec, lost)
     verdict = decide(
         spec,
         restarts=life.restarts,
@@ -433,7 +433,12 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     return life, [*leftover_log, *actions]
 
 
-def _gpus_left_out(report: StopReport, spec: Spec, lost: GpuLost | None) -> set[int] | None:
+def gpu_fault_of(life: Life) -> GpuLost | None:
+    """The GPU fault that stopped the run (not a user's stop that joined it), if any."""
+    return life.gpu_lost if not life.user_stop and life.stop_reason == "gpu fault" else None
+
+
+def gpus_left_out(report: StopReport, spec: Spec, lost: GpuLost | None) -> set[int] | None:
     """The GPUs a relaunch leaves out, when nothing of the run is left and only they stand
     in its way: the lost one (its driver answers nothing), and, with ``min_gpus``, those
     still held after the release wait (a leftover holder, never started onto) while at
