@@ -131,6 +131,10 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
             # the backend's verdict (Slurm's exit code), a view, not a recorded move
             return dataclasses.replace(st, phase=seen.phase, exit_code=seen.exit_code)
         if seen.phase == Phase.LOST:
+            if state.read_state(jdir).phase in state.TERMINAL:
+                # the supervisor wrote the run's end and exited between our read and our
+                # look at it (a loaded CI run): the next poll reads the end
+                return None
             raise StateError(f"job {name}: the supervisor is gone, so the exit code is unknown")
         last[:] = [seen.phase]
         return None
