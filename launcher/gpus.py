@@ -262,7 +262,7 @@ def gpu_inventory(home: Path) -> GpuInventory:
     try:
         markers, leased = known_markers(home)
         fds = fd_scan(backend)
-        sick = health.unhealthy(home)
+        sick, seen = health.unhealthy(home), health.last_faults(home)
         out = []
         for g in backend.gpus():
             procs: list[GpuHolder] = []
@@ -291,6 +291,7 @@ def gpu_inventory(home: Path) -> GpuInventory:
                     g.ecc_uncorrected,
                     error,
                     sick[g.index].line() if g.index in sick else None,
+                    seen[g.index].line() if g.index in seen and g.mig is None else None,
                 )
             )
         return GpuInventory(backend.driver(), out)

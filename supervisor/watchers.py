@@ -322,6 +322,12 @@ class Watchers:
             self.run.log.warning("gpu_fault", fault=fault)
             self.run.observe(add=(("gpu_faults", (fault,), 20),))
             return
+        home = self.run.jdir.parent.parent
+        if fault.gpu not in {g.index for g in self.run.state.gpus}:
+            self._box_fault(home, fault)
+            return
+        with contextlib.suppress(OSError, TrainctlError):
+            health.note(home, fault, self.run.spec.name)
         line = fault.line(time.strftime("%H:%M:%S"))
         action = xid.ACTION_WORDS[fault.klass]
         self.run.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
@@ -329,6 +335,16 @@ class Watchers:
         self.run.observe(add=(("gpu_faults", (line,), 20),))
         if fault.unhealthy:
             self._gpu_unhealthy(fault, action)
+
+    def _box_fault(self, home: Path, fault: Fault) -> None:
+        """A fault on a GPU this run does not hold: kept for `trainctl gpus` (and, reset-
+        or reboot-class, marked unhealthy so no run is handed the GPU); no run is touched
+        (the run holding it, if any, acts on it through its own watch)."""
+        self.run.log.info("gpu_fault_elsewhere", gpu=fault.gpu, xid=fault.xid, klass=fault.klass)
+        with contextlib.suppress(OSError, TrainctlError):
+            health.note(home, fault, None)
+            if fault.unhealthy:
+                health.record(home, fault, None, None)
 
     def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
         """Mark the GPU unhealthy in the home; stop the run that cannot go on on it (the

@@ -75,6 +75,8 @@ def gpus(inv: GpuInventory) -> None:
                 f"{indent}    pid {p.pid:>7}  {gib(p.used_bytes):>9}  {p.owner or '':<22} "
                 f"{(p.cmd or '')[:80]}{kind}"
             )
+        if v.last_fault is not None and v.unhealthy is None:
+            out(f"{indent}    {v.last_fault}")
         if not v.processes and not v.mig_mode and v.memory_used_bytes > _IDLE_NOTE_BYTES:
             out(f"{indent}    (no process listed: NVML may not see other PID namespaces)")
     for w in inv.warnings:

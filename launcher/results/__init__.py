@@ -514,6 +514,8 @@ class GpuView:
     ecc_uncorrected: int | None = None
     error: str | None = None  # this GPU could not be read (lost, a failing call)
     unhealthy: str | None = None  # "unhealthy: Xid 79 at 03:12 (reboot needed)"
+    # "last fault: Xid 13 at 03:12 (restart the application; no run held it)"
+    last_fault: str | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """Return the JSON form (each process without its marker)."""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +50,9 @@ class Gpu:
     persistence: bool | None = None  # persistence mode (off: every NVML start costs seconds)
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver load
     error: str | None = None  # why this GPU could not be read; the numbers above mean nothing
+    # what the driver says this GPU needs now (nvmlGpuRecoveryAction_t; 0 none; gpu/xid.py),
+    # None where the driver does not report it
+    recovery_action: int | None = None
 
     @property
     def label(self) -> str:
@@ -106,8 +110,9 @@ class GpuBackend(Protocol):
         """Return the driver's and the library's versions."""
         ...
 
-    def xid_events(self, indices: list[int]) -> XidSource | None:
-        """Return a watch of the critical Xid events on GPUs ``indices`` (None: no events)."""
+    def xid_events(self, indices: list[int], others: Sequence[int] = ()) -> XidSource | None:
+        """Return a watch of the critical Xid events on GPUs ``indices`` (None: no events),
+        and on ``others`` where the driver lets (the box's GPUs no run of this watch holds)."""
         ...
 
     def device_paths(self) -> dict[str, int]:

@@ -16,6 +16,7 @@ same document through both (tests/gpu/test_backends.py). The keys this fake read
      "devices": [{"uuid": "GPU-...", "name": "NVIDIA H200",
                   "total": bytes, "used": bytes (driver-reserved, with no process),
                   "utilization": 0,
+                  "recovery_action": 1,      # what the driver says the GPU needs (xid.py)
                   "node": "/tmp/t/dev/nvidia0",  # live processes with it open hold the GPU
                   "release_delay_s": 0,      # a dead holder's memory is freed this late
                   "stuck": false,            # a dead holder's memory is never freed
@@ -41,7 +42,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ class FakeBackend:
                 + sum(max(0, used) for _, used in _listed(s)),
                 memory_total_bytes=int(s.get("total", 80 << 30)),
                 utilization_pct=s.get("utilization", 0),
+                recovery_action=s.get("recovery_action"),
             )
             for i, s in enumerate(self.specs)
         ]
@@ -103,7 +105,7 @@ class FakeBackend:
         out += [GpuProc(pid, used if used >= 0 else None) for pid, used in _listed(spec)]
         return out
 
-    def xid_events(self, indices: list[int]) -> XidSource | None:
+    def xid_events(self, indices: list[int], others: Sequence[int] = ()) -> XidSource | None:
         """The fake has no events (the C double of libnvidia-ml has)."""
         return None
 

@@ -5,6 +5,10 @@ Xid, when, on which boot, its uuid). No start, restart or queue dispatch hands s
 to a run until it is healthy again: a reboot-class fault clears with a new boot (the
 machine rebooted), any fault with ``trainctl gpus --clear N`` (after a reset, say). The
 supervisor that saw the fault writes it; the launcher reads it.
+
+``<home>/gpu-faults.json`` keeps the last fault seen on each GPU of the box, of any class
+and whether or not a run held the GPU (an Xid on an idle GPU is seen by the watch of any
+run with GPUs): `trainctl gpus` shows it. One entry a GPU, so it stays small.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from trainctl.supervisor.model.state import (
     write_json_atomic,
 )
 
-from .xid import REBOOT, Fault
+from .xid import ACTION_WORDS, REBOOT, Fault
 
 FILE = "gpu-health.json"
 LOCK = "gpu-health.lock"
+FAULTS = "gpu-faults.json"
+# the watches of several runs see one Xid on an idle GPU: the same fault this close is one
+SAME_FAULT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +62,32 @@ class Unhealthy:
         return f"unhealthy: {xid} at {when} ({need})"
 
 
-def _read(home: Path) -> dict[str, dict[str, object]]:
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The last fault seen on one GPU of the box."""
+
+    index: int
+    klass: str
+    xid: int | None
+    what: str
+    at: float
+    job: str | None = None  # the run that held the GPU; None: no run held it
+
+    def line(self) -> str:
+        """``last fault: Xid 13 at 03:12 (restart the application; no run held it)``."""
+        when = time.strftime("%H:%M", time.localtime(self.at))
+        xid = f"Xid {self.xid}" if self.xid is not None else self.what
+        whose = f"in run {self.job}" if self.job else "no run held it"
+        return f"last fault: {xid} at {when} ({ACTION_WORDS[self.klass]}; {whose})"
+
+
+def _read(home: Path, name: str = FILE) -> dict[str, dict[str, object]]:
     try:
-        doc = json.loads((home / FILE).read_text())
+        doc = json.loads((home / name).read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        raise StateError(f"{home / FILE} is unreadable: {e}") from None
+        raise StateError(f"{home / name} is unreadable: {e}") from None
     return doc if isinstance(doc, dict) else {}
 
 
@@ -85,9 +111,42 @@ def record(home: Path, fault: Fault, uuid: str | None, job: str | None) -> Unhea
     )
     with flock_file(home / LOCK, 10.0, "another GPU health update"):
         doc = _read(home)
-        doc.setdefault(str(fault.gpu), asdict(entry))
+        kept = doc.setdefault(str(fault.gpu), asdict(entry))
+        if kept.get("job") is None and job is not None:  # seen first by another run's watch
+            kept["job"] = job
         write_json_atomic(home / FILE, doc)
     return entry
+
+
+def note(home: Path, fault: Fault, job: str | None) -> None:
+    """Keep ``fault`` as the last seen on its GPU (the same fault seen by another run's
+    watch within SAME_FAULT_S is not written twice)."""
+    entry = Seen(fault.gpu, fault.klass, fault.xid, fault.what, time.time(), job)
+    with flock_file(home / LOCK, 10.0, "another GPU health update"):
+        try:
+            doc = _read(home, FAULTS)
+        except StateError:
+            doc = {}  # a torn file is replaced: it only ever holds the last faults
+        last = doc.get(str(fault.gpu)) or {}
+        at = last.get("at")
+        recent = isinstance(at, (int, float)) and entry.at - at < SAME_FAULT_S
+        if recent and last.get("xid") == fault.xid and job in (None, last.get("job")):
+            return
+        doc[str(fault.gpu)] = asdict(entry)
+        write_json_atomic(home / FAULTS, doc)
+
+
+def last_faults(home: Path) -> dict[int, Seen]:
+    """The last fault seen on each GPU of the box."""
+    try:
+        raw = _read(home, FAULTS)
+    except StateError:
+        return {}
+    out = {}
+    for key, doc in raw.items():
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            out[int(key)] = Seen(**doc)  # type: ignore[arg-type]
+    return out
 
 
 def split_leases(

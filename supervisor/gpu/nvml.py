@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from trainctl.supervisor.errors import GpuError
@@ -151,6 +151,7 @@ class NvmlBackend:
             mig_mode=None if mig is not None else self._mig_mode(h),
             persistence=None if mig is not None else _flag(pynvml.nvmlDeviceGetPersistenceMode, h),
             ecc_uncorrected=None if mig is not None else _ecc(h),
+            recovery_action=None if mig is not None else _recovery(h),
         )
 
     def _mig_mode(self, h: Any) -> bool | None:
@@ -254,9 +255,10 @@ class NvmlBackend:
             note=self._note,
         )
 
-    def xid_events(self, indices: list[int]) -> XidEvents:
-        """Return a watch of the critical Xid events on GPUs ``indices``."""
-        return XidEvents(self, indices)
+    def xid_events(self, indices: list[int], others: Sequence[int] = ()) -> XidEvents:
+        """Return a watch of the critical Xid events on GPUs ``indices``, and on ``others``
+        where the driver lets (a GPU that cannot register is left out, not an error)."""
+        return XidEvents(self, indices, others)
 
     def close(self) -> None:
         """Shut NVML down (once); errors at shutdown are irrelevant."""
@@ -300,6 +302,15 @@ def _ecc(h: Any) -> int | None:
         return None
 
 
+def _recovery(h: Any) -> int | None:
+    """The driver's recovery action for the GPU, where it reports one (drivers 550+)."""
+    try:
+        (v,) = pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    except _errors():  # an older driver: no field values at all
+        return None
+    return int(v.value.uiVal) if v.nvmlReturn == 0 else None
+
+
 def _text(fn: Callable[[], Any]) -> str | None:
     try:
         return str(fn())
@@ -310,16 +321,20 @@ def _text(fn: Callable[[], Any]) -> str | None:
 class XidEvents:
     """NVML's critical-Xid events on some GPUs: one event set, waited on from a thread."""
 
-    def __init__(self, backend: NvmlBackend, indices: list[int]) -> None:
+    def __init__(self, backend: NvmlBackend, indices: list[int], others: Sequence[int]) -> None:
         self._handles = backend.handles
         self._set = _call(pynvml.nvmlEventSetCreate)
         try:
-            for i in indices:
+            for i in [*indices, *others]:
                 h = backend.handles[i]
                 if isinstance(h, GpuError):
                     continue
-                _call(pynvml.nvmlDeviceRegisterEvents, h, pynvml.nvmlEventTypeXidCriticalError,
-                      self._set, gpu=i)  # fmt: skip
+                try:
+                    _call(pynvml.nvmlDeviceRegisterEvents, h,
+                          pynvml.nvmlEventTypeXidCriticalError, self._set, gpu=i)  # fmt: skip
+                except GpuError:
+                    if i in indices:
+                        raise
         except GpuError:
             self.close()
             raise

@@ -13,8 +13,9 @@ training run on one box can do about it:
 - ``info``: informational; nothing to do.
 
 An Xid not in the table is shown with its number and classed ``unknown``: never guessed.
-NVML's GPU recovery action (``nvmlDeviceGetGpuRecoveryAction``, nvidia-ml-py 12.550+),
-where the driver reports one, overrides the table for that GPU (:func:`from_recovery`).
+NVML's GPU recovery action (the field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, read with
+``nvmlDeviceGetFieldValues``; drivers 550+), where the driver reports one, overrides the
+table for that GPU (:func:`from_recovery`): the driver knows what this very fault needs.
 """
 
 from __future__ import annotations
@@ -60,9 +61,20 @@ TABLE: dict[int, tuple[str, str]] = {
     154: (REBOOT, "GPU recovery action changed: a reboot is needed"),
 }
 
-# NVML's nvmlGpuRecoveryAction_t: NONE 0, GPU_RESET 1, NODE_REBOOT 2, DRAIN_P2P 3,
-# DRAIN_AND_RESET 4
-_RECOVERY = {0: None, 1: RESET_GPU, 2: REBOOT, 3: RESET_GPU, 4: RESET_GPU}
+# NVML's nvmlGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvml.h): NONE 0,
+# GPU_RESET 1, NODE_REBOOT 2, DRAIN_P2P 3, DRAIN_AND_RESET 4, RECOVER_IMEX_DOMAIN 5,
+# BUS_RESET 6, SYSTEM_REBOOT 7 -> (class, what the driver asks). An IMEX domain to recover
+# is the multi-node fabric's, not this GPU's health: the run restarts, the GPU stays in.
+RECOVERY: dict[int, tuple[str, str] | None] = {
+    0: None,
+    1: (RESET_GPU, "the driver asks for a GPU reset"),
+    2: (REBOOT, "the driver asks for a reboot"),
+    3: (RESET_GPU, "the driver asks to drain peer-to-peer traffic and reset"),
+    4: (RESET_GPU, "the driver asks to drain and reset"),
+    5: (RESTART_APP, "the driver asks to recover the IMEX domain"),
+    6: (RESET_GPU, "the driver asks for a bus reset"),
+    7: (REBOOT, "the driver asks for a system reboot"),
+}
 ACTION_WORDS = {
     RESTART_APP: "restart the application",
     RESET_GPU: "GPU reset needed",
@@ -104,9 +116,14 @@ def lost(gpu: int, why: str) -> Fault:
 
 
 def from_recovery(gpu: int, action: int, fault: Fault | None = None) -> Fault | None:
-    """NVML's recovery action for ``gpu``, where the driver reports one, over the table."""
-    klass = _RECOVERY.get(action)
-    if klass is None:
-        return None
-    what = fault.what if fault is not None else "the driver's recovery action"
+    """NVML's recovery action for ``gpu``, where the driver reports one, over the table:
+    None for NONE; an action this table does not know keeps its number, never guessed."""
+    if action not in RECOVERY:
+        klass, asks = UNKNOWN, f"the driver reports recovery action {action}"
+    else:
+        known = RECOVERY[action]
+        if known is None:
+            return None
+        klass, asks = known
+    what = f"{fault.what}; {asks}" if fault is not None else asks
     return Fault(gpu, fault.xid if fault else None, klass, what)

@@ -21,6 +21,8 @@
  *       "total": bytes, "used": bytes (driver-reserved, with no process),
  *       "utilization": 0, "persistence": 1, "ecc_uncorrected": 0,
  *       "lost": false,                     every call on it: GPU_IS_LOST (Xid 79)
+ *       "recovery_action": 1,              NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's value
+ *                                          (absent: the field is NOT_SUPPORTED)
  *       "fail": {"nvmlDeviceGetComputeRunningProcesses_v3": "NOT_SUPPORTED"},
  *       "node": "/tmp/t/dev/nvidia0",      live processes with this file open hold the GPU:
  *                                          memory = their FAKE_GPU_MIB (default 1024) MiB
@@ -635,6 +637,36 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(handle_t *h, int type, int counter, uns
   DEVICE("nvmlDeviceGetTotalEccErrors");
   (void)type;
   *n = counter == 0 ? (unsigned long long)jnum(dev, "ecc_uncorrected", 0) : 0;
+  return OK;
+}
+
+/* nvmlDeviceGetFieldValues: the one field trainctl asks for is the driver's recovery
+ * action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230), from the device's
+ * "recovery_action"; a device without that key, and every other field, answers
+ * NOT_SUPPORTED in the value's own status, as a driver older than the field does. */
+typedef struct {
+  unsigned field_id, scope_id;
+  long long timestamp, latency_us;
+  unsigned value_type, ret;
+  union { double d; unsigned ui; unsigned long ul; unsigned long long ull; } value;
+} field_value_t;
+
+nvmlReturn_t nvmlDeviceGetFieldValues(handle_t *h, int count, field_value_t *values) {
+  DEVICE("nvmlDeviceGetFieldValues");
+  for (int i = 0; i < count; i++) {
+    field_value_t *v = &values[i];
+    double action = jnum(dev, "recovery_action", -1);
+    v->timestamp = (long long)time(NULL) * 1000000;
+    v->latency_us = 0;
+    if (v->field_id != 230 || action < 0 || h->mig >= 0) {
+      v->ret = NOT_SUPPORTED;
+      continue;
+    }
+    v->value_type = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+    v->value.ull = 0;
+    v->value.ui = (unsigned)action;
+    v->ret = OK;
+  }
   return OK;
 }
 

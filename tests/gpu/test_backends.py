@@ -127,7 +127,8 @@ import json
 from trainctl.supervisor.gpu import open_backend
 b = open_backend()
 print(json.dumps([[g.index, g.uuid, g.name, g.memory_used_bytes, g.memory_total_bytes,
-                   g.utilization_pct, sorted([p.pid, p.used_bytes] for p in b.processes(g))]
+                   g.utilization_pct, sorted([p.pid, p.used_bytes] for p in b.processes(g)),
+                   g.recovery_action]
                   for g in b.gpus()]))
 """
 
@@ -142,7 +143,8 @@ def test_one_document_says_the_same_through_both_driver_fakes(tmp_path: Path) ->
     d = Driver(tmp_path, 3)
     d.device(0, process_memory=False, processes=[{"pid": 4194001, "used": -1, "host": True}])
     d.device(1, hide_processes=True, used=3 * MIB)
-    d.device(2, processes=[{"pid": 4194002, "used": 5 * MIB, "host": True}], utilization=40)
+    d.device(2, processes=[{"pid": 4194002, "used": 5 * MIB, "host": True}], utilization=40,
+             recovery_action=1)  # fmt: skip
     holds = [os.open(d.dev / f"nvidia{i}", os.O_RDWR) for i in (0, 1, 2)]  # a holder of each
     try:
         env = {k: v for k, v in os.environ.items() if k != "TRAINCTL_FAKE_GPU"}
@@ -154,7 +156,8 @@ def test_one_document_says_the_same_through_both_driver_fakes(tmp_path: Path) ->
         fake = FakeBackend(str(d.path))
         through_fake = [
             [g.index, g.uuid, g.name, g.memory_used_bytes, g.memory_total_bytes,
-             g.utilization_pct, sorted([p.pid, p.used_bytes] for p in fake.processes(g))]
+             g.utilization_pct, sorted([p.pid, p.used_bytes] for p in fake.processes(g)),
+             g.recovery_action]
             for g in fake.gpus()
         ]  # fmt: skip
     finally:
@@ -166,3 +169,5 @@ def test_one_document_says_the_same_through_both_driver_fakes(tmp_path: Path) ->
     assert through_fake[1][6] == []  # a container's empty list
     assert through_fake[1][3] == 3 * MIB + 1024 * MIB  # ... its memory still counted
     assert [me, 1024 * MIB] in through_fake[2][6]
+    # the driver's recovery action: where it is reported, and None where not (an older driver)
+    assert [g[7] for g in through_fake] == [None, None, 1]

@@ -334,14 +334,53 @@ def test_an_application_xid_is_recorded_and_leaves_the_run_alone(harness: Harnes
     doc = [json.loads(x) for x in events.read_text().splitlines()]
     faults = [e for e in doc if e["event"] == "gpu_fault"]
     assert [(e["xid"], e["klass"]) for e in faults] == [(13, "restart-app"), (999, "unknown")]
-    d.device(0, xids=[79])  # another GPU's Xid is not this run's
-    assert h.state("x")["phase"] == "running"  # neither stopped it
+    # Issue 47 "bad input and faults": an Xid on a GPU no job holds is recorded and shown
+    # in `gpus` (seen by the watch of this run, which holds another GPU); no job is touched
+    d.device(0, xids=[79])
+    d.device(1, xids=[13])
+    wait_for(lambda: "UNHEALTHY: Xid 79" in h.tc("gpus").out, 20, "GPU 0 marked unhealthy")
+    wait_for(lambda: "last fault: Xid 13" in h.tc("gpus").out, 20, "GPU 1's fault in gpus")
+    listing = h.tc("gpus").out
+    assert re.search(r"GPU 0  UNHEALTHY: Xid 79 at \d\d:\d\d \(reboot needed\)", listing)
+    assert re.search(
+        r"last fault: Xid 13 at \d\d:\d\d \(restart the application; no run held it\)", listing
+    ), listing
+    rows = gpus_json(h)
+    assert rows[2]["last_fault"].endswith("(not in NVIDIA's catalog here: not acted on; in run x)")
+    assert rows[2]["unhealthy"] is None
+    assert h.state("x")["phase"] == "running"  # none of it stopped the run
     gate.touch()
     h.tc("wait", "x", "--timeout", "30")
     cause = h.tc("status", "x", "--json").json()["cause"]  # type: ignore[index]
     assert re.match(r"GPU 2 Xid 999 .* at \d\d:\d\d:\d\d, then ", cause["summary"]), cause
     assert "GPU 0" not in h.tc("status", "x").out
-    assert "unhealthy" not in h.tc("gpus").out
+    assert "GPU 1" not in h.tc("status", "x").out
+    # recorded once although the watch saw it (and the file is one entry a GPU)
+    box = json.loads((h.home / "gpu-faults.json").read_text())
+    assert sorted(box) == ["0", "1", "2"]
+    assert box["0"]["job"] is None
+    assert box["2"]["job"] == "x"
+
+
+def test_the_drivers_recovery_action_classes_a_fault_over_the_table(harness: Harness) -> None:
+    """Issue 47 §1: NVML's GPU recovery action, where the driver reports one, over the Xid
+    table: Xid 13 (the application's) with the driver asking for a GPU reset makes the GPU
+    unhealthy and stops the run (a recovery action alone: the ECC test below)."""
+    h = harness
+    d = driver(h, 4)
+    res = h.tc("start", "--name", "r", "--gpus", "1,2", "--grace", "2", "--", "sleep", "600")
+    assert res.rc == 0, res
+    events = h.home / "jobs" / "r" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    d.device(2, recovery_action=1, xids=[13])
+    wait_for(lambda: h.state("r")["phase"] == "failed", 30, "the run to be stopped")
+    cause = h.state("r")["cause"]["summary"]
+    assert cause.startswith("GPU 2 lost (Xid 13: GPU reset needed); "), cause
+    faults = [json.loads(x) for x in events.read_text().splitlines() if '"gpu_fault"' in x]
+    [f] = faults
+    assert (f["xid"], f["klass"]) == (13, "reset-gpu")
+    assert "the driver asks for a GPU reset" in f["fault"]
+    assert "UNHEALTHY: Xid 13" in h.tc("gpus").out
 
 
 def test_a_lost_gpu_stops_the_run_and_is_handed_to_no_run_until_cleared(
@@ -427,8 +466,9 @@ def test_gpus_and_doctor_show_versions_modes_and_warn_without_persistence(
     assert "GPU 0 lost (Xid 79?)" in h.tc("doctor").out
 
 
-def test_the_watch_reads_uncorrected_ecc_errors(harness: Harness) -> None:
-    """The supervisor's GPU watch, through the real pynvml: a new ECC error is a fault."""
+def test_the_watch_reads_uncorrected_ecc_errors_and_recovery_actions(harness: Harness) -> None:
+    """The supervisor's GPU watch, through the real pynvml: a new ECC error is a fault, and
+    so is a recovery action the driver newly asks for."""
     h = harness
     d = driver(h, 2)
     code = (
@@ -439,8 +479,11 @@ def test_the_watch_reads_uncorrected_ecc_errors(harness: Harness) -> None:
         "first = w.sample()\n"
         "doc = json.load(open(sys.argv[2]))\n"
         "doc['devices'][1]['ecc_uncorrected'] = 2\n"
+        "doc['devices'][0]['recovery_action'] = 2\n"
+        "doc['devices'][1]['recovery_action'] = 99\n"
         "json.dump(doc, open(sys.argv[2], 'w'))\n"
-        "print(json.dumps([first, w.sample(), w.sample(), w.xids is not None]))\n"
+        "def show(faults): return [f if isinstance(f, str) else repr(f) for f in faults]\n"
+        "print(json.dumps([show(first), show(w.sample()), show(w.sample()), w.xids is not None]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, d.uuid(1), str(d.path)],
@@ -449,8 +492,14 @@ def test_the_watch_reads_uncorrected_ecc_errors(harness: Harness) -> None:
     )  # fmt: skip
     first, second, third, has_events = json.loads(out.stdout)
     assert first == []
-    [fault] = second
-    assert fault.startswith("GPU 1: 2 uncorrected ECC error(s) at ")
+    # the driver's recovery action, on every whole GPU of the box (GPU 0 is no lease of
+    # this watch: the supervisor routes it); an action the table does not know keeps its
+    # number, never guessed
+    assert second[:2] == [
+        "Fault(gpu=0, xid=None, klass='reboot', what='the driver asks for a reboot')",
+        "Fault(gpu=1, xid=None, klass='unknown', what='the driver reports recovery action 99')",
+    ], second
+    assert second[2].startswith("GPU 1: 2 uncorrected ECC error(s) at ")
     assert third == []  # said once
     assert has_events
 
