@@ -21,12 +21,14 @@ from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.life import hooks
+from trainctl.supervisor.life import lifecycle as lc
 from trainctl.supervisor.life.causes import check_restart_on
 from trainctl.supervisor.life.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.linux.cgroup import find_mount
 from trainctl.supervisor.linux.memory import find_home as memory_home
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import (
     SLURM_KEYS,
@@ -380,18 +382,19 @@ def reloaded_spec(spec: Spec, cfg: Config) -> Spec:
     )
 
 
-def restart_gpus(home: Path, spec: Spec) -> GpuRequest | None:
+def restart_gpus(home: Path, spec: Spec, held: frozenset[int] = frozenset()) -> GpuRequest | None:
     """The GPUs a restart asks for: the same as before (they were just verified free).
     With ``min_gpus``, the run's GPUs before any fault took one away, less those still
-    unhealthy: the run grows back onto a GPU healthy again."""
+    unhealthy and those the stop found ``held`` (never started onto): the run grows back
+    onto a GPU healthy again."""
     if not spec.gpu.indices:
         return None
     # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid
     if spec.gpu.min_gpus is None:
         return GpuRequest(spec.gpu.indices + ",")
     asked = (spec.gpu.asked or spec.gpu.indices).split(",")
-    sick = health.unhealthy(home)
-    healthy = [t for t in asked if not (t.isdigit() and int(t) in sick)]
+    out = set(health.unhealthy(home)) | held
+    healthy = [t for t in asked if not (t.isdigit() and int(t) in out)]
     use = healthy if len(healthy) >= spec.gpu.min_gpus else asked  # too few: refused, saying why
     return GpuRequest(",".join(use) + ",", asked=",".join(asked))
 
@@ -424,10 +427,10 @@ def restart_job(
     with state.job_lock(jdir, 30.0):
         stopped = stop_job(home, name, grace_s=grace_s, lock_held=True, verb=verb)
         st = state.read_state(jdir)
-        _refuse_survivors(name, st, stopped)
+        held = _refuse_survivors(name, st, stopped, spec)
         if after_stop is not None:  # a rollback puts the checkpoint back: nothing writes now
             after_stop()
-        gpus = restart_gpus(home, spec)
+        gpus = restart_gpus(home, spec, held)
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         if respec is None:  # a plain restart resumes from the newest complete checkpoint,
             env = _resume_env(env, spec, jdir, st.run)  # as the stop just left it
@@ -436,18 +439,30 @@ def restart_job(
     return stopped, started
 
 
-def _refuse_survivors(name: str, st: JobState, stopped: StopResult) -> None:
-    """Never relaunch beside what outlived the stop: a process, or GPU memory held."""
+def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) -> frozenset[int]:
+    """Never relaunch beside what outlived the stop: a process, or GPU memory held (each
+    held GPU named with its holders). The GPUs to leave out: those still held after the
+    stop's release wait (it waited up to the GPU timeout) when ``min_gpus`` of the others
+    are free; never started onto."""
     left = live_members(st)
+    if not left and not stopped.ok and isinstance(stopped.report, StopReport):
+        out = lc.gpus_left_out(stopped.report, spec, None)
+        if out:
+            stopped.warnings.append(
+                f"leaving GPU(s) {', '.join(map(str, sorted(out)))} out of the new run "
+                f"(min_gpus {spec.gpu.min_gpus}): {lc.held_line(stopped.report)}"
+            )
+            return frozenset(out)
     if left or not stopped.ok:
-        held = stopped.held_gpus
+        held = isinstance(stopped.report, StopReport) and lc.held_line(stopped.report)
         why = (
             f"{len(left)} process(es) of run {st.run} survived the stop (pids "
             f"{', '.join(map(str, sorted(left)[:8]))})"
             if left or not held
-            else f"GPU(s) {', '.join(g.label for g in held)} were not released"
+            else f"{held} (min_gpus lets a restart leave a held GPU out)"
         )
         raise JobConflictError(f"not restarting {name}: {why}")
+    return frozenset()
 
 
 def _resume_env(env: dict[str, str], spec: Spec, jdir: Path, run: int) -> dict[str, str]:

@@ -363,3 +363,39 @@ def test_a_leftover_holder_is_named_waited_for_then_left_out_or_refused(
         assert "running on 2 of 3 GPUs (GPU 1 left out, healthy now" in h.tc("status", "c").out
         wait_for(lambda: h.state("c")["phase"] == "failed", 30, "run 2 to end")
     squatter.kill()
+
+
+@pytest.mark.parametrize("min_gpus", [None, 2])
+def test_a_restart_by_hand_leaves_a_held_gpu_out_or_refuses_naming_it(
+    harness: Harness, min_gpus: int | None
+) -> None:
+    """Issue 47 §4 through `trainctl restart` (deploy takes the same path): a GPU still
+    held after the stop's release wait is named; with min_gpus the new run leaves it out,
+    else the restart is refused in one line, and nothing is started onto it."""
+    h = harness
+    fake_gpus(h, 3)
+    extra = ["--min-gpus", str(min_gpus)] if min_gpus else []
+    h.tc(
+        "start", "--name", "r", "--gpus", "0,1,2", *extra, "--set", "gpu_timeout=1s",
+        "--", "sleep", "600",
+        check=True,
+    )  # fmt: skip
+    squatter = holder(h, 1, mib=2048)  # after the start: not in the run's baseline
+    res = h.tc("restart", "r", "--health", "0")
+    held = f"GPU 1 still holds 2.0 GiB: pid {squatter.pid}"
+    if min_gpus is None:
+        assert res.rc == 1, res
+        assert held in res.err, res
+        last = res.err.strip().splitlines()[-1]
+        assert last.startswith("trainctl: error: not restarting r: GPU 1 still holds"), last
+        assert h.state("r")["run"] == 1
+        assert h.state("r")["phase"] != "running"
+    else:
+        assert res.rc == 0, res
+        assert f"leaving GPU(s) 1 out of the new run (min_gpus 2): {held}" in res.err, res
+        assert h.state("r")["run"] == 2
+        assert [g["index"] for g in h.state("r")["gpus"]] == [0, 2]
+        env = (Path("/proc") / str(h.state("r")["main"]["pid"]) / "environ").read_bytes()
+        assert b"CUDA_VISIBLE_DEVICES=0,2" in env.split(b"\0")
+        assert h.tc("stop", "r").rc == 0
+    squatter.kill()
