@@ -63,6 +63,11 @@ XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not 
 
 
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
+GPU_RETRY_S = 5.0  # the first retry of a GPU watch whose driver could not be read
+
+
+def _hhmm() -> str:
+    return time.strftime("%H:%M:%S")
 
 
 def _newest_mtime(cwd: str, pattern: str) -> float | None:
@@ -223,12 +228,7 @@ class Watchers:
         """
         if not self.run.state.gpus:
             return
-        try:
-            self.gpu = await anyio.to_thread.run_sync(GpuWatch.open, self.run.state.gpus)
-        except GpuError as e:
-            self.run.log.warning("gpu_watch_unavailable", error=str(e))
-            return
-        watch = self.gpu
+        watch = self.gpu = await self._open_gpu_watch()
         info = watch.backend.driver()
         self.run.log.info(
             "gpu_watch",
@@ -241,15 +241,43 @@ class Watchers:
             threading.Thread(
                 target=self._wait_xids, args=(watch, token), name="xid-watch", daemon=True
             ).start()
+        failing = False
         while True:
             await anyio.sleep(GPU_SAMPLE_S)
             try:
                 faults = await anyio.to_thread.run_sync(watch.sample, abandon_on_cancel=True)
             except GpuError as e:
                 self.run.log.warning("gpu_watch_failed", error=str(e))
+                if not failing:  # said once: what is known of the GPUs from here on
+                    line = f"GPU watch: the driver stopped answering at {_hhmm()}: {e}"
+                    self.run.observe(add=(("gpu_faults", (line,), 20),))
+                failing = True
                 continue
+            failing = False
             for fault in faults:
                 self._gpu_fault(fault)
+
+    async def _open_gpu_watch(self) -> GpuWatch:
+        """Open the run's GPU watch. While the driver cannot be read (NVML's init fails:
+        a GPU lost, a library mismatch), the run's GPU faults go unseen: that is said once
+        in its GPU faults (`status` shows it; a failed end's cause leads with it, the one
+        thing known), and the open is tried again, 5 s first, then less often."""
+        blind, wait = None, GPU_RETRY_S
+        while True:
+            try:
+                watch = await anyio.to_thread.run_sync(GpuWatch.open, self.run.state.gpus)
+            except GpuError as e:
+                if blind is None:
+                    self.run.log.warning("gpu_watch_unavailable", error=str(e))
+                    blind = f"GPU watch blind since {_hhmm()}: {e}; this run's GPU faults go unseen"
+                    self.run.observe(add=(("gpu_faults", (blind,), 20),))
+                await anyio.sleep(wait)
+                wait = min(wait * 2, GPU_SAMPLE_S)
+                continue
+            if blind is not None:  # it sees again: nothing else adds faults before this
+                kept = tuple(f for f in self.run.state.gpu_faults if f != blind)
+                self.run.observe(gpu_faults=kept)
+            return watch
 
     def _wait_xids(self, watch: GpuWatch, token: anyio.lowlevel.EventLoopToken) -> None:
         """The Xid wait (a daemon thread): each fault is handed to the event loop."""
@@ -328,7 +356,7 @@ class Watchers:
             return
         with contextlib.suppress(OSError, TrainctlError):
             health.note(home, fault, self.run.spec.name)
-        line = fault.line(time.strftime("%H:%M:%S"))
+        line = fault.line(_hhmm())
         action = xid.ACTION_WORDS[fault.klass]
         self.run.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
                          klass=fault.klass, action=action)  # fmt: skip

@@ -454,12 +454,14 @@ def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) 
             )
             return frozenset(out)
     if left or not stopped.ok:
-        held = isinstance(stopped.report, StopReport) and lc.held_line(stopped.report)
+        held = stopped.held_gpus
+        line = isinstance(stopped.report, StopReport) and lc.held_line(stopped.report)
+        hint = spec.gpu.min_gpus is None and len(held) < len(getattr(stopped.report, "gpus", ()))
         why = (
             f"{len(left)} process(es) of run {st.run} survived the stop (pids "
             f"{', '.join(map(str, sorted(left)[:8]))})"
-            if left or not held
-            else f"{held} (min_gpus lets a restart leave a held GPU out)"
+            if left or not line
+            else line + (" (min_gpus lets a restart leave a held GPU out)" if hint else "")
         )
         raise JobConflictError(f"not restarting {name}: {why}")
     return frozenset()

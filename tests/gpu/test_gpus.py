@@ -266,7 +266,7 @@ def test_memory_never_released_fails_truthfully(harness: Harness) -> None:
     assert "GPU 0  NOT RELEASED" in again.out
     human = h.tc("restart", "leak")
     assert human.rc == 1
-    assert "not restarting leak: GPU(s) 0 were not released" in human.err
+    assert "not restarting leak: GPU 0 still holds 8.0 GiB\n" in human.err
 
 
 def test_container_style_empty_process_list(harness: Harness) -> None:

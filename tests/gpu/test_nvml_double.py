@@ -422,6 +422,39 @@ def test_a_lost_gpu_stops_the_run_and_is_handed_to_no_run_until_cleared(
     assert h.tc("stop", "next").rc == 0
 
 
+def test_a_watch_that_cannot_read_the_driver_says_so_and_tries_again(harness: Harness) -> None:
+    """Issue 47 "bad input and faults": the supervisor's own NVML init fails (a GPU lost,
+    a library mismatch) while the launcher's worked. The run is never left without a
+    verdict: its GPU faults say the watch is blind and why, a failed end's cause leads
+    with it, and the watch tries again and sees once the driver answers."""
+    h = harness
+    d = driver(h, 2)
+    d.set(init_error="GPU_IS_LOST", init_error_in="trainctl.supervisor")
+    gate = h.tmp / "die"
+    res = h.tc(
+        "start", "--name", "b", "--gpus", "1,", "--", "sh", "-c",
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 1",
+    )  # fmt: skip
+    assert res.rc == 0, res  # the launcher's own look at the GPUs worked
+    wait_for(lambda: h.state("b")["gpu_faults"], 20, "the blind watch to be said")
+    [blind] = h.state("b")["gpu_faults"]
+    assert re.match(r"GPU watch blind since \d\d:\d\d:\d\d: GPU \? lost \(Xid 79\?\)", blind), blind
+    assert blind.endswith("; this run's GPU faults go unseen")
+    assert f"GPU FAULT {blind}" in h.tc("status", "b").out
+    gate.touch()
+    h.tc("wait", "b", "--timeout", "30")
+    cause = h.state("b")["cause"]["summary"]
+    assert cause.startswith(f"{blind}, then "), cause
+    # the driver answers again: the next try sees, and the blind line goes
+    h.tc("start", "--name", "c", "--gpus", "1,", "--", "sleep", "600", check=True)
+    wait_for(lambda: h.state("c")["gpu_faults"], 20, "the blind watch to be said")
+    d.set(init_error=None)
+    events = h.home / "jobs" / "c" / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 30, "the watch to see")
+    wait_for(lambda: not h.state("c")["gpu_faults"], 10, "the blind line to go")
+    assert h.tc("stop", "c").rc == 0
+
+
 def test_a_one_second_init_is_paid_once_and_never_before_the_signal(harness: Harness) -> None:
     h = harness
     d = driver(h, 8)
