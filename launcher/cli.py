@@ -167,34 +167,7 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
 def start(
-    c: Invocation,
-    name: str | None,
-    spec_file: str | None,
-    sets: tuple[str, ...],
-    cwd: str | None,
-    env: tuple[str, ...],
-    grace: str | None,
-    stop_signal: str | None,
-    stop_order: str | None,
-    gpus: str | None,
-    min_gpus: int | None,
-    share: bool,
-    force: bool,
-    backend: str | None,
-    nodes: int | None,
-    gpus_per_node: int | None,
-    partition: str | None,
-    time_limit: str | None,
-    sbatch_args: tuple[str, ...],
-    queue: bool,
-    after: tuple[str, ...],
-    singleton: str | None,
-    backfill: bool,
-    tty: bool,
-    no_wait: bool,
-    follow: bool,
-    as_json: bool,
-    argv: tuple[str, ...],
+    c: Invocation, /, follow: bool, as_json: bool, argv: tuple[str, ...], **options: Any
 ) -> int:
     """Start ARGV (or the spec's argv) as job NAME, detached; return once main has exec'd.
 
@@ -206,33 +179,8 @@ def start(
       trainctl start --name gen --after train:ok -- python gen.py
     """
     _refuse_unknown_option(argv)
-    flags = verbs.load("start").StartFlags(
-        name=name,
-        spec_file=spec_file,
-        sets=sets,
-        cwd=cwd,
-        env=env,
-        grace=grace,
-        stop_signal=stop_signal,
-        stop_order=stop_order,
-        gpus=gpus,
-        min_gpus=min_gpus,
-        share=share,
-        force=force,
-        backend=backend,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        partition=partition,
-        time_limit=time_limit,
-        sbatch_args=sbatch_args,
-        argv=argv,
-        queue=queue,
-        after=after,
-        singleton=singleton,
-        backfill=backfill,
-        tty=tty,
-        no_wait=no_wait,
-    )
+    # every other option is a field of StartFlags, by the same name (click names them)
+    flags = verbs.load("start").StartFlags(argv=argv, **options)
     return int(verbs.load("start").run(c, flags, follow=follow, as_json=as_json))
 
 

@@ -145,19 +145,7 @@ class Watchers:
             full = time.monotonic() - last_full >= FULL_SCAN_S
             if full:
                 last_full = time.monotonic()
-            roster = self.run.roster()
-            light = (
-                roster.refresh
-                if roster is not None
-                else functools.partial(scan_light, self.run.target())
-            )
-            if full:
-                if roster is not None:  # kept current for a stop, whichever scan runs
-                    await anyio.to_thread.run_sync(roster.refresh)
-                members = await anyio.to_thread.run_sync(scan, self.run.target())
-            else:
-                members = await anyio.to_thread.run_sync(light)
-                self._keep_known(members)
+            members = await self._scan_members(full)
             live = {pid: m for pid, m in members.items() if m.alive}
             await self._look_for_handoffs(live)
             # Rewrite (and fsync) only when the member set changed: a quiet job costs
@@ -169,6 +157,23 @@ class Watchers:
                     MemberSnap.of(m.stat, tuple(sorted(m.nets))) for _, m in sorted(live.items())
                 )
                 self.run.observe(members=snap, snapshot_at=time.time())
+
+    async def _scan_members(self, full: bool) -> dict[int, Member]:
+        """The job's members now: the light scan (the roster's refresh, or the tree below
+        us), or every /proc entry when ``full``."""
+        roster = self.run.roster()
+        if full:
+            if roster is not None:  # kept current for a stop, whichever scan runs
+                await anyio.to_thread.run_sync(roster.refresh)
+            return await anyio.to_thread.run_sync(scan, self.run.target())
+        light = (
+            roster.refresh
+            if roster is not None
+            else functools.partial(scan_light, self.run.target())
+        )
+        members = await anyio.to_thread.run_sync(light)
+        self._keep_known(members)
+        return members
 
     async def _look_for_handoffs(self, live: dict[int, Member]) -> None:
         """Record a member that is a tmux client of a server outside the job.

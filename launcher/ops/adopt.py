@@ -174,16 +174,8 @@ def _plan(
     for s in stats.values():
         children.setdefault(s.ppid, []).append(s.pid)
     mine = _callers_line()
-    me = stats.get(os.getpid())
     found: dict[int, str] = {r.pid: "root" for r in roots}
-    sessions = set()
-    for r in roots:
-        # The session is taken when it is the run's own: not the caller's, and not led by
-        # one of the caller's ancestors (a nohup from this very shell shares its session),
-        # nor a pane's interactive shell's (the job typed at its prompt is taken alone).
-        own = (me is None or r.sid != me.sid) and r.sid not in mine and r.sid not in shells
-        if own and r.sid in stats:
-            sessions.add(r.sid)
+    sessions = _own_sessions(roots, stats, mine, shells)
     for s in stats.values():
         if s.sid in sessions and s.pid not in found and s.state != "Z":
             found[s.pid] = "session"
@@ -216,6 +208,24 @@ def _plan(
         panes=panes,
         tmux=tmux,
     )
+
+
+def _own_sessions(
+    roots: list[procfs.Stat], stats: dict[int, procfs.Stat], mine: set[int], shells: dict[int, str]
+) -> set[int]:
+    """The roots' sessions that are the run's own and taken whole: not the caller's, not
+    led by one of the caller's ancestors (a nohup from this very shell shares its
+    session), nor a pane's interactive shell's (the job typed at its prompt is taken
+    alone)."""
+    me = stats.get(os.getpid())
+    return {
+        r.sid
+        for r in roots
+        if (me is None or r.sid != me.sid)
+        and r.sid not in mine
+        and r.sid not in shells
+        and r.sid in stats
+    }
 
 
 def _found(s: procfs.Stat, how: str) -> Found:

@@ -115,34 +115,17 @@ def plan_deploy(
     """Check that ``name`` can take a deploy now, and decide every step; change nothing."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    phase = current_phase(jdir, st)
-    _refuse_unless_running(name, st, phase, home)
+    _refuse_unless_running(name, st, current_phase(jdir, st), home)
     if not backends.of(st).can.deploy:
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
     spec = state.read_spec(jdir)
-    new_spec = reloaded_spec(spec, cfg) if reload else spec
-    source = dataclasses.replace(new_spec, cwd=snapshot.source_of(new_spec))
-    to_code = code_version(source)
-    changes = drift(st.code, spec)
-    if not changes and not force and not reload:
-        raise ConfigError(
-            f"job {name}: its code has not changed since run {st.run} started "
-            f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
-        )
-    snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
+    to_code, changes = _new_code(name, st, spec, cfg, reload=reload, force=force)
     if state.is_locked(jdir, LOCK) and not (not dry_run and _end_probation(jdir, st.run)):
         raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
     can, cannot = at_options(spec, list(alive(scan(target_of(st))).values()))
     at = _when(name, spec, at, cannot)
     back = _rollback_target(jdir, spec, rollback)
-    ck = newest_checkpoint(spec, jdir, st.run)
-    if spec.watch.checkpoint and at == "now" and ck is None and not force:
-        raise ConfigError(
-            f"job {name}: nothing complete matches its checkpoint glob "
-            f"{spec.watch.checkpoint!r}: the new code would have nothing to resume from; "
-            "--at next-checkpoint waits for one (--force deploys anyway)"
-        )
-    _refuse_unprotected(name, spec, ck)
+    ck = _resume_point(name, spec, jdir, st.run, at=at, force=force)
     return DeployPlan(
         newest_step=ck.step if ck else None,
         resume_tolerance=resume_tolerance,
@@ -172,6 +155,39 @@ def plan_deploy(
         reload=reload,
         grace_s=grace_s,
     )
+
+
+def _new_code(
+    name: str, st: JobState, spec: Spec, cfg: Config, *, reload: bool, force: bool
+) -> tuple[CodeRecord | None, list[str]]:
+    """The code a deploy brings (its version) and what changed; refused when nothing did
+    (unless --force or --reload) or the new code cannot be snapshotted."""
+    new_spec = reloaded_spec(spec, cfg) if reload else spec
+    source = dataclasses.replace(new_spec, cwd=snapshot.source_of(new_spec))
+    changes = drift(st.code, spec)
+    if not changes and not force and not reload:
+        raise ConfigError(
+            f"job {name}: its code has not changed since run {st.run} started "
+            f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
+        )
+    snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
+    return code_version(source), changes
+
+
+def _resume_point(
+    name: str, spec: Spec, jdir: Path, run: int, *, at: str, force: bool
+) -> Checkpoint | None:
+    """The newest complete checkpoint the new code resumes from; refused when a deploy
+    `--at now` would have none (unless --force), or when it is not kept safe."""
+    ck = newest_checkpoint(spec, jdir, run)
+    if spec.watch.checkpoint and at == "now" and ck is None and not force:
+        raise ConfigError(
+            f"job {name}: nothing complete matches its checkpoint glob "
+            f"{spec.watch.checkpoint!r}: the new code would have nothing to resume from; "
+            "--at next-checkpoint waits for one (--force deploys anyway)"
+        )
+    _refuse_unprotected(name, spec, ck)
+    return ck
 
 
 def _end_probation(jdir: Path, run: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainctl.launcher import render
@@ -56,17 +57,40 @@ def run(
         )  # fmt: skip
 
     if dry_run:
-        plans = [plan(n) for n in names]
-        if as_json:
-            docs = [p.to_doc() for p in plans]
-            render.emit_json({"dry_run": True, "plans": docs} if rolling else docs[0])
-        else:
-            for p in plans:
-                render.deploy_plan(p)
-        return ExitCode.OK
+        return _show_plans([plan(n) for n in names], rolling=rolling, as_json=as_json)
+    reports = _one_by_one(inv, names, plan, rolling=rolling, quiet=as_json)
+    if as_json:
+        docs = [r.to_doc() for r in reports]
+        untouched = names[len(reports) :]
+        render.emit_json({"deploys": docs, "untouched": untouched} if rolling else docs[0])
+    deployed = all(r.ok for r in reports) and len(reports) == len(names)
+    return ExitCode.OK if deployed else ExitCode.FAILED
+
+
+def _show_plans(plans: list[DeployPlan], *, rolling: bool, as_json: bool) -> int:
+    """--dry-run: each deploy's plan; nothing changed."""
+    if as_json:
+        docs = [p.to_doc() for p in plans]
+        render.emit_json({"dry_run": True, "plans": docs} if rolling else docs[0])
+    else:
+        for p in plans:
+            render.deploy_plan(p)
+    return ExitCode.OK
+
+
+def _one_by_one(
+    inv: Invocation,
+    names: list[str],
+    plan: Callable[[str], DeployPlan],
+    *,
+    rolling: bool,
+    quiet: bool,
+) -> list[DeployReport]:
+    """Deploy into each job in turn, planned just before its turn; the first that fails
+    ends the round (the rest are named, untouched)."""
     reports: list[DeployReport] = []
     for i, name in enumerate(names):
-        rep = _deploy(inv, plan(name), quiet=as_json)
+        rep = _deploy(inv, plan(name), quiet=quiet)
         reports.append(rep)
         if not rep.ok and rolling and names[i + 1 :]:
             sys.stderr.write(
@@ -74,16 +98,7 @@ def run(
             )
         if not rep.ok:
             break
-    if as_json:
-        docs = [r.to_doc() for r in reports]
-        render.emit_json(
-            {"deploys": docs, "untouched": names[len(reports) :]} if rolling else docs[0]
-        )
-    return (
-        ExitCode.OK
-        if all(r.ok for r in reports) and len(reports) == len(names)
-        else ExitCode.FAILED
-    )
+    return reports
 
 
 def _steps(raw: str) -> float:

@@ -232,6 +232,13 @@ def _changing_tools(server: MCPServer[Any], tools: Tools) -> None:
             tools.verb, "restart", [name], lambda i: v("restart").run(i, name, as_json=True)
         )
 
+    _deploy_and_start_tools(server, tools)
+
+
+def _deploy_and_start_tools(server: MCPServer[Any], tools: Tools) -> None:
+    """The changing tools that bring code in: deploy and start (refused unless --allow)."""
+    v = verbs.load
+
     @server.tool(
         description="Bring the code on disk into a running job: a fresh checkpoint, the "
         "verified stop, the new code resuming from it, a gate on its progress (health, e.g. "

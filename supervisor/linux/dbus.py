@@ -233,28 +233,34 @@ def call(
         sock = _connect(address, timeout_s)
     except OSError as e:
         raise DBusError("trainctl.Connect", f"{address}: {e.strerror or e}") from None
-    deadline = time.monotonic() + timeout_s
     try:
         sock.sendall(_message(1, fields, signature, bytes(body.buf)))
-        serial, heard = 1, False
-        while (left := deadline - time.monotonic()) > 0:
-            if not heard and not _readable(sock, min(left, NUDGE_S)):
-                serial += 1  # nothing yet: the peer may not have looked (see NUDGE_S)
-                sock.sendall(_message(serial, _PING, "", b""))
-                continue
-            kind, got, reply = _read_message(sock)
-            heard = True  # the peer reads what it is sent: the answer only takes its time
-            if got.get(_REPLY_SERIAL) != 1:
-                continue  # a signal or another peer's message: not the answer
-            if kind == ERROR:
-                name = str(got.get(_ERROR_NAME, "org.freedesktop.DBus.Error.Failed"))
-                sig = str(got.get(_SIGNATURE, ""))
-                text = str(reply.get("s")) if sig.startswith("s") else ""
-                raise DBusError(name, text)
-            if kind == METHOD_RETURN:
-                return reply.data
-        raise DBusError("trainctl.Timeout", f"no answer from {address} in {timeout_s:g} s")
+        return _answer(sock, address, timeout_s)
     except (OSError, struct.error, IndexError) as e:
         raise DBusError("trainctl.Protocol", f"{address}: {e}") from None
     finally:
         sock.close()
+
+
+def _answer(sock: socket.socket, address: str, timeout_s: float) -> bytes:
+    """Read up to the reply to message 1: its body, or its error as a DBusError. While
+    the peer has said nothing, nudge it with a Ping (see NUDGE_S)."""
+    deadline = time.monotonic() + timeout_s
+    serial, heard = 1, False
+    while (left := deadline - time.monotonic()) > 0:
+        if not heard and not _readable(sock, min(left, NUDGE_S)):
+            serial += 1  # nothing yet: the peer may not have looked (see NUDGE_S)
+            sock.sendall(_message(serial, _PING, "", b""))
+            continue
+        kind, got, reply = _read_message(sock)
+        heard = True  # the peer reads what it is sent: the answer only takes its time
+        if got.get(_REPLY_SERIAL) != 1:
+            continue  # a signal or another peer's message: not the answer
+        if kind == ERROR:
+            name = str(got.get(_ERROR_NAME, "org.freedesktop.DBus.Error.Failed"))
+            sig = str(got.get(_SIGNATURE, ""))
+            text = str(reply.get("s")) if sig.startswith("s") else ""
+            raise DBusError(name, text)
+        if kind == METHOD_RETURN:
+            return reply.data
+    raise DBusError("trainctl.Timeout", f"no answer from {address} in {timeout_s:g} s")

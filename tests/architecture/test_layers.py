@@ -434,16 +434,7 @@ def test_repeated_helpers_are_written_once() -> None:
 LONG_FUNCTIONS = {
     "launcher/ops/status.py:job_status": "one Status(...) of 47 fields: the shape of status --json",
     "supervisor/tree/terminate.py:stop_tree": "the stop sequence of docs/stop.md, top to bottom",
-    "launcher/cli.py:start": "click's option declarations of `start`",
-    "launcher/verbs/mcp_.py:_changing_tools": "the MCP tool declarations that change things",
-    "supervisor/linux/dbus.py:call": "one D-Bus conversation: auth, Hello, the call, the nudge",
-    "supervisor/watchers.py:_snapshots": "the snapshot tick that drives the watchers, in order",
-    "launcher/backends/slurm/__init__.py:_stop_slurm": "the Slurm stop: agents, scancel, sweep",
-    "launcher/backends/slurm/__init__.py:seen": "Slurm's verdict and every node's record",
-    "launcher/backends/local/direct.py:stop_direct": "the supervisor-less stop, in its order",
-    "launcher/ops/adopt.py:_plan": "adopt's plan: roots, their trees, the log source, the panes",
-    "launcher/ops/deploy.py:plan_deploy": "every check of a deploy, then its 22-field plan",
-    "launcher/verbs/deploy.py:run": "deploy's eleven options, read and checked, then each deploy",
+    "launcher/ops/deploy.py:plan_deploy": "a deploy's ten asks, its checks, its 27-field plan",
 }
 
 

@@ -61,14 +61,25 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     report.unproven = unproven
     # the run's v1 memory group (memory_max on a hybrid host), once empty
     memory.remove(Path(st.memory_cgroup) if st.memory_cgroup else None, target_of(st).cgroup)
+    st = _stopped_state(st, report, req.verb)
+    report.persist_error = write_best_effort(jdir, st) or (failures[0] if failures else None)
+    res = StopResult(st.name, st.run, "direct", report, st.exit_code)
+    if report.persist_error:
+        res.warnings.append(f"warning: the stop is not recorded: {report.persist_error}")
+    return res
+
+
+def _stopped_state(st: JobState, report: StopReport, verb: str) -> JobState:
+    """The state a stop without a supervisor leaves: stopped (if the run had not ended),
+    its report, no members, and no restart to come."""
     changes: dict[str, Any] = {}
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
-        cause = stopped(req.verb, st.exit_code)
+        cause = stopped(verb, st.exit_code)
         cause = dataclasses.replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
         report.cause = cause
         changes["cause"] = cause
-    st = st.moved(
+    return st.moved(
         st.phase,
         ended_at=st.ended_at or time.time(),
         last_stop=report,
@@ -76,11 +87,6 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
         restart_at=None,  # a backoff the dead supervisor was waiting out: no restart comes
         **changes,
     )
-    report.persist_error = write_best_effort(jdir, st) or (failures[0] if failures else None)
-    res = StopResult(st.name, st.run, "direct", report, st.exit_code)
-    if report.persist_error:
-        res.warnings.append(f"warning: the stop is not recorded: {report.persist_error}")
-    return res
 
 
 def _noop_report(st: JobState, spec: Spec, **fields: Any) -> StopReport:

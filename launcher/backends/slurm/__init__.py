@@ -60,8 +60,6 @@ def _stop_slurm(
 ) -> SlurmStopReport:
     """Ask the node agents to stop, else scancel; wait, escalate, verify (queue + node)."""
     t0 = time.monotonic()
-    scancel_bin = tool("scancel")
-    job_id = st.slurm.job_id if st.slurm is not None else ""
     info = query(st)
     ended = info.phase in state.TERMINAL or info.phase == Phase.LOST
     if ended and not _silent_nodes(jdir, st.run) and not alive(scan(local_target(st))):
@@ -78,19 +76,7 @@ def _stop_slurm(
         # the agents need their grace, their escalation and a moment to report back
         ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
     if not ended:
-        sig = spec.stop.signal.removeprefix("SIG")
-        # Pending, or agents that did not answer: Slurm's own signal to the job's steps.
-        # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
-        # terminating the whole step at once, which would take the grace away.
-        scancel([scancel_bin, f"--signal={sig}", job_id])
-        events.append_event(
-            jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel"
-        )
-        cancelled = not _wait_left_queue(st, grace_s)
-        if cancelled:
-            scancel([scancel_bin, job_id])
-            events.append_event(jdir, "escalated", job=st.name, via="scancel")
-            _wait_left_queue(st, 60)
+        cancelled = _scancel(jdir, st, spec, grace_s)
     # else: Slurm has ended (or forgotten) the job, but its processes outlived it
     # (a node agent SIGKILLed). A node whose agent left no report gets a sweep job; then
     # this host's own sweep: Slurm's proctrack may miss escapers (setsid), the marker not.
@@ -116,6 +102,24 @@ def _stop_slurm(
     )
     events.append_event(jdir, "stop_report", job=st.name, **report.to_doc())
     return report
+
+
+def _scancel(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> bool:
+    """Pending, or agents that did not answer: Slurm's own signal to the job's steps, then
+    after ``grace_s`` its cancel. Whether it had to cancel."""
+    scancel_bin = tool("scancel")
+    job_id = st.slurm.job_id if st.slurm is not None else ""
+    sig = spec.stop.signal.removeprefix("SIG")
+    # Not --full: the batch shell is `exec srun`, and srun answers a SIGTERM by
+    # terminating the whole step at once, which would take the grace away.
+    scancel([scancel_bin, f"--signal={sig}", job_id])
+    events.append_event(jdir, "signal_sent", job=st.name, signal=spec.stop.signal, via="scancel")
+    cancelled = not _wait_left_queue(st, grace_s)
+    if cancelled:
+        scancel([scancel_bin, job_id])
+        events.append_event(jdir, "escalated", job=st.name, via="scancel")
+        _wait_left_queue(st, 60)
+    return cancelled
 
 
 SWEEP_WAIT_S = 60.0  # for a sweep job's allocation, its stop and its report, per node
@@ -242,19 +246,7 @@ class Slurm:
             _record_final(jdir, info)
         live = [n for n in nodes if n.stop is None and n.age_s < nf.STALE_S]
         running = info.phase not in state.TERMINAL and info.phase != Phase.LOST
-        view = SlurmView(
-            job_id=st.slurm.job_id if st.slurm is not None else None,
-            state=info.state,
-            reason=info.reason,
-            nodes=info.nodes,
-            exit_code=info.exit_code,
-            agents=[
-                SlurmAgent(
-                    n.node, n.host, n.rank, n.member_count, n.age_s, n.stale, n.stop is not None
-                )
-                for n in nodes
-            ],
-        )
+        view = _view(st, info, nodes)
         rows = [_row(n.node, p) for n in live for p in n.members] if running else []
         count = sum(n.member_count for n in live) if running else 0
         here = socket.gethostname()
@@ -330,6 +322,21 @@ class Slurm:
 
 
 BACKEND = Slurm()
+
+
+def _view(st: JobState, info: SlurmVerdict, nodes: list[nf.NodeRecord]) -> SlurmView:
+    """Slurm's verdict on the run and its node agents, as `status` shows them."""
+    return SlurmView(
+        job_id=st.slurm.job_id if st.slurm is not None else None,
+        state=info.state,
+        reason=info.reason,
+        nodes=info.nodes,
+        exit_code=info.exit_code,
+        agents=[
+            SlurmAgent(n.node, n.host, n.rank, n.member_count, n.age_s, n.stale, n.stop is not None)
+            for n in nodes
+        ],
+    )
 
 
 def _row(node: str, p: nf.NodeProcess) -> PsRow:
