@@ -10,9 +10,8 @@ from typing import Any
 
 import trainctl.conf
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.life.causes import CLASS_NAME, RESTART_WORDS
 from trainctl.supervisor.model import state
-from trainctl.supervisor.model.spec import HOOK_EVENTS, parse_order
+from trainctl.supervisor.model.spec import CLASS_NAME, HOOK_EVENTS, RESTART_WORDS, parse_order
 
 from .inputs import check_duration, closest, parse_duration
 

@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
-from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.spec import BACKENDS, Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import JobState
+
+if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
+    from trainctl.launcher.specfile import SpecDraft
 
 Asked = Callable[[], None]  # called the moment a checkpoint request goes out
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StartRequest:
     """One start: the caller holds the job lock and checked that the name is free."""
 
@@ -44,7 +46,7 @@ class StartRequest:
     keep_cwd: bool = False  # run in spec.cwd as it is: no new snapshot (a deploy's rollback)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopRequest:
     """One `stop`, resolved against the job's spec (every duration is set here)."""
 
@@ -72,7 +74,7 @@ class StopRequest:
 STOP_SLACK_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Capabilities:
     """What a backend can do beyond start, stop and status: an operation asks these,
     never the backend's name."""

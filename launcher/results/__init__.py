@@ -9,7 +9,7 @@ nothing here prints. A dict appears only where a JSON document is read or writte
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
@@ -495,7 +495,7 @@ class PsRow:
         return asdict(self)
 
 
-@dataclass(slots=True)
+@record()
 class GpuView:
     """One GPU (or MIG instance) as `trainctl gpus` shows it."""
 
@@ -524,7 +524,7 @@ class GpuView:
         return doc
 
 
-@dataclass(slots=True)
+@record()
 class GpuInventory:
     """`trainctl gpus`: the driver, then every GPU."""
 

@@ -9,7 +9,7 @@ alone, and each record defined there costs their start-up (issue 34 §4).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.model.records import record
@@ -18,7 +18,7 @@ from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import JobState, MemberSnap
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Check:
     """One line of the report: what was looked at, what was found, and whether it is fine."""
 
@@ -53,7 +53,7 @@ class Health:
 Found = MemberSnap
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Plan:
     """What `adopt` would take over, before anything is changed."""
 
@@ -82,7 +82,7 @@ class Plan:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AdoptResult:
     """What `adopt` did: the run, its main, how many members, whether it is contained."""
 

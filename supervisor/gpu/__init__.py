@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from trainctl.supervisor.errors import GpuError
+from trainctl.supervisor.model.records import record
 
 FAKE_ENV = "TRAINCTL_FAKE_GPU"
 # What `gpus` and `doctor` say of a GPU without persistence mode
@@ -31,7 +31,7 @@ class NoDriverError(GpuError):
     """There is no NVIDIA driver (or no NVML library) on this machine."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Gpu:
     """One GPU (or one MIG instance of it) as the driver reports it now.
 
@@ -65,7 +65,7 @@ class Gpu:
         return self.error is None and not self.mig_mode
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuProc:
     """A process the driver lists on a GPU (its pid may not exist here)."""
 
@@ -74,7 +74,7 @@ class GpuProc:
     kind: str = "compute"  # compute | graphics | mps
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class DriverInfo:
     """The versions of the driver and of the NVML library that answered."""
 

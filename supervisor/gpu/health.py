@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
+from trainctl.supervisor.model import records
 from trainctl.supervisor.model.state import (
     GpuLease,
     current_boot_id,
@@ -36,7 +37,7 @@ FAULTS = "gpu-faults.json"
 SAME_FAULT_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
+@records.record(frozen=True)
 class Unhealthy:
     """One unhealthy GPU: why, since when."""
 
@@ -62,7 +63,7 @@ class Unhealthy:
         return f"unhealthy: {xid} at {when} ({need})"
 
 
-@dataclass(frozen=True, slots=True)
+@records.record(frozen=True)
 class Seen:
     """The last fault seen on one GPU of the box."""
 

@@ -20,7 +20,7 @@ table for that GPU (:func:`from_recovery`): the driver knows what this very faul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from trainctl.supervisor.model.records import record
 
 RESTART_APP = "restart-app"
 RESET_GPU = "reset-gpu"
@@ -84,7 +84,7 @@ ACTION_WORDS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Fault:
     """One GPU fault, classed."""
 

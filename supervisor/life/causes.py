@@ -33,6 +33,7 @@ from typing import Any
 
 from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause, signal_name
+from trainctl.supervisor.model.spec import RESTART_WORDS
 from trainctl.supervisor.model.tail import tail_text
 
 # Built-in pattern classes, tried in order after the config's own.
@@ -55,10 +56,6 @@ CLASSES: tuple[tuple[str, str], ...] = (
     ),
     ("segfault", r"Segmentation fault|SIGSEGV|Fatal Python error: Segmentation"),
 )
-# What `restart_on` takes besides the pattern classes and `exit:N`.
-RESTART_WORDS = ("failure", "oom", "signal")
-# always .fullmatch: "$" also matches before a final newline ("oom\n" would pass .match)
-CLASS_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 TAIL_BYTES = 64 << 10  # how much of the log end is read for a reason
 REASON_CHARS = 300
 

@@ -33,8 +33,9 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from trainctl.supervisor.model.records import record
 
 from .steps import timed_steps
 from .tail import tail_lines
@@ -55,7 +56,7 @@ _STEP_PATTERNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Verdict:
     """One checkpoint as judged: complete or not, why, and its step when known."""
 
@@ -230,7 +231,7 @@ def candidates(cwd: str, pattern: str) -> list[str]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Newest:
     """The newest complete checkpoint, and a newer partial one if there is one."""
 

@@ -9,6 +9,7 @@ verification :class:`GpuBinding`. spec.json stores the same sections as JSON obj
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import field
 from enum import StrEnum
 from signal import Signals
@@ -58,6 +59,14 @@ class StopPolicy:
     def signum(self) -> Signals:
         """The stop signal as a number."""
         return Signals[self.signal]
+
+
+# What `restart_on` takes besides the pattern classes (supervisor/life/causes.py) and
+# `exit:N`; a pattern class's name. Here, with the spec, so that a config check of
+# [causes] needs no causes module.
+RESTART_WORDS = ("failure", "oom", "signal")
+# always .fullmatch: "$" also matches before a final newline ("oom\n" would pass .match)
+CLASS_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 
 
 @record(frozen=True)

@@ -42,6 +42,7 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.poll import poll_until
+from trainctl.supervisor.model.records import record
 
 # re-exported (mypy's explicit form): every reader has always named them from here
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
@@ -100,7 +101,7 @@ class MemberSnap:
         return cls(st.pid, st.start_ticks, st.ppid, st.pgid, st.sid, cmd, nets)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuLease:
     """A GPU bound to a run, with its memory use when the run started (the baseline)."""
 
@@ -133,7 +134,7 @@ def gpu_env(leases: tuple[GpuLease, ...] | list[GpuLease]) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class JobState:
     """The live state of a job's current run (state.json)."""
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.procfs import Stat
+from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.state import HELPER_VAR, NODE_VAR, JobState, ProcRef
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Target:
     """Everything a scan needs to recognise a job's processes."""
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
-from trainctl.launcher.specfile import SpecDraft
 from trainctl.supervisor.errors import ConfigError, JobConflictError, ProcessTreeError
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.model.state import JobState
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
+
+if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
+    from trainctl.launcher.specfile import SpecDraft
 
 
 class Local:
