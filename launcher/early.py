@@ -7,7 +7,8 @@ the console script hands the command line here first. For the plain shapes the f
 serves (``[--home DIR] stop NAME [--json] [--grace SECONDS] [--order ORDER]
 [--main-only]``) this module, on the standard library's C parts only, finds the job's
 control socket, checks that the process serving it is this job's own supervisor (our
-uid, ``python -m trainctl.supervisor --home HOME --name NAME``), and sends the stop. The
+uid, ``python -m trainctl.supervisor --home HOME --name NAME``; both from
+supervisor/model/layout.py, which imports nothing), and sends the stop. The
 verb then runs as always and, where it would send the same request, reads the answer to
 this one (:func:`claim`). Anything unusual (a queued run of the name, a config that
 decides the home, a value this module does not parse, no answering supervisor) sends
@@ -23,8 +24,9 @@ import _socket  # the C module: `socket` itself imports enum and selectors (~4 m
 import os
 import sys
 
+from trainctl.supervisor.model import layout  # plain strings: the job layout, spelt once
+
 _ORDERS = ("tree", "all", "main")
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _SUN_PATH_MAX = 107
 WAIT_S = 0.25  # how long the request waits for its answer before the verb is imported
 
@@ -41,9 +43,10 @@ def send_stop(argv: list[str]) -> None:
         return
     home_opt, name, order, grace_s = asked
     home = _home(home_opt)
-    if home is None or not _name_ok(name):
+    if home is None or not layout.name_ok(name):
         return
-    jdir, sock_path, queued = _job_paths(home, name)
+    jdir = layout.job_dir(home, name)
+    sock_path, queued = layout.control_path(home, name), layout.queue_entry(home, name)
     if not _owned_dir(jdir) or os.path.lexists(queued):
         return  # a queued run of this name is dequeued first, by the verb
     sock = _connect(sock_path, home, name)
@@ -148,14 +151,6 @@ def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] 
     return home, name, order, grace_s
 
 
-def _job_paths(home: str, name: str) -> tuple[str, str, str]:
-    """The job's directory, its control socket and its queue entry (the layout of
-    supervisor/model/state.py, control.py and ops/queue/entries.py, spelt here without
-    importing them; a test keeps them the same)."""
-    jdir = f"{home}/jobs/{name}"
-    return jdir, f"{jdir}/control.sock", f"{home}/queue/{name}.json"
-
-
 def _seconds(text: str) -> float | None:
     """``90`` or ``90s`` or ``2.5`` (what the verb reads the same way); else None."""
     digits = text.removesuffix("s")
@@ -181,10 +176,6 @@ def _home(home_opt: str | None) -> str | None:
     path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     # as pathlib writes it (no '.', no empty parts; '..' kept): the supervisor's --home
     return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
-
-
-def _name_ok(name: str) -> bool:
-    return 0 < len(name) <= 64 and name[0].isalnum() and set(name) <= _NAME_CHARS
 
 
 def _owned_dir(path: str) -> bool:
@@ -222,7 +213,7 @@ def _is_its_supervisor(pid: int, home: str, name: str) -> bool:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    want = [b"-m", b"trainctl.supervisor", b"--home", os.fsencode(home), b"--name", name.encode()]
+    want = [os.fsencode(a) for a in layout.supervisor_args(home, name)]
     return any(argv[i : i + len(want)] == want for i in range(len(argv)))
 
 

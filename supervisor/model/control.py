@@ -25,10 +25,11 @@ from typing import Any
 
 from trainctl.supervisor.errors import StateError
 
+from . import layout
 from .reports import StopReport
 from .schema import build_document
 
-SOCK_NAME = "control.sock"
+SOCK_NAME = layout.SOCK_NAME
 MAX_LINE = 1 << 20
 
 

@@ -25,7 +25,6 @@ import fcntl
 import functools
 import json
 import os
-import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model.records import record
 
 # re-exported (mypy's explicit form): every reader has always named them from here
+from . import layout
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
 from .phases import TRANSITIONS as TRANSITIONS  # noqa: PLC0414
 from .phases import Phase as Phase  # noqa: PLC0414
@@ -71,7 +71,6 @@ HELPER_VAR = "TRAINCTL_HELPER"
 ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 # always .fullmatch: with .match, "$" also matched before a final newline, so "nl\n" was
 # a name (the kernel then refused it as a cgroup name and the job ran uncontained)
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +211,7 @@ def default_home() -> Path:
 
 def check_name(name: str) -> str:
     """Validate a job name (it becomes a directory name)."""
-    if not NAME_RE.fullmatch(name):
+    if not layout.name_ok(name):
         empty = "" if name else " an empty value;"
         raise ConfigError(
             f"invalid job name {name!r}:{empty} "
@@ -223,7 +222,7 @@ def check_name(name: str) -> str:
 
 def jobs_dir(home: Path) -> Path:
     """Return the folder holding one directory per job."""
-    return home / "jobs"
+    return home / layout.JOBS
 
 
 def job_dir(home: Path, name: str) -> Path:
@@ -360,7 +359,7 @@ def _check_owner_stat(path: Path, st: os.stat_result) -> None:
 def list_jobs(home: Path) -> list[str]:
     """Return the names of all jobs, sorted."""
     try:
-        return sorted(p.name for p in jobs_dir(home).iterdir() if NAME_RE.fullmatch(p.name))
+        return sorted(p.name for p in jobs_dir(home).iterdir() if layout.name_ok(p.name))
     except FileNotFoundError:
         return []
 

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from trainctl.supervisor.errors import SpawnError
 from trainctl.supervisor.linux import systemd
-from trainctl.supervisor.model import control
+from trainctl.supervisor.model import control, layout
 from trainctl.supervisor.model.reports import Failure, RestartEntry
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
@@ -134,8 +134,7 @@ def launch_supervisor(
 
 def _supervisor_argv(home: Path, spec: Spec, fd: int, lock_fd: int | None) -> list[str]:
     """The supervisor's command line (its handshake socket, the lock it is handed)."""
-    argv = [sys.executable, "-m", "trainctl.supervisor", "--home", str(home)]
-    argv += ["--name", spec.name, "--fd", str(fd)]
+    argv = [sys.executable, *layout.supervisor_args(str(home), spec.name), "--fd", str(fd)]
     return argv + (["--lock-fd", str(lock_fd)] if lock_fd is not None else [])
 
 

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import Harness, wait_for
 from trainctl.launcher import early
 from trainctl.launcher.verbs import stop as stop_verb
+from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model import control
 
 
@@ -161,17 +162,23 @@ def test_the_module_reads_the_home_as_the_cli_does(
 
 
 def test_its_paths_are_the_ones_the_rest_of_trainctl_uses(tmp_path: Path) -> None:
-    """early.py spells the job, socket and queue paths itself (it may import nothing of
-    trainctl): they must stay the very paths the verb, the supervisor and the queue use."""
+    """early.py takes the job, socket and queue paths, the name rule and the supervisor's
+    command line from supervisor/model/layout.py (plain strings, importing nothing), as
+    the verb, the supervisor and the queue do: the same paths through either."""
     from trainctl.launcher.ops import queue  # noqa: PLC0415  (the paths compared against)
-    from trainctl.supervisor.model import state  # noqa: PLC0415
+    from trainctl.supervisor.model import layout, state  # noqa: PLC0415
 
     home, name = str(tmp_path), "job-1.a"
-    assert early._job_paths(home, name) == (
-        str(state.job_dir(tmp_path, name)),
-        str(state.job_dir(tmp_path, name) / control.SOCK_NAME),
-        str(queue.entry_path(tmp_path, name)),
-    )
+    assert layout.job_dir(home, name) == str(state.job_dir(tmp_path, name))
+    assert layout.control_path(home, name) == str(state.job_dir(tmp_path, name) / control.SOCK_NAME)
+    assert layout.queue_entry(home, name) == str(queue.entry_path(tmp_path, name))
+    for bad in ("", ".", "..", "-x", "_x", ".x", "a/b", "a b", "é", "x" * 65, "a\n"):
+        assert not layout.name_ok(bad), bad
+        with pytest.raises(ConfigError):
+            state.check_name(bad)
+    for good in ("a", "A1", "job-1.a", "0_x", "x" * 64):
+        assert layout.name_ok(good), good
+        assert state.check_name(good) == good
 
 
 def test_ctrl_c_while_it_waits_leaves_the_stop_to_the_supervisor(here: Harness) -> None:

@@ -47,7 +47,7 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.gpu import health
-from trainctl.supervisor.model import events, state
+from trainctl.supervisor.model import events, layout, state
 from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
@@ -96,7 +96,7 @@ class Entry:
 
 
 def queue_dir(home: Path) -> Path:
-    return home / "queue"
+    return home / layout.QUEUE
 
 
 def entry_path(home: Path, name: str) -> Path:
