@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -19,12 +19,14 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trainctl.supervisor.model.spec import StopOrder
 
-from .core import RunCore
 from .errors import StateError
 from .life import lifecycle as lc
 from .model import control
 from .tree import terminal
 from .tree.terminal import Terminal
+
+if TYPE_CHECKING:  # the run it serves, as a type: the server sits below the run's core
+    from .core import RunCore
 
 
 class ControlServer:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -34,7 +35,6 @@ from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
 from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
 
-from .core import RunView
 from .errors import GpuError, TrainctlError
 from .gpu import health, xid
 from .life import lifecycle as lc
@@ -42,6 +42,9 @@ from .linux import memory, procfs
 from .model import steps
 from .tree import handoff
 from .watch import logs, samples
+
+if TYPE_CHECKING:  # the view it is given, as a type: the watchers sit below the run's core
+    from .core import RunView
 
 # How often the supervisor walks every /proc entry (and environ) for members that left
 # both the cgroup and the tree, e.g. a process moved out of the cgroup by root.

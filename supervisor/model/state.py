@@ -27,7 +27,6 @@ import json
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,64 +39,29 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.linux import procfs
+
+# re-exported (mypy's explicit form): every reader has always named them from here
+from trainctl.supervisor.linux.files import dir_fd as dir_fd  # noqa: PLC0414  (state's names)
+from trainctl.supervisor.linux.files import open_in as open_in  # noqa: PLC0414
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model.records import record
 
-# re-exported (mypy's explicit form): every reader has always named them from here
 from . import layout
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
 from .phases import TRANSITIONS as TRANSITIONS  # noqa: PLC0414
 from .phases import Phase as Phase  # noqa: PLC0414
+from .procs import ERROR_FILE_VAR as ERROR_FILE_VAR  # noqa: PLC0414  (state's names)
+from .procs import GPU_COUNT_VAR as GPU_COUNT_VAR  # noqa: PLC0414
+from .procs import HELPER_VAR as HELPER_VAR  # noqa: PLC0414
+from .procs import NODE_VAR as NODE_VAR  # noqa: PLC0414
+from .procs import TRAINCTL_VARS as TRAINCTL_VARS  # noqa: PLC0414
+from .procs import TRANSPORT_VARS as TRANSPORT_VARS  # noqa: PLC0414
+from .procs import MemberSnap as MemberSnap  # noqa: PLC0414
+from .procs import ProcRef as ProcRef  # noqa: PLC0414
 from .reports import Cause, Failure, RestartEntry, SlurmStopReport, StopReport
 from .schema import build_document, check_document
 from .sections import Adoption, CodeRecord, SlurmRecord
 from .spec import SCHEMA, Spec, spec_from_doc
-
-# Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
-TRAINCTL_VARS = (
-    "TRAINCTL_JOB", "TRAINCTL_NAME", "TRAINCTL_RUN", "TRAINCTL_PROGRESS", "TRAINCTL_NODE",
-    "TRAINCTL_GPU_COUNT",
-)  # fmt: skip
-# How many GPUs the run has (CUDA_VISIBLE_DEVICES's count): a process count can follow it.
-GPU_COUNT_VAR = "TRAINCTL_GPU_COUNT"
-# Set by a Slurm node agent to its node's name: what it stops is its own node's.
-NODE_VAR = "TRAINCTL_NODE"
-# Set by `--host` on the remote side for one call; never part of a job's environment.
-TRANSPORT_VARS = ("TCV", "TRAINCTL_CLIENT_VERSION")
-# In the environment of the supervisor's own helpers (hook runners, py-spy), set to the
-# run's marker: no membership net takes them for members of the job (proctree.py).
-HELPER_VAR = "TRAINCTL_HELPER"
-# torchrun writes the first failing worker's exception to this file (see causes.py)
-ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
-# always .fullmatch: with .match, "$" also matched before a final newline, so "nl\n" was
-# a name (the kernel then refused it as a cgroup name and the job ran uncontained)
-
-
-@dataclass(frozen=True, slots=True)
-class ProcRef:
-    """A process as trainctl trusts it: pid plus start time (clock ticks since boot)."""
-
-    pid: int
-    start_ticks: int
-
-
-@dataclass(frozen=True, slots=True)
-class MemberSnap:
-    """One member of the job's process tree as last seen."""
-
-    pid: int
-    start_ticks: int
-    ppid: int
-    pgid: int
-    sid: int
-    cmd: str
-    nets: tuple[str, ...]
-
-    @classmethod
-    def of(cls, st: procfs.Stat, nets: tuple[str, ...]) -> MemberSnap:
-        """The member as a snapshot records it, from its stat (command cut to 300)."""
-        cmd = procfs.read_cmdline(st.pid)[:300]
-        return cls(st.pid, st.start_ticks, st.ppid, st.pgid, st.sid, cmd, nets)
 
 
 @record(frozen=True)
@@ -237,37 +201,6 @@ def check_not_symlink(path: Path) -> Path:
             f"{path} is a symlink; refusing to follow it (remove it by hand if it is stale)"
         )
     return path
-
-
-@contextlib.contextmanager
-def dir_fd(path: Path) -> Iterator[int]:
-    """Hold a descriptor of directory ``path``, refusing it if it is a symlink.
-
-    Every file of a job is opened relative to this descriptor (``dir_fd=``), so a job
-    directory swapped for a symlink after a check is never written through: the check and
-    the use are the same ``open``.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR) and path.is_symlink():
-            raise StateError(f"{path} is a symlink; refusing to follow it") from None
-        raise
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def open_in(path: Path, flags: int, mode: int = 0o600) -> int:
-    """Open ``path`` relative to its directory's descriptor; neither may be a symlink."""
-    with dir_fd(path.parent) as dfd:
-        try:
-            return os.open(path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{path} is a symlink; refusing to follow it") from None
-            raise
 
 
 def open_append(path: Path) -> int:

@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .state import open_in
+from trainctl.supervisor.linux.files import open_in
+
 from .tail import tail_lines
 
 TAIL_BYTES = 64 * 1024  # the newest step is near the end of the log

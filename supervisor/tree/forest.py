@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 
 from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model.procs import ProcRef
 from trainctl.supervisor.model.spec import StopOrder
-from trainctl.supervisor.model.state import ProcRef
 
 from .proctree import Member
 

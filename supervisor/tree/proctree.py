@@ -23,12 +23,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.procfs import Stat
+from trainctl.supervisor.model.procs import HELPER_VAR, NODE_VAR, ProcRef
 from trainctl.supervisor.model.records import record
-from trainctl.supervisor.model.state import HELPER_VAR, NODE_VAR, JobState, ProcRef
+
+if TYPE_CHECKING:  # the state file's record, as a type: the tree sits below the state
+    from trainctl.supervisor.model.state import JobState
 
 
 @record(frozen=True)

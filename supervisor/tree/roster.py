@@ -30,7 +30,7 @@ from pathlib import Path
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
-from trainctl.supervisor.model.state import ProcRef
+from trainctl.supervisor.model.procs import ProcRef
 
 from .proctree import Member, Target, descendants
 

@@ -31,7 +31,7 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.model.state import open_in
+from trainctl.supervisor.linux.files import open_in
 
 # frame kinds
 OUTPUT = b"o"  # supervisor -> viewer: bytes the job wrote

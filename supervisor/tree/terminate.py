@@ -27,9 +27,9 @@ from dataclasses import asdict
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model.procs import ProcRef
 from trainctl.supervisor.model.reports import NamedProc, StopReport, Survivor, Zombie
 from trainctl.supervisor.model.spec import StopOrder, StopPolicy
-from trainctl.supervisor.model.state import ProcRef
 
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup

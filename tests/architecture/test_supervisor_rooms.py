@@ -95,3 +95,47 @@ def test_the_resolver_sees_imports() -> None:
     assert "model.state" in {t for _, t in imports_of(SUPERVISOR / "life" / "lifecycle.py")}
     assert "gpu.verify" in {t for _, t in imports_of(SUPERVISOR / "tree" / "stop.py")}
     assert room_of("gpu.verify") < room_of("tree.stop") < room_of("core")
+
+
+MAX_DEPTH = 8  # issue 45: "import depth <= 8 levels" (it had grown from 8 to 11)
+
+
+def _module_level(path: Path) -> set[str]:
+    """The supervisor modules ``path`` imports when it is imported: its top-level imports,
+    not those under ``if TYPE_CHECKING`` (types only) nor inside functions (when called)."""
+    body = [
+        n
+        for n in ast.parse(path.read_text()).body
+        if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    ]
+    lines = {n.lineno for n in body if isinstance(n, ast.Import | ast.ImportFrom)}
+    me = module_of(path)
+    return {t for line, t in imports_of(path) if line in lines and t and t != me}
+
+
+def _depths() -> dict[str, tuple[int, list[str]]]:
+    """Each module's import depth (itself 1, plus its deepest import) and that chain."""
+    graph = {module_of(p): _module_level(p) for p in FILES}
+    memo: dict[str, tuple[int, list[str]]] = {}
+
+    def depth(m: str, trail: tuple[str, ...]) -> tuple[int, list[str]]:
+        if m in memo:
+            return memo[m]
+        deps = [d for d in graph.get(m, ()) if d in graph and d not in trail]
+        best = max((depth(d, (*trail, m)) for d in deps), default=(0, []))
+        memo[m] = (best[0] + 1, [m, *best[1]])
+        return memo[m]
+
+    return {m: depth(m, ()) for m in graph}
+
+
+def test_the_import_chain_is_at_most_eight_modules_deep() -> None:
+    deepest, chain = max(_depths().values())
+    assert deepest <= MAX_DEPTH, " -> ".join(chain)
+
+
+def test_the_depth_check_sees_chains() -> None:
+    """Not vacuous: the service sits on a chain down to the errors module."""
+    depth, chain = _depths()["service"]
+    assert depth >= 5, chain
+    assert chain[-1] == "errors", chain
