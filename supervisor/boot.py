@@ -1,7 +1,7 @@
 """Supervisor start-up: the readiness handshake, kept import-light.
 
 The CLI is waiting on the other end of a socketpair, so everything up to the reply imports
-only the standard library and trainctl's own small modules; anyio and structlog (~120 ms)
+only the standard library and trainctl's own small modules; anyio and the service (~100 ms)
 are imported after the CLI has been answered.
 """
 

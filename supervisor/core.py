@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 import socket
-from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, Protocol, TextIO, cast
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
-import structlog
 
 from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause
@@ -43,28 +40,13 @@ from .linux import memory
 from .model import steps
 
 
-def _render(_logger: object, _name: str, event_dict: MutableMapping[str, Any]) -> str:
-    return events.encode(dict(event_dict))
-
-
-def _configure_events(jdir: Path, name: str) -> structlog.typing.FilteringBoundLogger:
-    sink = _BestEffortFile(jdir)
-    structlog.configure(
-        processors=[
-            structlog.processors.TimeStamper(fmt=None, key="ts"),
-            _render,  # the one encoder of events.jsonl (model/events.py)
-        ],
-        logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, sink)),
-        # per-orphan "reaped" lines are debug: 240 of them would slow a stop by ~15 ms
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        cache_logger_on_first_use=True,
-    )
-    log: structlog.typing.FilteringBoundLogger = structlog.get_logger().bind(job=name)
-    return log
+def _configure_events(jdir: Path, name: str) -> events.EventLog:
+    return events.EventLog(_BestEffortFile(jdir), job=name)
 
 
 class _BestEffortFile:
-    """events.jsonl for structlog: a full or read-only disk loses event lines, never the job.
+    """events.jsonl for the event log: a full or read-only disk loses event lines, never the
+    job.
 
     Each line goes out through the same writer as the CLI's events (one write(2) on an
     O_APPEND descriptor). A failed write is counted and dropped; it never raises into the
@@ -88,9 +70,6 @@ class _BestEffortFile:
         except OSError:
             self.failures += 1
 
-    def flush(self) -> None:
-        """Nothing is buffered: every line was written whole."""
-
 
 class RunView(Protocol):
     """What a watcher may see of the run, and how it reports: read-only state, ``send``
@@ -105,7 +84,7 @@ class RunView(Protocol):
     @property
     def stage(self) -> lc.Stage: ...
     @property
-    def log(self) -> structlog.typing.FilteringBoundLogger: ...
+    def log(self) -> events.EventLog: ...
     def send(self, ev: lc.Event) -> None: ...
     def observe(
         self, *, add: tuple[tuple[str, tuple[str, ...], int], ...] = (), **put: object

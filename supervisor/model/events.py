@@ -2,8 +2,9 @@
 
 Every line is one JSON object with ``ts`` (seconds since the epoch) and ``event`` (its
 kind), written with a single ``write(2)`` on an ``O_APPEND`` descriptor, so the CLI's and
-the supervisor's lines never interleave. The supervisor's structlog logger renders
-through :func:`encode`, the CLI appends through :func:`append_event`; `status`, `history`,
+the supervisor's lines never interleave. The supervisor writes through an
+:class:`EventLog`, the CLI appends through :func:`append_event`, both with :func:`encode`;
+`status`, `history`,
 `report`, the web page, MCP and the tests read through :func:`read_events` (the whole
 log) or :func:`newest_first` (its end, for a look at the latest stop).
 """
@@ -15,7 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .state import open_in
 from .tail import read_end
@@ -53,6 +54,40 @@ def append_event(jdir: Path, event: str, **fields: Any) -> None:
         write_event_line(fd, line)
     finally:
         os.close(fd)
+
+
+class Sink(Protocol):
+    """Where an EventLog's lines go (one whole line a call)."""
+
+    def write(self, text: str) -> None: ...
+
+
+class EventLog:
+    """The supervisor's event log: one stamped line a call, with the fields it is bound
+    to (the job's name). ``debug`` lines are dropped: per-orphan "reaped" lines would slow
+    a stop of 240 processes by ~15 ms. (It replaced structlog, whose import was a fifth of
+    the supervisor's start-up, for the four methods the supervisor used.)"""
+
+    __slots__ = ("_bound", "_sink")
+
+    def __init__(self, sink: Sink, **bound: Any) -> None:
+        self._sink, self._bound = sink, bound
+
+    def bind(self, **fields: Any) -> EventLog:
+        """The same log, with ``fields`` in every line."""
+        return EventLog(self._sink, **{**self._bound, **fields})
+
+    def info(self, event: str, **fields: Any) -> None:
+        """Write one event line: the time and the event (as the CLI's lines begin), then
+        the bound fields and these."""
+        doc = {"ts": round(time.time(), 6), "event": event, **self._bound, **fields}
+        self._sink.write(encode(doc))
+
+    warning = info  # the log has no levels: an event's kind says what it is
+    error = info
+
+    def debug(self, event: str, **fields: Any) -> None:
+        """Not written (see the class)."""
 
 
 def _decode(line: bytes) -> dict[str, Any] | None:

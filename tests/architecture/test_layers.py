@@ -188,7 +188,6 @@ HEAVY = (
     "click",
     "psutil",
     "anyio",
-    "structlog",
     "pynvml",
     "curses",
     "subprocess",
@@ -325,7 +324,7 @@ def test_the_lifecycle_owner_is_the_only_writer_of_the_state() -> None:
 
 def test_one_writer_and_one_reader_of_the_event_log() -> None:
     """issue 45: events.jsonl is spelt, encoded and read in one module (model/events.py):
-    the supervisor's structlog renders through its encoder, the CLI appends through it,
+    the supervisor's EventLog writes through its encoder, the CLI appends through it,
     and status, history, report and the stop's timeline read through it."""
     named = sorted(
         str(p.relative_to(ROOT))
@@ -339,7 +338,7 @@ def test_one_writer_and_one_reader_of_the_event_log() -> None:
         for p in (ROOT / "supervisor").rglob("*.py")
         if "JSONRenderer" in p.read_text()
     ]
-    assert not dumps, dumps  # structlog's own JSON encoder would be a second one
+    assert not dumps, dumps  # a logging library's own JSON encoder would be a second one
 
 
 # a class of supervisor/ may build on these (a record, an error, an enum, a protocol)

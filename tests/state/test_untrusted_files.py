@@ -255,7 +255,6 @@ def _runtime_for_anyone(h: Harness) -> tuple[str, Path]:
         "anyio",
         "click",
         "psutil",
-        "structlog",
         "sniffio",
         "idna",
         "pynvml",
