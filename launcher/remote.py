@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainctl.supervisor.errors import ConfigError, RemoteError
+from trainctl.supervisor.model.records import JsonObject
 
 from . import __version__
 from .globalopts import global_options_end
@@ -319,7 +320,7 @@ class HostRow:
     host: Host
     check: HostCheck | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form: the alias's keys, then the check's (its `trainctl`: found or not)."""
         h = self.host
         doc: dict[str, Any] = {

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.gpu import NoDriverError
+from trainctl.supervisor.model.records import JsonObject
 
 from . import render, term
 from .gpus import gpu_views
@@ -114,7 +115,7 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def frame_doc(home: Path) -> dict[str, Any]:
+def frame_doc(home: Path) -> JsonObject:
     """One frame as JSON: every job (as `status --json`, live first) and every GPU (as
     `gpus --json`; ``gpus_error`` says why there are none)."""
     jobs: list[dict[str, Any]] = []

@@ -23,6 +23,7 @@ from typing import Any
 
 from trainctl.supervisor.linux.systemd import own_unit
 from trainctl.supervisor.model.events import append_event
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
@@ -67,7 +68,7 @@ def hold_supervisor_lock(jdir: Path) -> int:
     return fd
 
 
-def _reply(sock: socket.socket, msg: dict[str, Any]) -> None:
+def _reply(sock: socket.socket, msg: JsonObject) -> None:
     sock.sendall(json.dumps(msg).encode() + b"\n")
 
 

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import (
@@ -223,7 +224,7 @@ def _record(
     jdir: Path,
     run: int,
     target: Target,
-    stop: dict[str, object] | None = None,
+    stop: JsonObject | None = None,
     *,
     sweep: bool = False,
     members: list[Member] | None = None,

@@ -17,6 +17,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.spec import StopOrder
 
 from .errors import StateError
@@ -123,12 +124,12 @@ class ControlServer:
                 terminal.set_winsize(term.master, rows, cols)
         main = self.core.state.main.pid if self.core.state.main else None
         self.core.log.info("attached", viewer_pid=pid, read_only=read_only)
-        hello = {"ok": True, "main_pid": main, "run": self.core.state.run}
+        hello: JsonObject = {"ok": True, "main_pid": main, "run": self.core.state.run}
         await stream.send(control.encode(hello))
         await term.serve(viewer, stream, reader)
         self.core.log.info("detached", viewer_pid=pid)
 
-    async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def _dispatch(self, req: dict[str, Any]) -> JsonObject:
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "phase": str(self.core.state.phase)}

@@ -16,6 +16,7 @@ from trainctl.launcher import backends
 from trainctl.supervisor.errors import JobConflictError, NotRunningError, StateError, TrainctlError
 from trainctl.supervisor.model import control, state
 from trainctl.supervisor.model.phases import Phase
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import SlurmStopReport, StopReport
 
 from .jobs import current_phase, existing_job
@@ -54,7 +55,7 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
         sock = control.connect(jdir, CONNECT_TIMEOUT_S)
     except control.ControlUnavailableError as e:
         raise JobConflictError(f"job {name}: {e}; `trainctl status {name}` says more") from None
-    req: dict[str, object] = {"op": "attach", "read_only": read_only}
+    req: JsonObject = {"op": "attach", "read_only": read_only}
     if size is not None:
         req["rows"], req["cols"] = size
     try:

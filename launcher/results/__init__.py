@@ -13,7 +13,7 @@ from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import (
     Cause,
     Failure,
@@ -101,7 +101,7 @@ class Progress:
     main_metric: str | None = None
     history: list[float] = field(default_factory=list)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form (numbers stay numbers)."""
         return asdict(self)
 
@@ -142,7 +142,7 @@ class StopPlan:
     cannot_at: dict[str, str] = field(default_factory=dict)
     checkpoint_step: float | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form."""
         return asdict(self)
 
@@ -157,7 +157,7 @@ class Queued:
     waiter_pid: int | None
     state: str = "queued"
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form."""
         return asdict(self)
 
@@ -170,7 +170,7 @@ class Dequeued:
     run: int  # the run that never started
     live: bool  # the job also has a live run, which the stop goes on to stop
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (when it is all the stop did)."""
         return {"name": self.name, "run": self.run, "state": "dequeued", "ok": True}
 
@@ -219,7 +219,7 @@ class CheckpointInfo:
     newest: Checkpoint | None = None
     written: Checkpoint | None = None  # --checkpoint: the one the job wrote when asked
 
-    def to_doc(self) -> dict[str, Any] | None:
+    def to_doc(self) -> JsonObject | None:
         """The JSON form (None when the job names no checkpoint glob)."""
         if not self.watched:
             return None
@@ -412,7 +412,7 @@ class Status:
     # queued (state "queued"), or the next run queued behind a live one (--singleton)
     queue: QueueView | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)
 
@@ -464,7 +464,7 @@ class StackReport:
     skipped: list[Skipped] = field(default_factory=list)
     elapsed_s: float = 0.0
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)
 
@@ -490,7 +490,7 @@ class PsRow:
     unit: str | None = None  # the run's systemd scope (the same for every row)
     node: str | None = None  # Slurm: the node it runs on, as its agent published it
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)
 
@@ -517,7 +517,7 @@ class GpuView:
     # "last fault: Xid 13 at 03:12 (restart the application; no run held it)"
     last_fault: str | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form (each process without its marker)."""
         doc = asdict(self)
         doc["processes"] = [p.to_view() for p in self.processes]
@@ -542,9 +542,9 @@ class GpuInventory:
             out.append(self.driver.note)
         return out
 
-    def to_doc(self) -> list[dict[str, Any]]:
+    def to_doc(self) -> list[JsonObject]:
         """The JSON form of `gpus --json`: a GPU a row, each with the driver's versions."""
-        versions = {
+        versions: JsonObject = {
             "driver_version": self.driver.driver_version,
             "nvml_version": self.driver.nvml_version,
         }

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import asdict, field
 from typing import Any
 
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import JobState, MemberSnap
@@ -141,7 +141,7 @@ class DeployPlan:
     keep_max: int = 4 << 30  # the handed checkpoint is kept aside up to this size
     can_at: list[str] = field(default_factory=lambda: ["now"])
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (`deploy --dry-run --json`, the plan file)."""
         return asdict(self)
 
@@ -187,7 +187,7 @@ class DeployReport:
         """The new code runs and passed its gate."""
         return self.outcome == "deployed"
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (the report file, `deploy --json`)."""
         return {**asdict(self), "ok": self.ok}
 
@@ -210,7 +210,7 @@ class HistoryRow:
     checkpoint: str | None = None  # the checkpoint a deploy took at its end
     marks: list[str] = field(default_factory=list)  # "deploy 3f2a9c1e -> 9b1c...", "rollback"
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form."""
         return asdict(self)
 
@@ -224,7 +224,7 @@ class HostAnswer:
     error: str | None = None  # why not, in one line: unreachable, auth, no trainctl, ...
     seconds: float = 0.0
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form."""
         return asdict(self)
 
@@ -261,7 +261,7 @@ class StopTimeline:
     verdict: str
     entries: list[TimelineEntry] = field(default_factory=list)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form."""
         return asdict(self)
 
@@ -303,6 +303,6 @@ class Goodput:
     needs_progress: list[str] = field(default_factory=list)  # figures that need progress
     running: bool = False
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (`report --json`, MCP)."""
         return asdict(self)

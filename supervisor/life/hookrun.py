@@ -24,6 +24,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.events import append_event
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.state import open_in, write_bytes_atomic
 from trainctl.supervisor.model.tail import tail_text
 
@@ -33,7 +34,7 @@ OUTPUT_CHARS = 2000  # what of a hook's output goes into its event line
 NOTIFY_TIMEOUT_S = 10.0
 
 
-def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> JsonObject:
     """Run the hook with its timeout; return what its event line records."""
     jdir = Path(job.jdir)
     out = jdir / "hooks" / f"run-{job.run}.{job.event}.out"
@@ -74,7 +75,7 @@ def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> dict[str,
     return doc
 
 
-def notify(url: str, doc: dict[str, Any]) -> dict[str, Any]:
+def notify(url: str, doc: JsonObject) -> JsonObject:
     """POST the event document; ntfy's topic may be given as the URL's fragment."""
     parts = urllib.parse.urlsplit(url)
     body = dict(doc)

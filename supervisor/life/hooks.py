@@ -29,7 +29,7 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import HOOK_EVENTS, Spec
@@ -63,7 +63,7 @@ class HookJob:
     doc: dict[str, Any] = field(default_factory=dict)  # the JSON the URL receives
     last_lines: list[str] = field(default_factory=list)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form the runner reads."""
         return asdict(self)
 

@@ -26,6 +26,7 @@ from typing import Any
 from trainctl.supervisor.errors import StateError
 
 from . import layout
+from .records import JsonObject
 from .reports import StopReport
 from .schema import build_document
 
@@ -46,7 +47,7 @@ class StopAsk:
     grace_s: float | None = None
     verb: str = "stop"  # the verb that asked (stop, restart, rm, deploy): the run's cause names it
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The request on the wire."""
         doc: dict[str, Any] = {"op": "stop", "gpu_timeout_s": self.gpu_timeout_s}
         if self.order is not None:
@@ -87,7 +88,7 @@ class StopReply:
     retry: bool = False
     error: str | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The reply on the wire."""
         return dataclasses.asdict(self)
 
@@ -114,7 +115,7 @@ def peer_pid(sock: socket.socket) -> int:
     return _peer_cred(sock)[0]
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: JsonObject) -> bytes:
     """Frame one message."""
     return json.dumps(msg, default=str).encode() + b"\n"
 

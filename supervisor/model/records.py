@@ -25,6 +25,10 @@ from typing import Any, TypeVar, dataclass_transform
 
 T = TypeVar("T")
 
+# A JSON value, and a JSON object: what a record's to_doc() gives (what json.dumps writes)
+Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
+JsonObject = dict[str, Json]
+
 
 def _names(cls: type) -> tuple[str, ...]:
     names: tuple[str, ...] | None = cls.__dict__.get("_record_names")

@@ -14,7 +14,7 @@ from dataclasses import asdict, field
 from typing import Any
 
 from .phases import Phase
-from .records import record
+from .records import JsonObject, record
 from .schema import build_document
 
 
@@ -42,7 +42,7 @@ class Cause:
     leftovers: int | None = None  # processes that outlived main, stopped by the cleanup
     gpu: str | None = None  # a GPU fault during the run (an Xid, ECC errors): why it died
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (state.json, events, --json)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
@@ -57,7 +57,7 @@ class Failure:
     reason: str | None = None  # why its stop ran: main exited | stalled
     cause: Cause | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """The JSON form (events, the handover to the next run's supervisor)."""
         doc = asdict(self)
         doc["cause"] = None if self.cause is None else self.cause.to_doc()
@@ -127,9 +127,9 @@ class GpuHolder:
     cmd: str | None = None  # None: never read (NVML could not confirm the process here)
     owner: str | None = None  # whose it is, as the reader classified it
 
-    def to_view(self) -> dict[str, Any]:
+    def to_view(self) -> JsonObject:
         """The JSON form `trainctl gpus` shows: no marker, no command it never read."""
-        doc = {"pid": self.pid, "used_bytes": self.used_bytes, "seen": self.seen}
+        doc: JsonObject = {"pid": self.pid, "used_bytes": self.used_bytes, "seen": self.seen}
         if self.cmd is not None:
             doc["cmd"] = self.cmd
         doc["owner"] = self.owner
@@ -205,7 +205,7 @@ class StopReport:
     # snapshot cannot be found). ``ok`` then means "all that was found is gone".
     unproven: str | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)
 
@@ -286,6 +286,6 @@ class SlurmStopReport:
     killed: int = 0  # the verdict line of `status` reads it from every kind of report
     killed_procs: list[NamedProc] = field(default_factory=list)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)

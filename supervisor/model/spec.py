@@ -17,7 +17,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import ConfigError, StateError
 
-from .records import record
+from .records import JsonObject, record
 
 SCHEMA = 1
 BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends/)
@@ -252,7 +252,7 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def spec_to_doc(spec: Spec) -> dict[str, Any]:
+def spec_to_doc(spec: Spec) -> JsonObject:
     """Serialise a spec for spec.json (and the supervisor handshake)."""
     return dataclasses.asdict(spec)
 

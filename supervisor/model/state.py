@@ -44,7 +44,7 @@ from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.files import dir_fd as dir_fd  # noqa: PLC0414  (state's names)
 from trainctl.supervisor.linux.files import open_in as open_in  # noqa: PLC0414
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.model.records import JsonObject, record
 
 from . import layout
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
@@ -377,7 +377,7 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def state_to_doc(st: JobState) -> dict[str, Any]:
+def state_to_doc(st: JobState) -> JsonObject:
     """Serialise a JobState for state.json."""
     return dataclasses.asdict(st)
 

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from trainctl.supervisor.errors import SpawnError
 from trainctl.supervisor.linux import systemd
 from trainctl.supervisor.model import control, layout
+from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import Failure, RestartEntry
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
@@ -58,7 +59,7 @@ class Handover:
     # the spec is not changed, so a later start or restart never hands a stale one)
     resume_from: str | None = None
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form sent over the handshake socket."""
         return dataclasses.asdict(self)
 
@@ -80,7 +81,7 @@ class Ready:
     error: str | None = None
     warning: str | None = None  # added here: what systemd detection had to say
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JsonObject:
         """Return the JSON form sent back over the handshake socket."""
         return dataclasses.asdict(self)
 
