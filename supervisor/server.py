@@ -112,27 +112,31 @@ class ControlServer:
     ) -> None:
         """`trainctl attach`: the reply line, then the job's terminal as frames (terminal.py)."""
         term = self.terminal
-        read_only = req.get("read_only") is True
-        why = "no terminal" if term is None else term.refusal(read_only)
-        if term is None or why is not None:
-            await stream.send(control.encode({"ok": False, "error": why, "no_tty": term is None}))
+        try:
+            ask = control.AttachAsk.from_doc(req)
+        except StateError as e:
+            await stream.send(control.encode(control.AttachReply(error=str(e)).to_doc()))
             return
-        viewer = term.add(pid, read_only)
-        rows, cols = req.get("rows"), req.get("cols")
-        if not read_only and isinstance(rows, int) and isinstance(cols, int):
+        why = "no terminal" if term is None else term.refusal(ask.read_only)
+        if term is None or why is not None:
+            no = control.AttachReply(error=why, no_tty=term is None)
+            await stream.send(control.encode(no.to_doc()))
+            return
+        viewer = term.add(pid, ask.read_only)
+        if not ask.read_only and ask.rows is not None and ask.cols is not None:
             with contextlib.suppress(OSError):
-                terminal.set_winsize(term.master, rows, cols)
+                terminal.set_winsize(term.master, ask.rows, ask.cols)
         main = self.core.state.main.pid if self.core.state.main else None
-        self.core.log.info("attached", viewer_pid=pid, read_only=read_only)
-        hello: JsonObject = {"ok": True, "main_pid": main, "run": self.core.state.run}
-        await stream.send(control.encode(hello))
+        self.core.log.info("attached", viewer_pid=pid, read_only=ask.read_only)
+        hello = control.AttachReply(ok=True, main_pid=main, run=self.core.state.run)
+        await stream.send(control.encode(hello.to_doc()))
         await term.serve(viewer, stream, reader)
         self.core.log.info("detached", viewer_pid=pid)
 
     async def _dispatch(self, req: dict[str, Any]) -> JsonObject:
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "phase": str(self.core.state.phase)}
+            return control.PingReply(True, os.getpid(), str(self.core.state.phase)).to_doc()
         if op == "stop":
             try:
                 ask = control.StopAsk.from_doc(req)

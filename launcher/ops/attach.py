@@ -16,7 +16,6 @@ from trainctl.launcher import backends
 from trainctl.supervisor.errors import JobConflictError, NotRunningError, StateError, TrainctlError
 from trainctl.supervisor.model import control, state
 from trainctl.supervisor.model.phases import Phase
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import SlurmStopReport, StopReport
 
 from .jobs import current_phase, existing_job
@@ -55,30 +54,23 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
         sock = control.connect(jdir, CONNECT_TIMEOUT_S)
     except control.ControlUnavailableError as e:
         raise JobConflictError(f"job {name}: {e}; `trainctl status {name}` says more") from None
-    req: JsonObject = {"op": "attach", "read_only": read_only}
-    if size is not None:
-        req["rows"], req["cols"] = size
+    rows, cols = size if size is not None else (None, None)
+    ask = control.AttachAsk(read_only, rows, cols)
     try:
-        sock.sendall(control.encode(req))
-        reply, early = read_reply_line(sock)
-    except (OSError, ValueError, control.ControlUnavailableError) as e:
+        sock.sendall(control.encode(ask.to_doc()))
+        doc, early = read_reply_line(sock)
+        reply = control.attach_reply(doc)
+    except (OSError, ValueError, StateError, control.ControlUnavailableError) as e:
         sock.close()
         raise JobConflictError(f"job {name}: its supervisor did not answer ({e})") from None
-    if reply.get("ok") is not True:
+    if not reply.ok:
         sock.close()
-        if reply.get("no_tty") is True:
+        if reply.no_tty:
             raise JobConflictError(f"job {name} has no terminal: " + NO_TTY_HINT.format(name=name))
-        raise JobConflictError(f"job {name}: cannot attach: {reply.get('error')}")
+        raise JobConflictError(f"job {name}: cannot attach: {reply.error}")
     sock.settimeout(None)
-    main = reply.get("main_pid")
-    run = reply.get("run")
-    return Attached(
-        name,
-        sock,
-        run if isinstance(run, int) else st.run,
-        main if isinstance(main, int) else None,
-        early,
-    )
+    run = reply.run if reply.run is not None else st.run
+    return Attached(name, sock, run, reply.main_pid, early)
 
 
 def read_reply_line(sock: socket.socket) -> tuple[dict[str, object], bytes]:

@@ -93,6 +93,62 @@ class StopReply:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class AttachAsk:
+    """A client's `attach`: to type into the job's terminal, or only watch it, at its size."""
+
+    read_only: bool = False
+    rows: int | None = None
+    cols: int | None = None
+
+    def to_doc(self) -> JsonObject:
+        """The request on the wire (the size only when known)."""
+        doc: JsonObject = {"op": "attach", "read_only": self.read_only}
+        if self.rows is not None and self.cols is not None:
+            doc["rows"], doc["cols"] = self.rows, self.cols
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> AttachAsk:
+        """Read a request (a field of the wrong type is refused: StateError)."""
+        values = {k: doc.get(k) for k in ("rows", "cols")}
+        return build_document(cls, {**values, "read_only": doc.get("read_only") is True}, "attach")
+
+
+@dataclass(frozen=True, slots=True)
+class AttachReply:
+    """The supervisor's answer to an attach, before the terminal's frames: the run and its
+    main, or why not (``no_tty``: the job has no terminal at all)."""
+
+    ok: bool = False
+    main_pid: int | None = None
+    run: int | None = None
+    error: str | None = None
+    no_tty: bool = False
+
+    def to_doc(self) -> JsonObject:
+        """The reply on the wire."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PingReply:
+    """The supervisor's answer to a ping: that it serves, its pid and the run's phase."""
+
+    ok: bool = True
+    pid: int = 0
+    phase: str = ""
+
+    def to_doc(self) -> JsonObject:
+        """The reply on the wire."""
+        return dataclasses.asdict(self)
+
+
+def attach_reply(doc: dict[str, Any]) -> AttachReply:
+    """An attach reply read off the wire, checked field by field."""
+    return build_document(AttachReply, doc, "attach reply")
+
+
 def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
     """Send a stop to the job's supervisor and return its checked reply."""
     return stop_reply(request(jdir, ask.to_doc(), timeout_s))

@@ -136,6 +136,31 @@ def test_attach_refusals_each_one_line(harness: Harness) -> None:
     assert h.tc("status", "s").rc == 2  # nothing was made of it
 
 
+def test_an_attach_request_on_the_wire_is_a_checked_record(harness: Harness) -> None:
+    """The attach protocol's messages are records (control.AttachAsk, AttachReply): a
+    mistyped request gets an error naming its field, not a crash or a silent default, and
+    the supervisor goes on serving (a well-formed attach after it is answered)."""
+    h = harness
+    start_tty(h, "w", ECHO)
+    wait_for(lambda: "ready" in log_of(h, "w"), 20, "the job's first line")
+    sock_path = h.home / "jobs" / "w" / "control.sock"
+    for line, needle in (
+        (b'{"op": "attach", "read_only": true, "rows": "tall", "cols": 80}\n', "rows"),
+        (b'{"op": "ping"}\n', '"phase": "running"'),
+        (b'{"op": "attach", "read_only": true, "rows": 24, "cols": 80}\n', '"ok": true'),
+    ):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock_path))
+            s.sendall(line)
+            doc, _rest = read_reply_line(s)
+        text = json.dumps(doc)
+        assert needle in text, text
+        if needle == "rows":
+            assert doc["ok"] is False
+    assert h.tc("stop", "w").rc == 0
+
+
 def _attach_proc(h: Harness, name: str, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*TRAINCTL, "attach", name, *extra],
