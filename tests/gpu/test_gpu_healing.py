@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Harness, wait_for
-from tests.gpu.test_nvml_double import driver
+from tests.gpu.test_nvml_double import driver, watched
 
 pytest.importorskip("pynvml")
 
@@ -57,8 +57,7 @@ def start_trainer(h: Harness, name: str, *extra: str) -> tuple[Path, Path]:
         "--", sys.executable, "-c", TRAINER, str(ck), str(out),
         check=True,
     )  # fmt: skip
-    events = h.home / "jobs" / name / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    watched(h, name)
     wait_for((ck / "step_000020.txt").exists, 30, "two saves")
     return ck, out
 
@@ -201,8 +200,7 @@ def test_real_torchrun_goes_on_with_one_rank_per_healthy_gpu(harness: Harness) -
         "--", "sh", "-c", cmd,
         check=True,
     )  # fmt: skip
-    events = h.home / "jobs" / "tr" / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 30, "the GPU watch")
+    watched(h, "tr", 30)
     wait_for((ck / "step_000020.pt.complete").exists, 120, "a first complete save")
     run1 = [json.loads((out / f"run1-rank{r}.json").read_text()) for r in range(3)]
     assert [(x["world"], x["gpu"]) for x in run1] == [(3, "0"), (3, "1"), (3, "2")]

@@ -33,6 +33,13 @@ def driver(h: Harness, n: int = 8, **kw: object) -> Driver:
     return d
 
 
+def watched(h: Harness, name: str, timeout_s: float = 20) -> Path:
+    """Wait until job ``name``'s supervisor watches its GPUs; its events.jsonl."""
+    events = h.home / "jobs" / name / "events.jsonl"
+    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), timeout_s, "the GPU watch")
+    return events
+
+
 def start_holders(h: Harness, name: str, gpus: str, *extra: str) -> Result:
     """The 4-holder job (main, child, escaped daemon, loader grandchild) on ``gpus``."""
     ready = h.ready_file(name)
@@ -320,8 +327,7 @@ def test_an_application_xid_is_recorded_and_leaves_the_run_alone(harness: Harnes
         f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 1",
     )  # fmt: skip
     assert res.rc == 0, res
-    events = h.home / "jobs" / "x" / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    events = watched(h, "x")
     d.device(2, xids=[13])
     wait_for(lambda: "Xid 13" in h.tc("status", "x").out, 20, "status to show the Xid")
     assert (
@@ -370,8 +376,7 @@ def test_the_drivers_recovery_action_classes_a_fault_over_the_table(harness: Har
     d = driver(h, 4)
     res = h.tc("start", "--name", "r", "--gpus", "1,2", "--grace", "2", "--", "sleep", "600")
     assert res.rc == 0, res
-    events = h.home / "jobs" / "r" / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    events = watched(h, "r")
     d.device(2, recovery_action=1, xids=[13])
     wait_for(lambda: h.state("r")["phase"] == "failed", 30, "the run to be stopped")
     cause = h.state("r")["cause"]["summary"]
@@ -393,8 +398,7 @@ def test_a_lost_gpu_stops_the_run_and_is_handed_to_no_run_until_cleared(
     d = driver(h, 4)
     res = h.tc("start", "--name", "big", "--gpus", "1,2", "--grace", "2", "--", "sleep", "600")
     assert res.rc == 0, res
-    events = h.home / "jobs" / "big" / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    watched(h, "big")
     d.device(2, xids=[79])
     wait_for(lambda: h.state("big")["phase"] == "failed", 30, "the run to be stopped")
     cause = h.state("big")["cause"]
@@ -459,8 +463,7 @@ def test_a_one_second_init_is_paid_once_and_never_before_the_signal(harness: Har
     h = harness
     d = driver(h, 8)
     assert start_holders(h, "slow", "8").rc == 0
-    events = h.home / "jobs" / "slow" / "events.jsonl"
-    wait_for(lambda: '"event": "gpu_watch"' in events.read_text(), 20, "the GPU watch")
+    watched(h, "slow")
     d.set(init_delay_s=1.0)
     before = d.inits()
     stop = h.tc("stop", "slow", "--json")
