@@ -6,14 +6,15 @@ Python 3.11's ``@dataclass`` compiles every generated method with its own ``exec
 `stop` import (70-odd), that compilation was about a third of the command's start-up. A
 record gets one shared ``__init__`` (fields by position or name, defaults and default
 factories, as the generated one takes them), ``__repr__``, ``__eq__`` and ``__hash__``
-that read the field names, and for a frozen record shared guards that refuse assignment
+that read the field names, shared ``__getstate__``/``__setstate__`` (copy and pickle), and
+for a frozen record shared guards that refuse assignment
 (``dataclasses.FrozenInstanceError``): the same semantics as the generated ones (equal
 only to an instance of the very same class with equal fields; hashable only when
 frozen). Not supported, and not used by any record: ``__post_init__``, ``InitVar`` and
 keyword-only fields (a record that declares one is refused when its class is made).
 
 Records are for documents and results, not for the stop's hot loops (ProcRef and its
-kin in state.py stay plain dataclasses, whose generated ``__init__`` and ``__eq__`` are
+kin in model/procs.py stay plain dataclasses, whose generated ``__init__`` and ``__eq__`` are
 faster per call).
 """
 
@@ -105,6 +106,15 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
         put(self, name, factory() if factory is not _MISSING else default)
 
 
+def _getstate(self: Any) -> tuple[Any, ...]:
+    return _values(self)
+
+
+def _setstate(self: Any, state: tuple[Any, ...]) -> None:
+    for name, value in zip(_names(type(self)), state, strict=True):
+        object.__setattr__(self, name, value)  # past a frozen record's guard, as __init__
+
+
 def _frozen_set(self: Any, name: str, value: Any) -> None:
     raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
@@ -133,6 +143,8 @@ def record(*, frozen: bool = False) -> Callable[[type[T]], type[T]]:
         type.__setattr__(out, "__repr__", _repr)
         type.__setattr__(out, "__eq__", _eq)
         type.__setattr__(out, "__hash__", _hash if frozen else None)
+        type.__setattr__(out, "__getstate__", _getstate)  # copy and pickle, frozen or not
+        type.__setattr__(out, "__setstate__", _setstate)
         if frozen:
             type.__setattr__(out, "__setattr__", _frozen_set)
             type.__setattr__(out, "__delattr__", _frozen_del)

@@ -4,7 +4,9 @@ frozen record refuses assignment. Each case runs against a plain dataclass twin.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from dataclasses import field
 
 import pytest
@@ -121,3 +123,14 @@ def test_what_a_record_does_not_support_is_refused_when_the_class_is_made() -> N
         @record()
         class _Kw:
             a: int = field(kw_only=True)
+
+
+def test_copied_and_pickled_as_a_dataclass_is() -> None:
+    for rec in (Frozen(1, "y", (2,), [3]), Open(4, ["z"])):
+        assert copy.copy(rec) == rec
+        deep = copy.deepcopy(rec)
+        assert deep == rec
+        assert deep is not rec
+        assert pickle.loads(pickle.dumps(rec)) == rec  # noqa: S301  (our own bytes)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copy.copy(Frozen(1)).a = 2  # type: ignore[misc]
