@@ -376,11 +376,13 @@ class Watchers:
         """A fault on a GPU this run does not hold: kept for `trainctl gpus` (and, reset-
         or reboot-class, marked unhealthy so no run is handed the GPU); no run is touched
         (the run holding it, if any, acts on it through its own watch)."""
-        self.run.log.info("gpu_fault_elsewhere", gpu=fault.gpu, xid=fault.xid, klass=fault.klass)
         with contextlib.suppress(OSError, TrainctlError):
-            health.note(home, fault, None)
+            holder = health.holder_of(home, fault.gpu)  # another run's: its own watch acts
+            self.run.log.info("gpu_fault_elsewhere", gpu=fault.gpu, xid=fault.xid,
+                              klass=fault.klass, held_by=holder)  # fmt: skip
+            health.note(home, fault, holder)
             if fault.unhealthy:
-                health.record(home, fault, None, None)
+                health.record(home, fault, None, holder)
 
     def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
         """Mark the GPU unhealthy in the home; stop the run that cannot go on on it (the

@@ -19,12 +19,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trainctl.supervisor.errors import StateError
+from trainctl.supervisor.errors import StateError, TrainctlError
 from trainctl.supervisor.model import records
 from trainctl.supervisor.model.state import (
+    TERMINAL,
     GpuLease,
     current_boot_id,
     flock_file,
+    job_dir,
+    list_jobs,
+    read_state,
     write_json_atomic,
 )
 
@@ -135,6 +139,17 @@ def note(home: Path, fault: Fault, job: str | None) -> None:
             return
         doc[str(fault.gpu)] = asdict(entry)
         write_json_atomic(home / FAULTS, doc)
+
+
+def holder_of(home: Path, index: int) -> str | None:
+    """The run of the home that leases GPU ``index`` (or a MIG instance of it) now, if any:
+    whose a fault seen by another run's watch is. A state that cannot be read is skipped."""
+    for name in list_jobs(home):
+        with contextlib.suppress(OSError, TrainctlError):
+            st = read_state(job_dir(home, name))
+            if st.phase not in TERMINAL and any(g.index == index for g in st.gpus):
+                return name
+    return None
 
 
 def last_faults(home: Path) -> dict[int, Seen]:

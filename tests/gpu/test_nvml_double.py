@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import Harness, Result, wait_for
 from tests.gpu.nvml_double import GIB, MIB, Driver
+from trainctl.supervisor.gpu import health
 
 pytest.importorskip("pynvml")
 HOLDERS = Path(__file__).parents[1] / "trees" / "gpu_holders.py"
@@ -364,6 +365,12 @@ def test_an_application_xid_is_recorded_and_leaves_the_run_alone(harness: Harnes
     # recorded once although the watch saw it (and the file is one entry a GPU)
     box = json.loads((h.home / "gpu-faults.json").read_text())
     assert sorted(box) == ["0", "1", "2"]
+    # whose a GPU is, for a fault another run's watch sees: the run that leases it now
+    h.tc("start", "--name", "y", "--gpus", "3,", "--", "sleep", "600", check=True)
+    assert health.holder_of(h.home, 3) == "y"
+    assert health.holder_of(h.home, 1) is None
+    assert h.tc("stop", "y").rc == 0
+    assert health.holder_of(h.home, 3) is None
     assert box["0"]["job"] is None
     assert box["2"]["job"] == "x"
 
