@@ -21,6 +21,7 @@ faster per call).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform
 
@@ -129,6 +130,9 @@ def _refuse_unsupported(cls: type) -> None:
     for f in dataclasses.fields(cls):
         if f.kw_only is True:
             raise TypeError(f"{cls.__qualname__}.{f.name}: a record has no keyword-only fields")
+    for name, kind in inspect.get_annotations(cls).items():
+        if "InitVar" in str(kind):  # fields() leaves it out: the shared __init__ would too
+            raise TypeError(f"{cls.__qualname__}.{name}: a record has no InitVar")
 
 
 @dataclass_transform(frozen_default=False)

@@ -124,6 +124,13 @@ def test_what_a_record_does_not_support_is_refused_when_the_class_is_made() -> N
         class _Kw:
             a: int = field(kw_only=True)
 
+    with pytest.raises(TypeError, match="no InitVar"):
+
+        @record()
+        class _Init:
+            a: int
+            b: dataclasses.InitVar[int] = 0
+
 
 def test_copied_and_pickled_as_a_dataclass_is() -> None:
     for rec in (Frozen(1, "y", (2,), [3]), Open(4, ["z"])):
