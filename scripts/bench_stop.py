@@ -302,6 +302,21 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="trainctl-bench-"))
     # starts return at exec, as the figures measure (not after start's 1.5 s first look)
     env = {**os.environ, "TRAINCTL_HOME": str(tmp / "home"), "TRAINCTL_START_WATCH": "0"}
+    try:
+        _parts(tmp, env, args)
+    finally:  # a part that failed midway (or Ctrl-C) leaves its job: stop what is left
+        stop_every_job(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stop_every_job(tmp: Path) -> None:
+    """Stop every live job of each home under ``tmp`` (trainctl's own stop: by marker)."""
+    for jobs in tmp.glob("**/jobs"):
+        tc("stop", "--all", "--yes", env={**os.environ, "TRAINCTL_HOME": str(jobs.parent)})
+
+
+def _parts(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+    """Every part asked for, in order."""
     n = args.width + args.depth
     print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
     only = {
@@ -370,7 +385,6 @@ def main() -> None:
     if args.all:
         bench_crowd(tmp, env, args)
         bench_repo(tmp, env)
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _group_gone(pgid: int) -> bool:

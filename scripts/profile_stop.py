@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_stop import tc, trainctl_tree  # the same tree and start as the bench
+from bench_stop import stop_every_job, tc, trainctl_tree  # the bench's tree, start, cleanup
 
 RATE = 2000  # samples a second
 PHASE_FILES = ("supervisor/tree/terminate.py", "supervisor/tree/stop.py")
@@ -111,12 +111,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tc-profile-") as d:
         tmp = Path(d)
         env = {**os.environ, "TRAINCTL_HOME": str(tmp / "home")}
-        for _ in range(args.rounds):
-            for line in one_round(tmp, env, args.width, args.depth, spy).read_text().splitlines():
-                stack, n = frames(line)
-                by_thread[thread_of(stack)] += n
-                by_phase[phase_of(stack)] += n
-                by_self[where(stack[-1])] += n
+        try:
+            for _ in range(args.rounds):
+                stacks = one_round(tmp, env, args.width, args.depth, spy).read_text()
+                for line in stacks.splitlines():
+                    stack, n = frames(line)
+                    by_thread[thread_of(stack)] += n
+                    by_phase[phase_of(stack)] += n
+                    by_self[where(stack[-1])] += n
+        finally:  # a round that failed midway leaves its job: stop it (by its marker)
+            stop_every_job(tmp)
     total = sum(by_phase.values())
     ms = 1000 / RATE / args.rounds  # one sample, in ms of one stop
     print(f"{total} samples over {args.rounds} stops: {total * ms:.1f} ms of work a stop")
