@@ -24,7 +24,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from trainctl.supervisor.gpu.watch import GpuWatch
+from trainctl.supervisor.gpu.watch import GpuWatch, hhmmss
 from trainctl.supervisor.gpu.xid import Fault
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime, progress_path
@@ -67,10 +67,6 @@ XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not 
 
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
 GPU_RETRY_S = 5.0  # the first retry of a GPU watch whose driver could not be read
-
-
-def _hhmm() -> str:
-    return time.strftime("%H:%M:%S")
 
 
 def _newest_mtime(cwd: str, pattern: str) -> float | None:
@@ -257,7 +253,7 @@ class Watchers:
             except GpuError as e:
                 self.run.log.warning("gpu_watch_failed", error=str(e))
                 if not failing:  # said once: what is known of the GPUs from here on
-                    line = f"GPU watch: the driver stopped answering at {_hhmm()}: {e}"
+                    line = f"GPU watch: the driver stopped answering at {hhmmss()}: {e}"
                     self.run.observe(add=(("gpu_faults", (line,), 20),))
                 failing = True
                 continue
@@ -277,7 +273,9 @@ class Watchers:
             except GpuError as e:
                 if blind is None:
                     self.run.log.warning("gpu_watch_unavailable", error=str(e))
-                    blind = f"GPU watch blind since {_hhmm()}: {e}; this run's GPU faults go unseen"
+                    blind = (
+                        f"GPU watch blind since {hhmmss()}: {e}; this run's GPU faults go unseen"
+                    )
                     self.run.observe(add=(("gpu_faults", (blind,), 20),))
                 await anyio.sleep(wait)
                 wait = min(wait * 2, GPU_SAMPLE_S)
@@ -364,13 +362,13 @@ class Watchers:
             return
         with contextlib.suppress(OSError, TrainctlError):
             health.note(home, fault, self.run.spec.name)
-        line = fault.line(_hhmm())
+        line = fault.line(hhmmss())
         action = xid.ACTION_WORDS[fault.klass]
         self.run.log.warning("gpu_fault", fault=line, gpu=fault.gpu, xid=fault.xid,
                          klass=fault.klass, action=action)  # fmt: skip
         self.run.observe(add=(("gpu_faults", (line,), 20),))
         if fault.unhealthy:
-            self._gpu_unhealthy(fault, action)
+            self._gpu_unhealthy(home, fault, action)
 
     def _box_fault(self, home: Path, fault: Fault) -> None:
         """A fault on a GPU this run does not hold: kept for `trainctl gpus` (and, reset-
@@ -384,10 +382,10 @@ class Watchers:
             if fault.unhealthy:
                 health.record(home, fault, None, holder)
 
-    def _gpu_unhealthy(self, fault: Fault, action: str) -> None:
+    def _gpu_unhealthy(self, home: Path, fault: Fault, action: str) -> None:
         """Mark the GPU unhealthy in the home; stop the run that cannot go on on it (the
         lifecycle restarts it on the healthy GPUs left when ``min_gpus`` allows)."""
-        leases, home = self.run.state.gpus, self.run.jdir.parent.parent
+        leases = self.run.state.gpus
         uuid = next((g.uuid for g in leases if g.index == fault.gpu), None)
         with contextlib.suppress(OSError, TrainctlError):
             health.record(home, fault, uuid, self.run.spec.name)

@@ -445,18 +445,18 @@ def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) 
     stop's release wait (it waited up to the GPU timeout) when ``min_gpus`` of the others
     are free; never started onto."""
     left = live_members(st)
-    if not left and not stopped.ok and isinstance(stopped.report, StopReport):
-        out = lc.gpus_left_out(stopped.report, spec, None)
-        if out:
-            stopped.warnings.append(
-                f"leaving GPU(s) {', '.join(map(str, sorted(out)))} out of the new run "
-                f"(min_gpus {spec.gpu.min_gpus}): {lc.held_line(stopped.report)}"
-            )
-            return frozenset(out)
+    report = stopped.report if isinstance(stopped.report, StopReport) else None  # not Slurm's
+    out = lc.gpus_left_out(report, spec, None) if report and not left and not stopped.ok else None
+    if report and out:
+        stopped.warnings.append(
+            f"leaving GPU(s) {', '.join(map(str, sorted(out)))} out of the new run "
+            f"(min_gpus {spec.gpu.min_gpus}): {lc.held_line(report)}"
+        )
+        return frozenset(out)
     if left or not stopped.ok:
-        held = stopped.held_gpus
-        line = isinstance(stopped.report, StopReport) and lc.held_line(stopped.report)
-        hint = spec.gpu.min_gpus is None and len(held) < len(getattr(stopped.report, "gpus", ()))
+        line = lc.held_line(report) if report is not None else None
+        # another GPU was released: min_gpus would have let the restart go on without these
+        hint = report is not None and spec.gpu.min_gpus is None and any(g.ok for g in report.gpus)
         why = (
             f"{len(left)} process(es) of run {st.run} survived the stop (pids "
             f"{', '.join(map(str, sorted(left)[:8]))})"

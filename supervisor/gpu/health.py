@@ -18,6 +18,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 from trainctl.supervisor.errors import StateError, TrainctlError
 from trainctl.supervisor.model import records
@@ -33,6 +34,8 @@ from trainctl.supervisor.model.state import (
 )
 
 from .xid import ACTION_WORDS, REBOOT, Fault
+
+T = TypeVar("T")
 
 FILE = "gpu-health.json"
 LOCK = "gpu-health.lock"
@@ -96,17 +99,24 @@ def _read(home: Path, name: str = FILE) -> dict[str, dict[str, object]]:
     return doc if isinstance(doc, dict) else {}
 
 
+def _entries(home: Path, name: str, kind: type[T]) -> dict[int, T]:
+    """The entries of file ``name`` by GPU index, each read as ``kind``; a malformed entry
+    is left out (StateError: the file itself cannot be read)."""
+    out = {}
+    for key, raw in _read(home, name).items():
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            out[int(key)] = kind(**raw)
+    return out
+
+
 def unhealthy(home: Path) -> dict[int, Unhealthy]:
     """The GPUs unhealthy now (a reboot-class fault of an earlier boot has cleared)."""
     boot = current_boot_id()
-    out = {}
-    for key, raw in _read(home).items():
-        with contextlib.suppress(TypeError, ValueError, KeyError):
-            u = Unhealthy(**raw)  # type: ignore[arg-type]
-            if u.klass == REBOOT and u.boot_id != boot:
-                continue  # the machine rebooted since
-            out[int(key)] = u
-    return out
+    return {
+        index: u
+        for index, u in _entries(home, FILE, Unhealthy).items()
+        if not (u.klass == REBOOT and u.boot_id != boot)  # the machine rebooted since
+    }
 
 
 def record(home: Path, fault: Fault, uuid: str | None, job: str | None) -> Unhealthy:
@@ -155,14 +165,9 @@ def holder_of(home: Path, index: int) -> str | None:
 def last_faults(home: Path) -> dict[int, Seen]:
     """The last fault seen on each GPU of the box."""
     try:
-        raw = _read(home, FAULTS)
+        return _entries(home, FAULTS, Seen)
     except StateError:
         return {}
-    out = {}
-    for key, doc in raw.items():
-        with contextlib.suppress(TypeError, ValueError, KeyError):
-            out[int(key)] = Seen(**doc)  # type: ignore[arg-type]
-    return out
 
 
 def split_leases(

@@ -304,8 +304,12 @@ def _ecc(h: Any) -> int | None:
 
 def _recovery(h: Any) -> int | None:
     """The driver's recovery action for the GPU, where it reports one (drivers 550+)."""
+    # an nvidia-ml-py older than the field has no name for it (pyproject allows 12.535)
+    field = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field is None:
+        return None
     try:
-        (v,) = pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        (v,) = pynvml.nvmlDeviceGetFieldValues(h, [field])
     except _errors():  # an older driver: no field values at all
         return None
     return int(v.value.uiVal) if v.nvmlReturn == 0 else None

@@ -109,7 +109,7 @@ class GpuWatch:
             if first >= 0 and count > first:
                 self.ecc[gpu.index] = count
                 faults.append(
-                    f"GPU {gpu.index}: {count - first} uncorrected ECC error(s) at {_hhmm()}"
+                    f"GPU {gpu.index}: {count - first} uncorrected ECC error(s) at {hhmmss()}"
                 )
         return faults
 
@@ -129,5 +129,6 @@ class GpuWatch:
         self.backend.close()
 
 
-def _hhmm() -> str:
+def hhmmss() -> str:
+    """The time of day as a GPU fault's line says it (``03:12:09``)."""
     return time.strftime("%H:%M:%S")

@@ -4,9 +4,9 @@ Every line is one JSON object with ``ts`` (seconds since the epoch) and ``event`
 kind), written with a single ``write(2)`` on an ``O_APPEND`` descriptor, so the CLI's and
 the supervisor's lines never interleave. The supervisor writes through an
 :class:`EventLog`, the CLI appends through :func:`append_event`, both with :func:`encode`;
-`status`, `history`,
-`report`, the web page, MCP and the tests read through :func:`read_events` (the whole
-log) or :func:`newest_first` (its end, for a look at the latest stop).
+`status`, `history`, `report`, the web page, MCP and the tests read through
+:func:`read_events` (the whole log) or :func:`newest_first` (its end, for a look at the
+latest stop).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from .state import open_in
+from trainctl.supervisor.linux.files import open_in
+
 from .tail import read_end
 
 FILE = "events.jsonl"
