@@ -8,7 +8,6 @@ here for the file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -24,6 +23,7 @@ from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import log_path, progress_path
 from trainctl.supervisor.model.steps import number, progress_of, steps_path
 from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.watch.logtimes import read_stamps
 
 from .results import Checkpoint
@@ -174,7 +174,7 @@ def with_step(
     """``ck`` with its step from the run's progress when its name carries none."""
     if ck is None or ck.step is not None:
         return ck
-    return dataclasses.replace(ck, step=step_lookup(jdir, run, regex)(ck.mtime))
+    return replace(ck, step=step_lookup(jdir, run, regex)(ck.mtime))
 
 
 def first_step(jdir: Path, run: int, spec: Spec) -> float | None:

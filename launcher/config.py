@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +11,14 @@ import trainctl.conf
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import CLASS_NAME, HOOK_EVENTS, RESTART_WORDS, parse_order
+from trainctl.supervisor.records import field, record
 
 from .inputs import check_duration, closest, parse_duration
 
 SHIPPED = Path(trainctl.conf.__file__).parent / "trainctl.toml"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Config:
     """Resolved defaults; flags override these per command."""
 

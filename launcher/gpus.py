@@ -7,7 +7,6 @@ refused unless ``--force``, naming those processes. ``--gpus N`` picks only free
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher.results import GpuInventory, GpuView
@@ -17,9 +16,10 @@ from trainctl.supervisor.gpu.verify import fd_scan, holders_of
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.reports import GpuHolder
 from trainctl.supervisor.model.state import GpuLease
+from trainctl.supervisor.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class JobRef:
     """What a marker tells about a process: its job, and whether that run is live."""
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 
 from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.records import record
 
 from . import early, output, verbs
 from .exitcodes import ExitCode, exit_for_exception
@@ -29,7 +29,7 @@ _FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
 _VALUED = {"status": set(), "stop": {"--grace", "--order"}}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class FastCall:
     """A command line the fast path can serve."""
 

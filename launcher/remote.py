@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainctl.supervisor.errors import ConfigError, RemoteError
-from trainctl.supervisor.model.records import JsonObject
+from trainctl.supervisor.records import JsonObject
 
 from . import __version__
 from .globalopts import global_options_end

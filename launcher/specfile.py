@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.spec import parse_order
 from trainctl.supervisor.model.state import check_name
+from trainctl.supervisor.records import record
 
 from .inputs import check_env_key, closest, parse_duration, parse_signal
 

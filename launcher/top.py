@@ -18,7 +18,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.gpu import NoDriverError
-from trainctl.supervisor.model.records import JsonObject
+from trainctl.supervisor.records import JsonObject
 
 from . import render, term
 from .gpus import gpu_views

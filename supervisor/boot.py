@@ -23,7 +23,6 @@ from typing import Any
 
 from trainctl.supervisor.linux.systemd import own_unit
 from trainctl.supervisor.model.events import append_event
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
@@ -43,6 +42,7 @@ from trainctl.supervisor.model.state import (
     write_json_atomic,
     write_state,
 )
+from trainctl.supervisor.records import JsonObject
 from trainctl.supervisor.tree.launch import AdoptRequest, Handover, Ready
 from trainctl.supervisor.tree.spawn import Spawned, job_env, spawn_main
 from trainctl.supervisor.watch.drift import code_version

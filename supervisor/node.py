@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import (
@@ -31,6 +30,7 @@ from trainctl.supervisor.model.state import (
     progress_path,
     read_spec,
 )
+from trainctl.supervisor.records import JsonObject
 from trainctl.supervisor.tree.proctree import Member, Target, alive, scan, scan_light
 from trainctl.supervisor.tree.spawn import Spawned, exit_code_of, job_env, spawn_main
 from trainctl.supervisor.tree.stop import run_stop

@@ -17,8 +17,8 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.spec import StopOrder
+from trainctl.supervisor.records import JsonObject
 
 from .errors import StateError
 from .life import lifecycle as lc

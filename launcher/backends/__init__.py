@@ -22,9 +22,9 @@ from trainctl.launcher.config import Config, load_config
 from trainctl.launcher.results import Checkpoint, GpuRequest, Seen, StartResult, StopResult
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.model import state
-from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.spec import BACKENDS, Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import JobState
+from trainctl.supervisor.records import record
 
 if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
     from trainctl.launcher.specfile import SpecDraft

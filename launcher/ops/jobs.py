@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.events import newest_first
 from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.records import record, replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
 
 WAIT_POLL_S = 0.05  # `wait`: how often the run's phase is read again
@@ -53,7 +53,7 @@ def current_phase(jdir: Path, st: JobState) -> Phase:
     return backends.of(st).seen(jdir, st).phase
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopUnderWay:
     """The newest stop of a job, from its events: when it began, grace left now, by whom."""
 
@@ -119,8 +119,11 @@ def live_members(st: JobState) -> dict[int, Member]:
     return alive(scan(target_of(st)))
 
 
-def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
-    """Block until the job's current run has ended; return its final state."""
+def wait_job(
+    home: Path, name: str, timeout_s: float | None, *, asked_s: float | None = None
+) -> JobState:
+    """Block until the job's current run has ended; return its final state. ``asked_s``:
+    the timeout the user gave, for the message (``timeout_s`` may be what is left of it)."""
     jdir = existing_job(home, name)
     last: list[Phase] = []
 
@@ -129,7 +132,7 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
         seen = backends.of(st).seen(jdir, st)
         if seen.phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
             # the backend's verdict (Slurm's exit code), a view, not a recorded move
-            return dataclasses.replace(st, phase=seen.phase, exit_code=seen.exit_code)
+            return replace(st, phase=seen.phase, exit_code=seen.exit_code)
         if seen.phase == Phase.LOST:
             if state.read_state(jdir).phase in state.TERMINAL:
                 # the supervisor wrote the run's end and exited between our read and our
@@ -141,5 +144,6 @@ def wait_job(home: Path, name: str, timeout_s: float | None) -> JobState:
 
     final = poll_until(ended, timeout_s, WAIT_POLL_S)
     if final is None:
-        raise TimeoutError(f"job {name} still {last[0]} after {human_duration(timeout_s or 0.0)}")
+        said = human_duration(asked_s if asked_s is not None else timeout_s or 0.0)
+        raise TimeoutError(f"job {name} still {last[0]} after {said}")
     return final

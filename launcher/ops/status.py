@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
-from dataclasses import field
 from pathlib import Path
 
 from trainctl.launcher import backends
@@ -26,10 +24,10 @@ from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.linux import memory
 from trainctl.supervisor.model import state
-from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import last_line
+from trainctl.supervisor.records import field, record, replace
 from trainctl.supervisor.tree import mounts
 from trainctl.supervisor.tree.proctree import scan, scan_cgroup, target_of
 
@@ -92,7 +90,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         with contextlib.suppress(StateError, JobNotFoundError):
             spec = state.read_spec(jdir)
     seen = backends.of(st).seen(jdir, st)
-    st = dataclasses.replace(st, exit_code=seen.exit_code)
+    st = replace(st, exit_code=seen.exit_code)
     phase = seen.phase
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
     target = target_of(st)
@@ -285,7 +283,7 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
     code, spec_keys = _changes(st, spec, live=live)
     prog = read_progress(jdir, st, spec)
     if prog is not None and not live:  # an ended run has no rate and no ETA: only its end
-        prog = dataclasses.replace(prog, steps_per_s=None, eta_s=None)
+        prog = replace(prog, steps_per_s=None, eta_s=None)
     return _Training(seen, prog, code, spec_keys)
 
 

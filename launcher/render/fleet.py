@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -13,6 +12,8 @@ if TYPE_CHECKING:
         HostAnswer,
     )
 
+
+from trainctl.supervisor.records import replace
 
 from .base import clean, gib, out
 
@@ -76,8 +77,8 @@ def fleet_top(answers: list[HostAnswer]) -> None:
         if a.error is not None or not isinstance(a.doc, dict):
             return a
         if key == "gpus" and a.doc.get("gpus_error"):
-            return dataclasses.replace(a, doc={"error": a.doc["gpus_error"]})
-        return dataclasses.replace(a, doc=a.doc.get(key) or [])
+            return replace(a, doc={"error": a.doc["gpus_error"]})
+        return replace(a, doc=a.doc.get(key) or [])
 
     out(time.strftime("trainctl top --all-hosts  %H:%M:%S"))
     fleet_jobs([part(a, "jobs") for a in answers])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,8 @@ if TYPE_CHECKING:
         Check,
     )
 
+
+from trainctl.supervisor.records import asdict
 
 from .base import NAMED_LINES, clean, emit_json, gib, out
 
@@ -104,7 +105,7 @@ def hosts(rows: list[HostRow]) -> None:
 def doctor(checks: list[Check], *, as_json: bool) -> None:
     """Render `trainctl doctor`: one line per check, a hint under what needs action."""
     if as_json:
-        emit_json([dataclasses.asdict(ch) for ch in checks])
+        emit_json([asdict(ch) for ch in checks])
         return
     width = max(len(ch.name) for ch in checks)
     for ch in checks:

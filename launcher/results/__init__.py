@@ -9,11 +9,9 @@ nothing here prints. A dict appears only where a JSON document is read or writte
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, field
 from typing import Any
 
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
-from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import (
     Cause,
     Failure,
@@ -29,6 +27,7 @@ from trainctl.supervisor.model.reports import (
 )
 from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.records import JsonObject, asdict, field, record
 
 __all__ = [
     "Cause",

@@ -8,14 +8,12 @@ alone, and each record defined there costs their start-up (issue 34 §4).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import asdict, field
 from typing import Any
 
-from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import JobState, MemberSnap
+from trainctl.supervisor.records import JsonObject, asdict, field, record
 
 
 @record(frozen=True)
@@ -106,7 +104,7 @@ class AdoptResult:
 
     def to_doc(self) -> dict[str, object]:
         """The JSON form."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 @record(frozen=True)

@@ -9,14 +9,14 @@ here plus one entry in :data:`VERBS` and its click declaration in ``cli.py``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 from trainctl.launcher.config import Config, load_config, resolve_home
+from trainctl.supervisor.records import field, record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Verb:
     """One verb: the module that runs it and the line `trainctl --help` shows."""
 
@@ -58,7 +58,7 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{VERBS[name].module}")
 
 
-@dataclass(slots=True)
+@record()
 class Invocation:
     """What every verb gets: the global options, and the config read at most once."""
 

@@ -29,7 +29,7 @@ def run(inv: Invocation, name: str, *, timeout: str | None = None, as_json: bool
                 render.line(say)
             return ExitCode.NOT_RUNNING
         left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
-        st = wait_job(inv.home, name, left)
+        st = wait_job(inv.home, name, left, asked_s=timeout_s)
     except TimeoutError as e:
         sys.stderr.write(f"trainctl: {e}\n")
         return ExitCode.TIMEOUT

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from trainctl.supervisor.errors import GpuError
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.records import record
 
 FAKE_ENV = "TRAINCTL_FAKE_GPU"
 # What `gpus` and `doctor` say of a GPU without persistence mode

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
+from trainctl.supervisor import records
 from trainctl.supervisor.errors import StateError, TrainctlError
-from trainctl.supervisor.model import records
 from trainctl.supervisor.model.state import (
     TERMINAL,
     GpuLease,
@@ -32,6 +31,7 @@ from trainctl.supervisor.model.state import (
     read_state,
     write_json_atomic,
 )
+from trainctl.supervisor.records import asdict
 
 from .xid import ACTION_WORDS, REBOOT, Fault
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.linux.procfs import read_cmdline
 from trainctl.supervisor.model.reports import GpuHolder, GpuRelease
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import GpuLease
+from trainctl.supervisor.records import record
 
 from . import GIB, MIB, Gpu, GpuBackend, open_backend
 from .holders import classify_pid, find_holders, read_env_var
@@ -27,7 +27,7 @@ from .holders import classify_pid, find_holders, read_env_var
 FdScan = dict[int, set[int]]  # {gpu index: pids with its device node open}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuPolicy:
     """Durations and tolerances of the release check."""
 

@@ -20,7 +20,7 @@ table for that GPU (:func:`from_recovery`): the driver knows what this very faul
 
 from __future__ import annotations
 
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.records import record
 
 RESTART_APP = "restart-app"
 RESET_GPU = "reset-gpu"

@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause, signal_name
 from trainctl.supervisor.model.spec import RESTART_WORDS
 from trainctl.supervisor.model.tail import tail_text
+from trainctl.supervisor.records import record
 
 # Built-in pattern classes, tried in order after the config's own.
 CLASSES: tuple[tuple[str, str], ...] = (

@@ -24,9 +24,9 @@ from typing import Any
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.events import append_event
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.state import open_in, write_bytes_atomic
 from trainctl.supervisor.model.tail import tail_text
+from trainctl.supervisor.records import JsonObject
 
 from .hooks import HookJob
 

@@ -29,7 +29,6 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
-from trainctl.supervisor.model.records import JsonObject, record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import HOOK_EVENTS, Spec
@@ -41,6 +40,7 @@ from trainctl.supervisor.model.state import (
     write_json_atomic,
 )
 from trainctl.supervisor.model.tail import latest_frame, tail_text
+from trainctl.supervisor.records import JsonObject, record
 
 LAST_LINES = 50
 LINE_CHARS = 500

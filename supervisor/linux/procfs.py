@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-from dataclasses import dataclass
 from functools import cache
+
+from trainctl.supervisor.records import record
 
 PROC = "/proc"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, compiled=True)
 class Stat:
     """The fields of /proc/<pid>/stat that trainctl uses."""
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.records import record
 
 from .steps import timed_steps
 from .tail import tail_lines

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import StateError
+from trainctl.supervisor.records import JsonObject
 
 from . import layout
-from .records import JsonObject
 from .reports import StopReport
 from .schema import build_document
 

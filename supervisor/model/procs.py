@@ -8,9 +8,8 @@ process tree (tree/proctree.py) needs these, not the whole state file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.records import record
 
 # Set by trainctl in every job's environment (DESIGN.md "Job environment"); never user-set.
 TRAINCTL_VARS = (
@@ -30,7 +29,7 @@ HELPER_VAR = "TRAINCTL_HELPER"
 ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, compiled=True)
 class ProcRef:
     """A process as trainctl trusts it: pid plus start time (clock ticks since boot)."""
 
@@ -38,7 +37,7 @@ class ProcRef:
     start_ticks: int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, compiled=True)
 class MemberSnap:
     """One member of the job's process tree as last seen."""
 

@@ -10,11 +10,11 @@ field. Kept apart from the stop algorithm so that reading a report imports none 
 from __future__ import annotations
 
 import signal
-from dataclasses import asdict, field
 from typing import Any
 
+from trainctl.supervisor.records import JsonObject, asdict, field, record
+
 from .phases import Phase
-from .records import JsonObject, record
 from .schema import build_document
 
 

@@ -1,6 +1,6 @@
 """Total type checks of the documents trainctl reads back (state.json, spec.json).
 
-A JSON document can hold anything; a frozen dataclass built from it with ``**doc`` checks
+A JSON document can hold anything; a frozen record built from it with ``**doc`` checks
 nothing. Every field is checked here against its annotation (and a finite, sane range
 for numbers), so a mistyped file becomes one StateError line (exit 4) instead of a crash
 deep inside a stop.
@@ -8,7 +8,6 @@ deep inside a stop.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import types
@@ -16,6 +15,7 @@ import typing
 from enum import Enum
 from typing import Any, TypeVar
 
+from trainctl.supervisor import records
 from trainctl.supervisor.errors import StateError
 
 # No trainctl number is negative; none is this large either (timestamps, pids, ticks).
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 def build_document(cls: type[T], doc: Any, where: str) -> T:
-    """Build dataclass ``cls`` from a JSON object (nested records too), then check it.
+    """Build record (or dataclass) ``cls`` from a JSON object (nested records too), then check it.
 
     Keys the record does not know are dropped (a newer writer may add some); a missing
     required key or a mistyped value is one StateError naming the field.
@@ -53,7 +53,7 @@ def _build_value(value: Any, hint: Any, where: str, path: str) -> Any:
             return hint(value)
         except ValueError:
             return value  # the check names it
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+    if isinstance(hint, type) and records.is_structured(hint):
         return build_document(hint, value, f"{where}: {path}")
     if origin in (list, tuple) and isinstance(value, list | tuple) and args:
         items = [_build_value(v, args[0], where, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -62,7 +62,7 @@ def _build_value(value: Any, hint: Any, where: str, path: str) -> Any:
 
 
 def check_document(obj: Any, where: str) -> None:
-    """Raise StateError naming the first field of dataclass ``obj`` that breaks its type."""
+    """Raise StateError naming the first field of record ``obj`` that breaks its type."""
     _check_fields(obj, where, "")
 
 
@@ -75,7 +75,7 @@ def _check_fields(obj: Any, where: str, prefix: str) -> None:
 @functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {name: hints[name] for name in records.field_names(cls)}
 
 
 @functools.cache
@@ -86,7 +86,7 @@ def _kind(hint: Any) -> tuple[str, Any]:
     origin = typing.get_origin(hint)
     if origin is dict and typing.get_args(hint) == (str, str):
         return "str-dict", None  # a job's environment: hundreds of strings, one pass
-    if origin is not None or dataclasses.is_dataclass(hint):
+    if origin is not None or records.is_structured(hint):
         return "compound", origin
     if isinstance(hint, type) and issubclass(hint, Enum):
         return "enum", None
@@ -133,7 +133,7 @@ def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -
             _need(len(value) == len(args), value, f"a list of {len(args)}", where, path)
         for i, item in enumerate(value):
             _check(item, args[0], where, f"{path}[{i}]")
-    else:  # a nested dataclass (ProcRef, MemberSnap, GpuLease)
+    else:  # a nested record (ProcRef, MemberSnap, GpuLease)
         _need(isinstance(value, typing.cast(type, hint)), value, "an object", where, path)
         _check_fields(value, where, f"{path}.")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .records import record
+from trainctl.supervisor.records import record
 
 
 @record(frozen=True)

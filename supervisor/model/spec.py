@@ -8,16 +8,13 @@ verification :class:`GpuBinding`. spec.json stores the same sections as JSON obj
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import field
 from enum import StrEnum
 from signal import Signals
 from typing import Any
 
 from trainctl.supervisor.errors import ConfigError, StateError
-
-from .records import JsonObject, record
+from trainctl.supervisor.records import JsonObject, asdict, field, fields, record, replace
 
 SCHEMA = 1
 BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends/)
@@ -236,7 +233,7 @@ class Spec:
 
     def with_stop(self, **changes: Any) -> Spec:
         """Return a copy whose stop policy has ``changes``."""
-        return dataclasses.replace(self, stop=dataclasses.replace(self.stop, **changes))
+        return replace(self, stop=replace(self.stop, **changes))
 
 
 _SECTIONS: dict[str, type] = {
@@ -254,7 +251,7 @@ _SECTIONS: dict[str, type] = {
 
 def spec_to_doc(spec: Spec) -> JsonObject:
     """Serialise a spec for spec.json (and the supervisor handshake)."""
-    return dataclasses.asdict(spec)
+    return asdict(spec)
 
 
 def _object(value: Any, key: str) -> dict[str, Any]:
@@ -266,11 +263,9 @@ def _object(value: Any, key: str) -> dict[str, Any]:
 def _tuples(section: Any) -> Any:
     """The section with each list field (JSON has no tuples) made the tuple it is declared."""
     lists = {
-        f.name: tuple(v)
-        for f in dataclasses.fields(section)
-        if isinstance(v := getattr(section, f.name), list)
+        f.name: tuple(v) for f in fields(section) if isinstance(v := getattr(section, f.name), list)
     }
-    return dataclasses.replace(section, **lists) if lists else section
+    return replace(section, **lists) if lists else section
 
 
 def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:

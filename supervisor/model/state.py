@@ -19,7 +19,6 @@ every write is temp file + fsync + rename + fsync(dir).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import functools
@@ -44,7 +43,7 @@ from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.files import dir_fd as dir_fd  # noqa: PLC0414  (state's names)
 from trainctl.supervisor.linux.files import open_in as open_in  # noqa: PLC0414
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model.records import JsonObject, record
+from trainctl.supervisor.records import JsonObject, asdict, record, replace
 
 from . import layout
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
@@ -161,7 +160,7 @@ class JobState:
         """Return a copy in ``phase``; refuse moves the TRANSITIONS table forbids."""
         if phase != self.phase and phase not in TRANSITIONS[self.phase]:
             raise StateError(f"job {self.name}: illegal phase move {self.phase} -> {phase}")
-        return dataclasses.replace(self, phase=phase, **changes)
+        return replace(self, phase=phase, **changes)
 
 
 # ---------------------------------------------------------------- paths
@@ -379,7 +378,7 @@ _SECTIONS: dict[str, type] = {
 
 def state_to_doc(st: JobState) -> JsonObject:
     """Serialise a JobState for state.json."""
-    return dataclasses.asdict(st)
+    return asdict(st)
 
 
 def _build_sections(d: dict[str, Any], where: str) -> None:

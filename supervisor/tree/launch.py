@@ -18,11 +18,11 @@ from typing import Any, NoReturn
 from trainctl.supervisor.errors import SpawnError
 from trainctl.supervisor.linux import systemd
 from trainctl.supervisor.model import control, layout
-from trainctl.supervisor.model.records import JsonObject
 from trainctl.supervisor.model.reports import Failure, RestartEntry
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import GpuLease
+from trainctl.supervisor.records import JsonObject
 
 from .mounts import written_dirs
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +28,7 @@ from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.procfs import Stat
 from trainctl.supervisor.model.procs import HELPER_VAR, NODE_VAR, ProcRef
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.records import field, record
 
 if TYPE_CHECKING:  # the state file's record, as a type: the tree sits below the state
     from trainctl.supervisor.model.state import JobState
@@ -56,17 +55,19 @@ class Target:
     node: str | None = None
 
 
-@dataclass(slots=True)
 class Member:
     """A process of the job as seen by one scan."""
 
-    stat: Stat
-    nets: set[str] = field(default_factory=set)
-    # the trusted identity (pid + start time), made once: a stop plan asks for it often
-    ref: ProcRef = field(init=False)
+    __slots__ = ("nets", "ref", "stat")
 
-    def __post_init__(self) -> None:
-        self.ref = ProcRef(self.stat.pid, self.stat.start_ticks)
+    def __init__(self, stat: Stat, nets: set[str] | None = None) -> None:
+        self.stat = stat
+        self.nets: set[str] = set() if nets is None else nets
+        # the trusted identity (pid + start time), made once: a stop plan asks for it often
+        self.ref = ProcRef(stat.pid, stat.start_ticks)
+
+    def __repr__(self) -> str:
+        return f"Member(stat={self.stat!r}, nets={self.nets!r}, ref={self.ref!r})"
 
     @property
     def escaped(self) -> bool:

@@ -17,11 +17,11 @@ import bisect
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.state import open_in
+from trainctl.supervisor.records import field, record
 
 STAMP_S = 0.5  # how often the log's size is looked at (the times' resolution)
 _MAX_STAMP_BYTES = 64
@@ -32,7 +32,7 @@ def times_path(log: Path) -> Path:
     return log.with_name(log.name + ".times")
 
 
-@dataclass
+@record()
 class LogStamper:
     """Appends a stamp each time the log has grown since the last look."""
 
@@ -64,7 +64,7 @@ class LogStamper:
             self._fd = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Stamps:
     """A log's stamps, read back: (size, time) pairs in order."""
 

@@ -11,7 +11,7 @@ from dataclasses import field
 
 import pytest
 
-from trainctl.supervisor.model.records import record
+from trainctl.supervisor.records import record
 
 
 @record(frozen=True)

@@ -30,7 +30,6 @@ job's lock, then ``gpus.lock``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -48,11 +47,11 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.model import events, layout, state
-from trainctl.supervisor.model.records import record
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.records import field, record
 
 TICK_S = 0.25  # how often the dispatcher looks at the queue
 
@@ -90,7 +89,7 @@ class Entry:
     gpus: str | None = None
     share: bool = False
     force: bool = False
-    after: list[After] = dataclasses.field(default_factory=list)
+    after: list[After] = field(default_factory=list)
     singleton: str | None = None  # "name:NAME" or "spec:KEY"
     backfill: bool = False
 
@@ -183,16 +182,14 @@ def singleton_key(spec: Spec, by_spec: bool) -> str:
     return f"spec:{spec.cwd}\0{chr(0).join(spec.argv)}"
 
 
-@dataclasses.dataclass
+@record()
 class HomeView:
     """What the dispatcher knows about the home's jobs, read again only when changed."""
 
     home: Path
-    states: dict[str, tuple[int, JobState | None]] = dataclasses.field(default_factory=dict)
-    specs: dict[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
-    entries: dict[str, tuple[tuple[int, int], Entry | None]] = dataclasses.field(
-        default_factory=dict
-    )
+    states: dict[str, tuple[int, JobState | None]] = field(default_factory=dict)
+    specs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    entries: dict[str, tuple[tuple[int, int], Entry | None]] = field(default_factory=dict)
     _leases: dict[str, str] | None = None  # for one round (see fresh)
     _sick: dict[int, str] | None = None  # the unhealthy GPUs, for one round
 

@@ -4,7 +4,6 @@ on a temporary home with hand-written state files (tests/queue/test_policy.py)."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from trainctl.launcher.results import GpuRequest, QueueView
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.records import record
 
 from .entries import After, Entry, HomeView, entries, queue_dir, waiter_alive
 
@@ -65,7 +65,7 @@ def _singleton_blocker(h: HomeView, e: Entry, earlier: list[Entry]) -> str | Non
     return None
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class QueueAsk:
     """What `start` asked of the queue."""
 
@@ -117,7 +117,7 @@ def check_ask(ask: QueueAsk, gpus: GpuRequest | None) -> None:
         raise ConfigError("--backfill only makes sense with --queue, --after or --singleton")
 
 
-@dataclasses.dataclass
+@record()
 class Blocked:
     waits: list[str]
     failed: str | None = None  # a dependency that can never be met
