@@ -12,7 +12,8 @@ import html
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+
+from trainctl.supervisor.records import field, record
 
 PALETTE = ("#2f6fdf", "#d9480f", "#2b8a3e", "#7048e8", "#c2255c", "#0b7285", "#e67700", "#495057")
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 64, 12, 22, 26
@@ -31,7 +32,7 @@ def plain(v: float) -> str:
     return f"{v:.4f}".rstrip("0").rstrip(".") if a >= 1e-4 else f"{v:.1e}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Series:
     """One line: its name and its (time, value) points, oldest first."""
 
@@ -39,7 +40,7 @@ class Series:
     points: Sequence[tuple[float, float]]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Marker:
     """A moment drawn as a vertical line with a tooltip (a checkpoint, a restart)."""
 
@@ -48,7 +49,7 @@ class Marker:
     kind: str = "mark"  # a CSS class: checkpoint | restart | deploy
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Chart:
     """What one chart shows."""
 

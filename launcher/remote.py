@@ -14,7 +14,6 @@ the remote exit code becomes ours.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -22,12 +21,11 @@ import subprocess
 import sys
 import threading
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from trainctl.supervisor.errors import ConfigError, RemoteError
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict, field, record
 
 from . import __version__
 from .globalopts import global_options_end
@@ -55,7 +53,7 @@ SSH_ERRORS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Host:
     """A remote host: an alias from hosts.toml, or a bare ssh destination."""
 
@@ -174,7 +172,7 @@ def ssh_argv(host: Host, remote_args: list[str], *, tty: bool = False) -> list[s
     return [*argv, "--", host.target, hello + shlex.join(inner + remote_args)]
 
 
-@dataclass
+@record()
 class _Stderr:
     """Copies the remote stderr through, minus the wrapper's markers, remembering them."""
 
@@ -302,7 +300,7 @@ def _classify(host: Host, code: int, err: _Stderr) -> int:
     raise RemoteError(f"remote shell on {host.name} failed (exit {code}): {detail or 'no output'}")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class HostCheck:
     """What `trainctl hosts --check` found on one host."""
 
@@ -313,7 +311,7 @@ class HostCheck:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class HostRow:
     """One alias of hosts.toml, and its check when one was asked for."""
 
@@ -332,7 +330,7 @@ class HostRow:
             "home": h.home,
         }
         if self.check is not None:  # `trainctl` now says whether it was found there
-            doc.update(dataclasses.asdict(self.check))
+            doc.update(asdict(self.check))
         return doc
 
 

@@ -20,7 +20,6 @@ ones go at the next start and on ``trainctl prune``.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, SpawnError, StateError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.records import replace
 
 GIT_TIMEOUT_S = 120.0
 
@@ -129,7 +129,7 @@ def make(jdir: Path, spec: Spec, run: int) -> Spec:
     os.chmod(dest, 0o700)  # copytree copies the source's mode, git makes it by the umask
     outside += _checkpoint_home(spec, src, top)
     link_outside(top, dest, outside)
-    return dataclasses.replace(spec, cwd=str(cwd.resolve()), source=src)
+    return replace(spec, cwd=str(cwd.resolve()), source=src)
 
 
 # Never linked into a snapshot: the repository itself, and bytecode (a snapshot compiles

@@ -7,7 +7,6 @@ its line; unknown keys are errors, never silently ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 import tomllib
@@ -18,7 +17,7 @@ from typing import Any
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model.spec import parse_order
 from trainctl.supervisor.model.state import check_name
-from trainctl.supervisor.records import record
+from trainctl.supervisor.records import fields, record, replace
 
 from .inputs import check_env_key, closest, parse_duration, parse_signal
 
@@ -335,13 +334,11 @@ class SpecDraft:
         """This draft with every key ``later`` gives; ``env`` is merged, later winning."""
         given = {k: v for k, v in later.given().items() if k != "env"}
         env = {**(self.env or {}), **(later.env or {})}
-        return dataclasses.replace(self, **given, env=env or None)
+        return replace(self, **given, env=env or None)
 
     def given(self) -> dict[str, Any]:
         """The keys this draft sets, by name (for messages and the Slurm section)."""
-        return {
-            f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None
-        }
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
 def _line_of(text: str, key: str) -> int | None:

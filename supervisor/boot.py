@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import dataclasses
 import errno
 import fcntl
 import json
@@ -42,7 +41,7 @@ from trainctl.supervisor.model.state import (
     write_json_atomic,
     write_state,
 )
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict, replace
 from trainctl.supervisor.tree.launch import AdoptRequest, Handover, Ready
 from trainctl.supervisor.tree.spawn import Spawned, job_env, spawn_main
 from trainctl.supervisor.watch.drift import code_version
@@ -202,7 +201,7 @@ def adopt(jdir: Path, spec: Spec, ho: Handover, leaf: str) -> tuple[JobState, Sp
             job=spec.name,
             run=ho.run,
             main_pid=main.pid,
-            **dataclasses.asdict(state.adopted or Adoption()),
+            **asdict(state.adopted or Adoption()),
         )
     return state, Spawned(proc=None, pid=main.pid, pidfd=pidfd), cgroup
 
@@ -456,11 +455,11 @@ def main(argv: list[str]) -> int:
     sock.close()
     # After the answer, so `start` does not wait for git: the code is what it was at exec.
     code = code_version(spec, diff_to=jdir / "code" / f"run-{state.run}.diff")
-    state = dataclasses.replace(state, code=code)
+    state = replace(state, code=code)
     with contextlib.suppress(OSError):  # a full disk must not cost the job its supervisor
         write_state(jdir, state)
         # each run's code, for `trainctl history` (state.json holds the current run's only)
-        code_doc = {} if code is None else dataclasses.asdict(code)
+        code_doc = {} if code is None else asdict(code)
         append_event(jdir, "code", run=state.run, cwd=spec.cwd, source=spec.source, **code_doc)
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -30,7 +29,7 @@ from trainctl.supervisor.model.state import (
     progress_path,
     read_spec,
 )
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict
 from trainctl.supervisor.tree.proctree import Member, Target, alive, scan, scan_light
 from trainctl.supervisor.tree.spawn import Spawned, exit_code_of, job_env, spawn_main
 from trainctl.supervisor.tree.stop import run_stop
@@ -168,7 +167,7 @@ def _report(jdir: Path, run: int, target: Target, report: StopReport, code: int)
         killed=report.killed,
         ok=report.ok,
         exit_code=code,
-        survivors=[dataclasses.asdict(sv) for sv in report.survivors],
+        survivors=[asdict(sv) for sv in report.survivors],
     )
 
 

@@ -76,11 +76,13 @@ def field(
     return Field(default, default_factory, init, repr)
 
 
-def fields(cls_or_record: Any) -> tuple[Field, ...]:
-    """The record's fields in order (as ``dataclasses.fields``, without importing it)."""
+def fields(cls_or_record: Any) -> tuple[Any, ...]:
+    """The fields in order (as ``dataclasses.fields``): a record's without importing
+    ``dataclasses``, a plain dataclass's from it."""
     got: tuple[Field, ...] | None = getattr(cls_or_record, "__record_fields__", None)
     if got is None:
-        raise TypeError(f"{cls_or_record!r} is not a record")
+        plain: tuple[Any, ...] = _dataclasses().fields(cls_or_record)
+        return plain
     return got
 
 
@@ -103,7 +105,10 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 
 def replace(obj: T, /, **changes: Any) -> T:
-    """A copy of record ``obj`` with ``changes`` (as ``dataclasses.replace``)."""
+    """A copy of record ``obj`` with ``changes`` (as ``dataclasses.replace``, which a
+    plain dataclass gets)."""
+    if not is_record(obj):
+        return _dataclasses().replace(obj, **changes)  # type: ignore[no-any-return]
     for f in type(obj).__record_fields__:  # type: ignore[attr-defined]
         if not f.init:
             if f.name in changes:
@@ -118,8 +123,8 @@ def replace(obj: T, /, **changes: Any) -> T:
 
 def asdict(obj: Any) -> dict[str, Any]:
     """A record as a dict, records inside it as dicts too (as ``dataclasses.asdict``)."""
-    if not hasattr(type(obj), "__record_fields__"):
-        raise TypeError("asdict() should be called on record instances")
+    if not is_record(obj):
+        return _dataclasses().asdict(obj)  # type: ignore[no-any-return]
     return _asdict_inner(obj)  # type: ignore[no-any-return]
 
 
@@ -357,9 +362,12 @@ def _compile(cls: type, fs: tuple[Field, ...], frozen: bool) -> dict[str, Any]:
 
 
 @dataclass_transform(frozen_default=False, field_specifiers=(field,))
-def record(*, frozen: bool = False, compiled: bool = False) -> Callable[[type[T]], type[T]]:
+def record(
+    *, frozen: bool = False, eq: bool = True, compiled: bool = False
+) -> Callable[[type[T]], type[T]]:
     """Make ``cls`` a slotted record with the shared init, repr, == and hash (and, frozen,
-    the shared guards); ``compiled``: its own init, == and hash, for hot loops."""
+    the shared guards); ``eq=False``: equal only to itself, hashed by identity, as a
+    dataclass's; ``compiled``: its own init, == and hash, for hot loops."""
 
     def wrap(cls: type[T]) -> type[T]:
         if "__post_init__" in cls.__dict__:
@@ -390,6 +398,8 @@ def record(*, frozen: bool = False, compiled: bool = False) -> Callable[[type[T]
         if compiled:
             made = _compile(out, fs, frozen)
             methods.update(made if frozen else {**made, "__hash__": None})
+        if not eq:  # object's own == and hash: by identity
+            del methods["__eq__"], methods["__hash__"]
         if frozen:
             methods["__setattr__"] = _frozen_set
             methods["__delattr__"] = _frozen_del

@@ -11,7 +11,6 @@ The one exception is asked for: a ``--tty`` run's terminal is held here (termina
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import os
@@ -39,6 +38,7 @@ from trainctl.supervisor.model.state import (
     progress_path,
 )
 from trainctl.supervisor.model.steps import steps_path
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 from trainctl.supervisor.tree.roster import widen_fd_table
 from trainctl.supervisor.tree.spawn import Spawned
@@ -89,7 +89,7 @@ class Owner:
 
     async def _step(self, tg: anyio.abc.TaskGroup) -> None:
         ev = await self.core.events_rx.receive()
-        self.core.life = dataclasses.replace(self.core.life, now=time.time())
+        self.core.life = replace(self.core.life, now=time.time())
         self.core.life, actions = lc.step(self.core.life, ev, self.core.spec)
         for action in actions:
             self._do(tg, action)
@@ -137,7 +137,7 @@ class Owner:
         else:
             report = a.report or lc.NOTHING_TO_STOP
             if self.core.persist_error:
-                report = dataclasses.replace(report, persist_error=self.core.persist_error)
+                report = replace(report, persist_error=self.core.persist_error)
             msg = control.StopReply(
                 ok=True,
                 report=report,
@@ -331,7 +331,7 @@ class Owner:
         if (code != 0 or died_of is not None) and st.gpu_faults:
             # a GPU that failed during the run is why it died, before the job's own words
             fault = st.gpu_faults[-1]
-            cause = dataclasses.replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
+            cause = replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
         return cause
 
     def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
@@ -365,7 +365,7 @@ class Owner:
 
     async def _relaunch(self, failure: Failure) -> None:
         st = self.core.state
-        failure = dataclasses.replace(failure, at=time.time())
+        failure = replace(failure, at=time.time())
         resume, skipped = await anyio.to_thread.run_sync(self._resume_target)
         if skipped is not None:
             self.core.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
@@ -468,7 +468,7 @@ class Owner:
                 write, error = log_appender(path)
                 if error is not None:  # the terminal is still read: the job must not block
                     self.core.log.warning("tty_log_unwritable", path=str(path), error=error)
-                self._terminal = self.server.terminal = Terminal(self.core.spawned.pty, write)
+                self._terminal = self.server.terminal = Terminal.over(self.core.spawned.pty, write)
                 tg.start_soon(self._terminal.pump)
             source = self.core.state.adopted.log_source if self.core.state.adopted else None
             if source is not None:

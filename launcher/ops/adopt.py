@@ -9,7 +9,6 @@ same stop sequence as any job. Nothing is signalled here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import shutil
@@ -25,6 +24,7 @@ from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import TRAINCTL_VARS, GpuLease, JobState, Phase
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.launch import AdoptRequest, Handover, launch_supervisor
 from trainctl.supervisor.tree.proctree import alive, descendants, scan, target_of
 
@@ -230,7 +230,7 @@ def _own_sessions(
 
 def _found(s: procfs.Stat, how: str) -> Found:
     found = Found.of(s, (how,))
-    return found if found.cmd else dataclasses.replace(found, cmd=f"[{s.comm}]")
+    return found if found.cmd else replace(found, cmd=f"[{s.comm}]")
 
 
 def _callers_line() -> set[int]:
@@ -323,7 +323,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
     if not argv:
         raise ConfigError(f"pid {plan.main.pid}: no command line (it exited?); nothing changed")
     draft = SpecDraft(name=name, argv=argv, cwd=cwd, env=env)
-    spec = dataclasses.replace(resolve_spec(draft, cfg), env=env)
+    spec = replace(resolve_spec(draft, cfg), env=env)
     state.ensure_home(home)
     jdir = state.check_not_symlink(state.job_dir(home, name))
     created = not jdir.exists()
@@ -422,7 +422,7 @@ def readopt_job(home: Path, name: str, plan: Plan, st: JobState, cfg: Config) ->
             restarts=st.restarts,
             last_failure=st.last_failure,
             restart_history=st.restart_history,
-            adopt=dataclasses.replace(_handover(plan), cgroup=st.cgroup),
+            adopt=replace(_handover(plan), cgroup=st.cgroup),
         )
         reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     now = state.read_state(jdir)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher import backends
@@ -17,6 +16,7 @@ from trainctl.supervisor.errors import JobConflictError, NotRunningError, StateE
 from trainctl.supervisor.model import control, state
 from trainctl.supervisor.model.phases import Phase
 from trainctl.supervisor.model.reports import SlurmStopReport, StopReport
+from trainctl.supervisor.records import record
 
 from .jobs import current_phase, existing_job
 
@@ -28,7 +28,7 @@ NO_TTY_HINT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Attached:
     """An open connection to a job's terminal: frames from here on."""
 

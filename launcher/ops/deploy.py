@@ -29,7 +29,6 @@ The steps, in order:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -65,6 +64,7 @@ from trainctl.supervisor.model.sections import CodeRecord
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import tail_lines
+from trainctl.supervisor.records import asdict, field, record, replace
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
 from trainctl.supervisor.watch.drift import code_version, drift
 
@@ -163,14 +163,14 @@ def _new_code(
     """The code a deploy brings (its version) and what changed; refused when nothing did
     (unless --force or --reload) or the new code cannot be snapshotted."""
     new_spec = reloaded_spec(spec, cfg) if reload else spec
-    source = dataclasses.replace(new_spec, cwd=snapshot.source_of(new_spec))
+    source = replace(new_spec, cwd=snapshot.source_of(new_spec))
     changes = drift(st.code, spec)
     if not changes and not force and not reload:
         raise ConfigError(
             f"job {name}: its code has not changed since run {st.run} started "
             f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
         )
-    snapshot.check(dataclasses.replace(new_spec, source=None, cwd=source.cwd))
+    snapshot.check(replace(new_spec, source=None, cwd=source.cwd))
     return code_version(source), changes
 
 
@@ -301,7 +301,7 @@ def spawn_deployer(home: Path, name: str, did: str) -> subprocess.Popen[bytes]:
 # ---------------------------------------------------------------- the deployer
 
 
-@dataclasses.dataclass
+@record()
 class _Deploy:
     """The deployer's working state for one deploy."""
 
@@ -310,7 +310,7 @@ class _Deploy:
     plan: DeployPlan
     cfg: Config
     previous: Spec  # the running run's spec: a rollback starts it again, in its snapshot
-    started_at: float = dataclasses.field(default_factory=time.time)
+    started_at: float = field(default_factory=time.time)
     checkpoint: Checkpoint | None = None
     step: str = "checkpoint"
     kept: keepsafe.Kept | None = None
@@ -318,7 +318,7 @@ class _Deploy:
 
     def say(self, step: str, line: str, left_s: float | None = None) -> None:
         self.step = step
-        doc = dataclasses.asdict(DeployStep(step, line, time.time(), left_s))
+        doc = asdict(DeployStep(step, line, time.time(), left_s))
         with contextlib.suppress(OSError, TrainctlError):
             fd = state.open_append(steps_path(self.jdir, self.plan.id))
             with os.fdopen(fd, "a") as f:
@@ -525,16 +525,16 @@ def _resuming(spec: Spec, resume: str | None, did: str) -> Spec:
     env.pop(RESUME_VAR, None)
     if resume is not None:
         env[RESUME_VAR] = resume
-    return dataclasses.replace(spec, env=env)
+    return replace(spec, env=env)
 
 
-@dataclasses.dataclass
+@record()
 class _Gate:
     ok: bool
     why: str
     first: float | None = None
     step: float | None = None
-    lines: list[str] = dataclasses.field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
 
 
 def _gate(d: _Deploy, run: int) -> _Gate:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.steps import number, steps_path, timed_steps
+from trainctl.supervisor.records import field, record
 
 from .jobs import current_phase, existing_job
 
@@ -60,7 +60,7 @@ NEEDS_PROGRESS = ("productive_s", "goodput", "startup", "restore", "checkpoint_s
                   "steps_redone", "steps_lost")  # fmt: skip
 
 
-@dataclass
+@record()
 class _Run:
     run: int
     start: float

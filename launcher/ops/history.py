@@ -9,7 +9,6 @@ newest run stands now. The steps come from each run's progress file (or log).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from trainctl.supervisor.model import state
 from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
+from trainctl.supervisor.records import fields, replace
 
 from .jobs import current_phase, existing_job
 
@@ -36,7 +36,7 @@ def _code_line(ev: dict[str, Any]) -> str:
     return "?"
 
 
-_CODE_FIELDS = {f.name for f in dataclasses.fields(CodeRecord)}
+_CODE_FIELDS = {f.name for f in fields(CodeRecord)}
 
 
 def job_history(home: Path, name: str) -> list[HistoryRow]:
@@ -52,9 +52,9 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
         kind, run = ev["event"], ev.get("run")
         if kind == "started" and isinstance(run, int):
             current = run
-            rows[run] = dataclasses.replace(row(run), started_at=_num(ev.get("ts")))
+            rows[run] = replace(row(run), started_at=_num(ev.get("ts")))
         elif kind == "code" and isinstance(run, int):
-            rows[run] = dataclasses.replace(
+            rows[run] = replace(
                 row(run), code=_code_line(ev), commit=ev.get("git_head"),
                 dirty=ev.get("dirty"), snapshot=ev.get("snapshot"),
             )  # fmt: skip
@@ -65,9 +65,7 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
             cause = ev.get("cause")
             summary = cause.get("summary") if isinstance(cause, dict) else None
             phase = ev.get("phase") if kind == "ended" else "failed (restarted)"
-            rows[r] = dataclasses.replace(
-                row(r), ended_at=_num(ev.get("ts")), phase=phase, cause=summary
-            )
+            rows[r] = replace(row(r), ended_at=_num(ev.get("ts")), phase=phase, cause=summary)
         elif kind == "deploy":
             _mark_deploy(rows, ev)
     return _finish(jdir, rows)
@@ -86,7 +84,7 @@ def _mark_deploy(rows: dict[int, HistoryRow], ev: dict[str, Any]) -> None:
         if isinstance(r, int):
             was = rows.setdefault(r, HistoryRow(run=r))
             ck = ev.get("checkpoint") if key == "from_run" else was.checkpoint
-            rows[r] = dataclasses.replace(was, marks=[*was.marks, mark], checkpoint=ck)
+            rows[r] = replace(was, marks=[*was.marks, mark], checkpoint=ck)
 
 
 def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:
@@ -101,7 +99,7 @@ def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:
         r = rows.get(st.run, HistoryRow(run=st.run, started_at=st.started_at))
         ended = st.ended_at if phase in state.TERMINAL else None
         cause = st.cause.summary if st.cause is not None and ended else r.cause
-        rows[st.run] = dataclasses.replace(
+        rows[st.run] = replace(
             r,
             started_at=r.started_at or st.started_at,
             ended_at=ended or r.ended_at,
@@ -112,8 +110,8 @@ def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:
     out = []
     for run in sorted(rows):
         r = rows[run]
-        prog = read_progress(jdir, dataclasses.replace(st, run=run), spec)
+        prog = read_progress(jdir, replace(st, run=run), spec)
         end = r.ended_at
         took = (end - r.started_at) if end and r.started_at else None
-        out.append(dataclasses.replace(r, duration_s=took, steps=prog.step if prog else None))
+        out.append(replace(r, duration_s=took, steps=prog.step if prog else None))
     return out

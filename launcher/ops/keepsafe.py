@@ -26,16 +26,16 @@ import glob as globmod
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.launcher.results import Checkpoint
 from trainctl.supervisor.model import checkpoints
+from trainctl.supervisor.records import record
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Kept:
     """Where a checkpoint was kept aside, how, and what it cost."""
 

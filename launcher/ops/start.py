@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -45,6 +44,7 @@ from trainctl.supervisor.model.spec import (
 )
 from trainctl.supervisor.model.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
 from trainctl.supervisor.model.tail import tail_lines
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.watch.drift import entry_script
 
 from .jobs import current_phase, existing_job, live_members
@@ -372,7 +372,7 @@ def reloaded_spec(spec: Spec, cfg: Config) -> Spec:
     new = resolve_spec(merged, cfg, spec.spec_file)
     # the environment of the first start, with what the file and flags say now on top
     env = {**spec.env, **(merged.env or {})}
-    return dataclasses.replace(
+    return replace(
         new,
         env=env,
         file_keys=file_draft.given(),
@@ -434,7 +434,7 @@ def restart_job(
         env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
         if respec is None:  # a plain restart resumes from the newest complete checkpoint,
             env = _resume_env(env, spec, jdir, st.run)  # as the stop just left it
-        new = dataclasses.replace(spec, env=env)
+        new = replace(spec, env=env)
         started = start_locked(home, jdir, new, cfg, gpus, keep_cwd=keep_cwd)
     return stopped, started
 

@@ -17,7 +17,6 @@ import sys
 import termios
 import tty
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.attach import Attached, attach, last_stop, still_served
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.records import record
 from trainctl.supervisor.tree import terminal as wire
 
 from . import Invocation
@@ -53,7 +53,7 @@ def parse_detach_keys(spec: str) -> bytes:
     return bytes(out)
 
 
-@dataclass
+@record()
 class DetachMatcher:
     """Spots the detach sequence in what is typed; passes everything else through."""
 
@@ -109,7 +109,7 @@ def _size() -> tuple[int, int] | None:
     return size.lines, size.columns
 
 
-@dataclass
+@record()
 class Outcome:
     """How an attach ended: detached, the run ended (its doc), or the connection was lost."""
 

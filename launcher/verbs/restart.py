@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from trainctl.launcher import render
@@ -15,6 +14,7 @@ from trainctl.launcher.ops.start import restart_job, watch_health
 from trainctl.launcher.ops.status import spec_file_touched
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.records import asdict
 
 from . import Invocation
 from .logs import follow_new_run

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainctl.launcher import backends, render
@@ -16,12 +14,13 @@ from trainctl.launcher.results import GpuRequest, Queued, StartResult
 from trainctl.launcher.specfile import SpecDraft, load_spec_file, parse_sets
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model.spec import parse_order
+from trainctl.supervisor.records import asdict, record, replace
 
 from . import Invocation
 from .logs import follow_new_run
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StartFlags:
     """The command-line flags of `start`, as given (None: not given)."""
 
@@ -106,15 +105,15 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
     draft = file_draft.merged(cli)
     if not draft.name and draft.argv:
         name = default_name(inv.home, draft)
-        draft = dataclasses.replace(draft, name=name)
-        cli = dataclasses.replace(cli, name=name)
+        draft = replace(draft, name=name)
+        cli = replace(cli, name=name)
         if not as_json:
             render.line(f"no --name given: the job is named {name}")
     backends.backend(draft.backend).check_values(draft)
     spec_file = os.path.abspath(f.spec_file) if f.spec_file else None
     spec = resolve_spec(draft, inv.cfg, spec_file)
     if spec_file:
-        spec = dataclasses.replace(
+        spec = replace(
             spec,
             file_keys=file_draft.given(),
             cli_keys=cli.given(),

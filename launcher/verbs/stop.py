@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import job_dir
+from trainctl.supervisor.records import record
 
 from . import Invocation
 
@@ -38,7 +38,7 @@ T = TypeVar("T")
 DEFAULT_CHECKPOINT_TIMEOUT = "10m"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class CheckpointFlags:
     """`--checkpoint`, `--checkpoint-timeout`, `--require-checkpoint-within`, `--force`."""
 

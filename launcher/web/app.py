@@ -23,7 +23,6 @@ import json
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from trainctl.launcher.results import StackReport, Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.records import record
 
 from . import pages, static
 
@@ -63,7 +63,7 @@ HEADERS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class WebConfig:
     """What one server serves and allows."""
 

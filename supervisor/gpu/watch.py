@@ -13,16 +13,16 @@ nothing: the watch says so.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.model.state import GpuLease
+from trainctl.supervisor.records import field, record
 
 from . import Gpu, GpuBackend, XidSource, open_backend, xid
 from .xid import Fault
 
 
-@dataclass(slots=True)
+@record()
 class GpuWatch:
     """An open backend plus an Xid event set for one run's leases."""
 

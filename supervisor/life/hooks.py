@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from trainctl.supervisor.model.state import (
     write_json_atomic,
 )
 from trainctl.supervisor.model.tail import latest_frame, tail_text
-from trainctl.supervisor.records import JsonObject, record
+from trainctl.supervisor.records import JsonObject, asdict, field, record
 
 LAST_LINES = 50
 LINE_CHARS = 500

@@ -25,14 +25,13 @@ The rules that used to be spread over flags and events:
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from trainctl.supervisor.model.reports import Cause, Failure, RestartEntry, StopReport
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import Phase
+from trainctl.supervisor.records import field, record, replace
 
 from . import causes
 from .policy import Verdict, backoff_s, count_in_window, decide
@@ -65,7 +64,7 @@ STORED_AS: dict[Stage, frozenset[Phase]] = {
 # ---------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MainExited:
     """The main process was reaped with this shell-style exit code (None: an adopted main,
     not our child, whose exit code nobody can read)."""
@@ -73,7 +72,7 @@ class MainExited:
     code: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopRequested:
     """A user's `trainctl stop`; ``token`` identifies the client waiting for the answer."""
 
@@ -84,12 +83,12 @@ class StopRequested:
     verb: str = "stop"  # the verb that asked: stop, restart, rm (for the run's cause)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Stalled:
     """The stall watchdog fired and the spec says ``on_stall = "restart"``."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GpuLost:
     """A leased GPU took a reset- or reboot-class fault: the run cannot go on on it.
 
@@ -101,7 +100,7 @@ class GpuLost:
     healthy: int = 0  # the run's GPUs left healthy: min_gpus decides whether it goes on
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopFinished:
     """The stop sequence ended with ``report``.
 
@@ -116,19 +115,19 @@ class StopFinished:
     resumed_from: str | None = None  # the checkpoint the run was handed (its RESUME_FROM)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class BackoffElapsed:
     """The restart backoff is over."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Relaunched:
     """The successor supervisor answered (``error`` None) or could not be started."""
 
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Observed:
     """What a watcher saw of the run, for its record: members, code drift, a stall mark,
     OOM kills, GPU faults, work handed off. Watchers only look; the owner records it, in
@@ -154,7 +153,7 @@ Event = (
 # ---------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class RunStop:
     """Run the stop sequence (in a thread) and send StopFinished when it is done."""
 
@@ -164,7 +163,7 @@ class RunStop:
     gpu_timeout_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Persist:
     """Write the run's phase and these fields to state.json (best effort, never blocking)."""
 
@@ -173,33 +172,33 @@ class Persist:
     durable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class WaitBackoff:
     """Sleep, then send BackoffElapsed (cancelled by CancelBackoff)."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class CancelBackoff:
     """Stop the pending backoff sleep."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class ShortenGrace:
     """A later `stop --grace S` joined a running stop: its grace ends within S, never later."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Relaunch:
     """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
 
     failure: Failure
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Reply:
     """Answer these waiting clients: with ``report``, or ``forward`` to the successor."""
 
@@ -208,7 +207,7 @@ class Reply:
     forward: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Record:
     """Write what a watcher observed (see Observed) to state.json, the phase unchanged."""
 
@@ -217,7 +216,7 @@ class Record:
     durable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Log:
     """Record an event in events.jsonl."""
 
@@ -225,7 +224,7 @@ class Log:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Hook:
     """Run the job's hook for ``event`` and tell its notify URL (never waited for)."""
 
@@ -250,7 +249,7 @@ Action = (
 # ---------------------------------------------------------------- the machine
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Life:
     """Everything the lifecycle decides on (frozen: ``step`` returns a new one)."""
 
@@ -299,10 +298,10 @@ def _timer(life: Life, ev: Stalled | GpuLost | BackoffElapsed, spec: Spec) -> Ou
     """The watchdogs and the backoff: each matters in one stage only."""
     if isinstance(ev, GpuLost) and life.stage is Stage.RUNNING:
         # leader-first, as any stop: the healthy ranks get their grace to checkpoint
-        life = dataclasses.replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
+        life = replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
         return _begin_stop(life, "gpu fault", RunStop("gpu fault", spec.stop.grace_s, None))
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
-        life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
+        life = replace(life, grace_s=spec.stop.grace_s)
         return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
         cause = life.report.cause if life.report is not None else None
@@ -314,7 +313,7 @@ def _timer(life: Life, ev: Stalled | GpuLost | BackoffElapsed, spec: Spec) -> Ou
 
 
 def _to(life: Life, stage: Stage, **changes: Any) -> Life:
-    return dataclasses.replace(life, stage=stage, **changes)
+    return replace(life, stage=stage, **changes)
 
 
 def _begin_stop(life: Life, reason: str, stop: RunStop) -> Outcome:
@@ -327,12 +326,12 @@ def _begin_stop(life: Life, reason: str, stop: RunStop) -> Outcome:
 
 
 def _main_exited(life: Life, ev: MainExited, spec: Spec) -> Outcome:
-    life = dataclasses.replace(life, main_code=ev.code)
+    life = replace(life, main_code=ev.code)
     if life.stage is not Stage.RUNNING:
         return life, []  # a stop is running (it made main exit) or the run is over
     # Whatever main left behind (orphaned workers holding GPUs) is cleaned up now, with
     # the grace a stop would give.
-    life = dataclasses.replace(life, grace_s=spec.stop.grace_s)
+    life = replace(life, grace_s=spec.stop.grace_s)
     return _begin_stop(life, "main exited", RunStop("main exited", spec.stop.grace_s, None))
 
 
@@ -340,13 +339,11 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     stage = life.stage
     if stage is Stage.RUNNING:
         grace = spec.stop.grace_s if ev.grace_s is None else ev.grace_s
-        life = dataclasses.replace(
-            life, user_stop=True, waiters=(ev.token,), stop_by=ev.verb, grace_s=grace
-        )
+        life = replace(life, user_stop=True, waiters=(ev.token,), stop_by=ev.verb, grace_s=grace)
         return _begin_stop(life, "stop", RunStop("stop", grace, ev.order, ev.gpu_timeout_s))
     if stage in (Stage.STOPPING, Stage.RELAUNCHING):
         # Join the running stop (or the launch); from now on nothing relaunches this run.
-        joined = dataclasses.replace(
+        joined = replace(
             life,
             stop_by=life.stop_by if life.user_stop else ev.verb,
             user_stop=True,
@@ -360,7 +357,7 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     if stage is Stage.BACKOFF:
         ended = _to(life, Stage.ENDED, user_stop=True, report=CANCELLED)
         cause = causes.stopped(ev.verb, life.main_code)
-        cause = dataclasses.replace(cause, summary=f"{cause.summary} during the restart backoff")
+        cause = replace(cause, summary=f"{cause.summary} during the restart backoff")
         return ended, [
             CancelBackoff(),
             Persist(Phase.STOPPING),  # STARTING -> STOPPING -> STOPPED: the legal path
@@ -393,7 +390,7 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
     return causes.ended_on_its_own(life.main_code, None, causes.Reason())
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class _Ending:
     """What every end of a stop records, whatever follows it (a relaunch or the end)."""
 
@@ -411,7 +408,7 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     if life.stage is not Stage.STOPPING:
         return life, []
     reason = "stop" if life.user_stop else str(life.stop_reason)
-    report = dataclasses.replace(ev.report, reason=reason)
+    report = replace(ev.report, reason=reason)
     cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
     lost = gpu_fault_of(life)
     left_out = gpus_left_out(report, spec, lost)
@@ -473,7 +470,7 @@ def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause
         return cause, []
     cmds = [p.cmd for p in report.sent][:5]
     summary = f"{cause.summary}; {left} leftover process(es) stopped"
-    cause = dataclasses.replace(cause, leftovers=left, summary=summary)
+    cause = replace(cause, leftovers=left, summary=summary)
     return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
 
 
@@ -497,7 +494,7 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
         matched=end.verdict.matched, ckpt_step=end.ckpt_step, resumed_from=end.resumed_from,
     )  # fmt: skip
     history = (*life.history, entry)[-50:]
-    report = dataclasses.replace(end.report, cause=cause)
+    report = replace(end.report, cause=cause)
     fields = {
         **end.fields,
         "last_stop": report,
@@ -530,7 +527,7 @@ def _end(life: Life, end: _Ending) -> Outcome:
             run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
         )
         cause = causes.gave_up(verdict.gave_up, cause, life.restarts, verdict.why)
-    report = dataclasses.replace(end.report, cause=cause)
+    report = replace(end.report, cause=cause)
     fields = {**end.fields, **fields, "last_stop": report, "cause": cause}
     actions: list[Action] = []
     if verdict.why:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainctl.supervisor.model.reports import Cause, RestartEntry
 from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.records import record
 
 from .causes import matches
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Verdict:
     """Relaunch, or why not; ``gave_up`` names a policy end (restarts-exhausted, crash-loop)."""
 

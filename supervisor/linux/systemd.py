@@ -23,15 +23,16 @@ import os
 import pwd
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+
+from trainctl.supervisor.records import record
 
 from . import cgroup, dbus
 
 SLICE = "trainctl.slice"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Systemd:
     """How this host's systemd can take a supervisor: which manager, and its caveats."""
 

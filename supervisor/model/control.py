@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import _socket  # early.py's connections are of the C type; socket's are a subclass
 import contextlib
-import dataclasses
 import json
 import os
 import socket
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict, field, record, replace
 
 from . import layout
 from .reports import StopReport
@@ -38,7 +36,7 @@ class ControlUnavailableError(Exception):
     """The supervisor did not answer (gone, or died mid-request)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopAsk:
     """A client's `stop`: each field None means the job's own setting."""
 
@@ -69,14 +67,14 @@ class StopAsk:
             values["order"] = "main"
         ask = build_document(cls, values, "stop request")
         grace, gpu = ask.grace_s, ask.gpu_timeout_s  # JSON may say 5 for 5.0
-        return dataclasses.replace(
+        return replace(
             ask,
             grace_s=None if grace is None else float(grace),
             gpu_timeout_s=None if gpu is None else float(gpu),
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopReply:
     """The supervisor's answer to a stop: its report, or ``retry`` (a successor owns the
     job now), or an error."""
@@ -90,10 +88,10 @@ class StopReply:
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AttachAsk:
     """A client's `attach`: to type into the job's terminal, or only watch it, at its size."""
 
@@ -115,7 +113,7 @@ class AttachAsk:
         return build_document(cls, {**values, "read_only": doc.get("read_only") is True}, "attach")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AttachReply:
     """The supervisor's answer to an attach, before the terminal's frames: the run and its
     main, or why not (``no_tty``: the job has no terminal at all)."""
@@ -128,10 +126,10 @@ class AttachReply:
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PingReply:
     """The supervisor's answer to a ping: that it serves, its pid and the run's phase."""
 
@@ -141,7 +139,7 @@ class PingReply:
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 def attach_reply(doc: dict[str, Any]) -> AttachReply:

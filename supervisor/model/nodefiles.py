@@ -10,15 +10,14 @@ spells a file name or a key of its own.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux.procfs import Stat, read_cmdline
+from trainctl.supervisor.records import asdict, record, replace
 
 from .schema import build_document
 from .state import log_path, write_bytes_atomic, write_json_atomic
@@ -39,7 +38,7 @@ def record_path(jdir: Path, run: int, node: str) -> Path:
     return slurm_dir(jdir) / f"run-{run}.{node}.json"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class StopFile:
     """`trainctl stop` asking every node agent for trainctl's own stop on its node."""
 
@@ -48,7 +47,7 @@ class StopFile:
     order: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class NodeProcess:
     """One live process of the job on a node, as its agent published it."""
 
@@ -63,7 +62,7 @@ def node_process(st: Stat) -> NodeProcess:
     return NodeProcess(st.pid, st.ppid, st.state, read_cmdline(st.pid)[:300] or f"[{st.comm}]")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class NodeRecord:
     """What one node agent published: its node, its live members, its stop report."""
 
@@ -100,7 +99,7 @@ def node_count(env: dict[str, str] | Any) -> int:
 
 def write_stop_request(jdir: Path, ask: StopFile) -> None:
     """Ask every node agent to stop its node (each watches the file's mtime)."""
-    write_json_atomic(slurm_dir(jdir) / STOP_REQUEST, dataclasses.asdict(ask))
+    write_json_atomic(slurm_dir(jdir) / STOP_REQUEST, asdict(ask))
 
 
 MAX_GRACE_S = 3e7  # a grace beyond a year is no grace a user asked for: the job's own wins
@@ -129,8 +128,8 @@ def write_record(jdir: Path, run: int, rec: NodeRecord, *, keep_from_agent: bool
     if keep_from_agent:
         with contextlib.suppress(OSError, ValueError, StateError):
             agent = build_document(NodeRecord, json.loads(path.read_text()), str(path))
-            rec = dataclasses.replace(rec, rank=agent.rank, agent=agent.agent, main=agent.main)
-    write_json_atomic(path, dataclasses.asdict(rec), durable=False)
+            rec = replace(rec, rank=agent.rank, agent=agent.agent, main=agent.main)
+    write_json_atomic(path, asdict(rec), durable=False)
 
 
 def read_records(jdir: Path, run: int) -> list[NodeRecord]:

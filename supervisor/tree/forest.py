@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model.procs import ProcRef
 from trainctl.supervisor.model.spec import StopOrder
+from trainctl.supervisor.records import field, record
 
 from .proctree import Member
 
@@ -85,7 +85,7 @@ def launcher_by_cmdline(argv: list[str]) -> str | None:
     return None
 
 
-@dataclass(slots=True)
+@record()
 class Planner:
     """Decides, from the live members at each moment, who is due the stop signal now.
 

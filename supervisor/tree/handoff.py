@@ -14,15 +14,15 @@ what to signal (the foreign server and its children are never touched).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from trainctl.supervisor.gpu.holders import find_holders, read_env_var
 from trainctl.supervisor.linux.procfs import read_argv
+from trainctl.supervisor.records import record
 
 _LISTENING = 0x00010000  # __SO_ACCEPTCON in /proc/net/unix's Flags column
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Handoff:
     """A job's tmux client talking to a tmux server outside the job."""
 

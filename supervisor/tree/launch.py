@@ -7,11 +7,9 @@ Used by `trainctl start` and by a supervisor that relaunches its job after a fai
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,12 +20,12 @@ from trainctl.supervisor.model.reports import Failure, RestartEntry
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import GpuLease
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict, record, replace
 
 from .mounts import written_dirs
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AdoptRequest:
     """`trainctl adopt`'s handover: the processes of a run trainctl did not start, each
     named by pid and start time (boot.adopt checks every one again before it adopts)."""
@@ -41,7 +39,7 @@ class AdoptRequest:
     cgroup: str | None = None  # a lost run's own cgroup, which still holds its members
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Handover:
     """What a new supervisor needs besides the spec: which run, and its history."""
 
@@ -61,7 +59,7 @@ class Handover:
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form sent over the handshake socket."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
     @classmethod
     def from_doc(cls, doc: Any) -> Handover:
@@ -69,7 +67,7 @@ class Handover:
         return build_document(cls, doc, "the supervisor's handover")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Ready:
     """The new supervisor's answer once main has exec'd (or why it could not start)."""
 
@@ -83,7 +81,7 @@ class Ready:
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form sent back over the handshake socket."""
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 def launch_supervisor(
@@ -100,7 +98,7 @@ def launch_supervisor(
     unit = systemd.unit_name(spec.name, handover.run, handover.marker)
     keep = written_dirs(home, jdir, spec)
     if sd is not None and not sd.user:  # recorded: `status` names what is not kept
-        handover = dataclasses.replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
+        handover = replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
     scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
     argv = [*scope, *_supervisor_argv(home, spec, theirs.fileno(), lock_fd)]
     pass_fds = [theirs.fileno(), *([lock_fd] if lock_fd is not None else [])]
@@ -129,7 +127,7 @@ def launch_supervisor(
     # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
     proc.returncode = 0
     if sd is not None and sd.warning:
-        reply = dataclasses.replace(reply, warning=sd.warning)
+        reply = replace(reply, warning=sd.warning)
     return reply
 
 

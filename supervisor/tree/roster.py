@@ -25,17 +25,17 @@ import os
 import resource
 import select
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model.procs import ProcRef
+from trainctl.supervisor.records import record
 
 from .proctree import Member, Target, descendants
 
 
-@dataclass(slots=True)
+@record()
 class Held:
     """One member and the pidfd that holds it (None past the fd budget: checked by stat)."""
 

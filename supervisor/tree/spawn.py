@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.supervisor.errors import SpawnError, StateError
@@ -17,6 +16,7 @@ from trainctl.supervisor.model.state import (
     error_file,
     open_in,
 )
+from trainctl.supervisor.records import record
 
 from .terminal import open_pty, take_controlling_tty
 
@@ -34,7 +34,7 @@ _RESET = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Spawned:
     """The started main process."""
 

@@ -9,7 +9,6 @@ stop must never depend on a writable disk.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import GpuLease
+from trainctl.supervisor.records import asdict, replace
 
 from .proctree import Target
 from .roster import Roster
@@ -49,7 +49,7 @@ def run_stop(
     gone: a look that was still starting when the stop began has its answer by then) and
     its open NVML (``gpu_backend``: the release check then initialises nothing).
     """
-    policy = dataclasses.replace(
+    policy = replace(
         spec.stop,
         grace_s=spec.stop.grace_s if grace_s is None else grace_s,
         order=spec.stop.order if order is None else str(order),
@@ -119,7 +119,7 @@ def stop_and_verify(
             look.close()
         released = all(g.ok for g in report.gpus)
         report.ok = report.ok and released
-        say("gpus_verified", ok=released, gpus=[dataclasses.asdict(g) for g in report.gpus])
+        say("gpus_verified", ok=released, gpus=[asdict(g) for g in report.gpus])
     return report
 
 

@@ -22,7 +22,6 @@ import os
 import struct
 import termios
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux.files import open_in
+from trainctl.supervisor.records import field, record
 
 # frame kinds
 OUTPUT = b"o"  # supervisor -> viewer: bytes the job wrote
@@ -115,7 +115,7 @@ def take_controlling_tty() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Viewer:
     """One attached client."""
 
@@ -125,7 +125,7 @@ class Viewer:
     rx: Any
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Terminal:
     """The master side of a job's pty: the log copy, the replay buffer and the viewers."""
 
@@ -137,8 +137,11 @@ class Terminal:
     eof: bool = False
     ended: dict[str, Any] | None = None  # the run's end, once known (sent to viewers)
 
-    def __post_init__(self) -> None:
-        os.set_blocking(self.master, False)
+    @classmethod
+    def over(cls, master: int, log_write: Callable[[bytes], None]) -> Terminal:
+        """The terminal of pty master ``master``, made non-blocking for the pump."""
+        os.set_blocking(master, False)
+        return cls(master, log_write)
 
     async def pump(self) -> None:
         """Copy what the job writes until the last holder of the slave closes it."""

@@ -23,13 +23,13 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model.procs import ProcRef
 from trainctl.supervisor.model.reports import NamedProc, StopReport, Survivor, Zombie
 from trainctl.supervisor.model.spec import StopOrder, StopPolicy
+from trainctl.supervisor.records import asdict
 
 from .forest import Planner
 from .proctree import Member, Target, scan, scan_cgroup

@@ -7,7 +7,6 @@ compares with the disk now and says "code changed on disk since start".
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import hashlib
 import os
@@ -19,6 +18,7 @@ from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.sections import CodeRecord
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import write_bytes_atomic
+from trainctl.supervisor.records import replace
 
 INTERPRETERS = {
     "python",
@@ -146,7 +146,7 @@ def code_version(spec: Spec, diff_to: Path | None = None) -> CodeRecord | None:
         where = spec.source or spec.cwd
         others = (_git(where, "ls-files", "--others", "--exclude-standard") or "").split("\n")
         others = [o for o in others if o]
-        code = dataclasses.replace(
+        code = replace(
             code,
             git_head=head.strip(),
             dirty=bool(diff),
@@ -239,7 +239,7 @@ def drift(recorded: CodeRecord | None, spec: Spec) -> list[str]:
     if recorded is None or not recorded.recorded:
         return []
     if spec.source is not None:  # it runs from a snapshot: the source is what may change
-        spec = dataclasses.replace(spec, cwd=spec.source)
+        spec = replace(spec, cwd=spec.source)
     changes = []
     if recorded.git_head is not None:
         head = _git_head_fast(spec.cwd) or (_git(spec.cwd, "rev-parse", "HEAD") or "").strip()
@@ -267,7 +267,7 @@ def fingerprint(spec: Spec) -> tuple[int, ...]:
     script changes one of them; the supervisor recomputes the drift only then (and once a
     minute, for edits of other tracked files, which touch no file under .git)."""
     if spec.source is not None:
-        spec = dataclasses.replace(spec, cwd=spec.source)
+        spec = replace(spec, cwd=spec.source)
     paths = [entry_script(spec) or ""]
     d = os.path.abspath(spec.cwd)
     while True:

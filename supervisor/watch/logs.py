@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.state import open_in
+from trainctl.supervisor.records import field, record
 
 
 def size_of(path: Path) -> int:
@@ -28,7 +28,7 @@ def size_of(path: Path) -> int:
         return 0
 
 
-@dataclass
+@record()
 class Pace:
     """When to look at the log next, so that it never grows far past its cap.
 

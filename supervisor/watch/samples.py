@@ -22,7 +22,6 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.supervisor import ids
@@ -30,6 +29,7 @@ from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux import memory, procfs
 from trainctl.supervisor.model import steps
 from trainctl.supervisor.model.state import open_in
+from trainctl.supervisor.records import field, record
 
 FINE_MAX = 720  # fine samples before the file is cut back
 FINE_KEEP = 360  # ... to this many (an hour at 10 s)
@@ -43,7 +43,7 @@ def samples_path(log: Path, coarse: bool = False) -> Path:
     return log.with_name(f"{stem}.samples{'.coarse' if coarse else ''}.jsonl")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Sample:
     """One look at a run: CPU (% of one core), memory, members, GPUs, progress."""
 
@@ -140,7 +140,7 @@ def _newest(samples: list[Sample], keys: set[str]) -> dict[str, float]:
     return out
 
 
-@dataclass
+@record()
 class CpuMeter:
     """CPU time of the members between two looks, as % of one core."""
 
@@ -159,7 +159,7 @@ class CpuMeter:
         return pct
 
 
-@dataclass
+@record()
 class SampleLog:
     """The two files of one run's samples; appends, cuts back, merges (never raises)."""
 
@@ -237,7 +237,7 @@ def rss_bytes(stats: list[procfs.Stat]) -> int:
     return sum(s.rss_pages for s in stats) * PAGE
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Sources:
     """Where one run's sample is read from (the supervisor's view of the run, at a tick)."""
 

@@ -13,10 +13,10 @@ before :data:`LEARN_GAPS` step gaps were seen.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.supervisor.model.checkpoints import candidates
+from trainctl.supervisor.records import field, record
 
 FACTOR = 4.0  # a small multiple of the longest normal gap between steps
 FLOOR_S = 2.0  # never a deadline under this (the look itself is every 0.5 s)
@@ -24,7 +24,7 @@ LEARN_GAPS = 5  # step gaps seen before a deadline is called
 SAVING_S = 2.0  # a checkpoint written this recently: a save is under way
 
 
-@dataclass
+@record()
 class StallLearner:
     """What the run's activity taught: its longest step gap and its longest save."""
 
@@ -63,7 +63,7 @@ class StallLearner:
         return idle if idle >= deadline else None
 
 
-@dataclass
+@record()
 class CheckpointWatch:
     """The newest checkpoint's mtime, looked at cheaply every 0.5 s: the glob runs again
     only when a folder it matched in changed (a file made, renamed or removed); otherwise

@@ -184,9 +184,12 @@ def test_function_level_imports_are_few_and_explained() -> None:
     assert len(found) <= MAX_FUNCTION_IMPORTS, f"{len(found)} function-level imports: {found}"
 
 
-# uuid and platform: ~3 ms together, for a random hex (supervisor/ids.py gives it without)
+# uuid and platform: ~3 ms together, for a random hex (supervisor/ids.py gives it without);
+# dataclasses and the inspect it imports: ~11 ms, which records.py makes records without
 HEAVY = (
     "click",
+    "dataclasses",
+    "inspect",
     "psutil",
     "anyio",
     "pynvml",

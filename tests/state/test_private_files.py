@@ -6,6 +6,8 @@ git snapshot of a dirty tree, progress, a rotated log and its times, hooks, a de
 stop that needs SIGKILL, so stacks are taken, a queued job) with the umask at 000, then
 walks the home: nothing may grant the group or others anything. A snapshot's own tree
 mirrors the user's files (their modes are the user's); the folder that holds it is ours.
+So does a checkpoint a deploy keeps aside (``deploys/ID.kept/``): a rollback puts it back
+as the user's file was, mode and all; its folder is ours (0700) and checked.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def umask(mask: int) -> Iterator[None]:
 
 def _not_private(home: Path) -> list[str]:
     bad = []
-    snapshot_trees = home.glob("jobs/*/snapshots/run-*")
-    inside = {p for tree in snapshot_trees for p in tree.rglob("*")}
+    mirrors = [*home.glob("jobs/*/snapshots/run-*"), *home.glob("jobs/*/deploys/*.kept")]
+    inside = {p for tree in mirrors for p in tree.rglob("*")}
     for path in [home, *home.rglob("*")]:
         if path in inside:
             continue

@@ -7,10 +7,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import subprocess
+import sys
 from dataclasses import field
 
 import pytest
 
+from trainctl.supervisor import records
 from trainctl.supervisor.records import record
 
 
@@ -141,3 +144,127 @@ def test_copied_and_pickled_as_a_dataclass_is() -> None:
         assert pickle.loads(pickle.dumps(rec)) == rec  # noqa: S301  (our own bytes)
     with pytest.raises(dataclasses.FrozenInstanceError):
         copy.copy(Frozen(1)).a = 2  # type: ignore[misc]
+
+
+@record(frozen=True, compiled=True)
+class Hot:
+    pid: int
+    start: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HotTwin:
+    pid: int
+    start: int
+
+
+def test_a_compiled_record_is_the_frozen_dataclass_it_replaces() -> None:
+    rec, twin = Hot(1, 2), HotTwin(1, 2)
+    assert (rec.pid, rec.start) == (twin.pid, twin.start)
+    assert Hot(start=2, pid=1) == rec
+    assert rec != Hot(1, 3)
+    assert rec != twin
+    assert hash(rec) == hash(Hot(1, 2)) == hash(twin)  # both hash the fields' tuple
+    assert repr(rec) == repr(twin).replace("HotTwin", "Hot")
+    assert {rec: "x"}[Hot(1, 2)] == "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.pid = 5  # type: ignore[misc]
+    for args in ((), (1,), (1, 2, 3)):
+        with pytest.raises(TypeError):
+            HotTwin(*args)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            Hot(*args)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no defaults"):
+
+        @record(frozen=True, compiled=True)
+        class _WithDefault:
+            a: int = 0
+
+
+@record(frozen=True)
+class Nested:
+    inner: Frozen
+    many: list[Frozen] = records.field(default_factory=list)
+    by: dict[str, tuple[int, ...]] = records.field(default_factory=dict)
+    hidden: int = records.field(default=7, repr=False)
+
+
+def test_replace_asdict_and_fields_answer_as_dataclasses_does() -> None:
+    rec = Nested(Frozen(1, d=[2]), [Frozen(3)], {"k": (4, 5)})
+    assert records.asdict(rec) == dataclasses.asdict(rec)  # the lazy __dataclass_fields__
+    assert records.asdict(rec)["many"][0]["d"] == []
+    assert records.replace(rec, hidden=9) == dataclasses.replace(rec, hidden=9)
+    assert records.replace(rec, hidden=9).inner is rec.inner  # shallow, as replace
+    with pytest.raises(ValueError, match="init=False"):
+        records.replace(Frozen(1), e=3)
+    with pytest.raises(ValueError, match="init=False"):
+        dataclasses.replace(Frozen(1), e=3)
+    ours = [(f.name, f.default, f.init) for f in records.fields(Frozen)]
+    theirs = [(f.name, f.default, f.init) for f in dataclasses.fields(Twin)]
+    assert [(n, None if d is records.MISSING else d, i) for n, d, i in ours] == [
+        (n, None if d is dataclasses.MISSING else d, i) for n, d, i in theirs
+    ]
+    assert dataclasses.is_dataclass(rec)
+    assert "hidden" not in repr(rec)
+    assert records.field_names(Twin) == records.field_names(Frozen)
+
+
+def test_mistakes_a_dataclass_refuses_are_refused_when_the_record_is_made() -> None:
+    with pytest.raises(ValueError, match="mutable default"):
+
+        @record()
+        class _Mutable:
+            a: list[int] = []  # noqa: RUF012
+
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default"):
+
+        @record()
+        class _Order:
+            a: int = 0
+            b: int
+
+
+def test_a_record_keeps_a_base_records_fields_first() -> None:
+    @record(frozen=True)
+    class Base:
+        a: int
+        b: int = 1
+
+    @record(frozen=True)
+    class Child(Base):
+        c: int = 2
+
+    assert Child(0) == Child(0, 1, 2)
+    assert repr(Child(0, c=5)).endswith("Child(a=0, b=1, c=5)")
+    assert records.field_names(Child) == ("a", "b", "c")
+
+
+def test_an_eq_false_record_is_equal_only_to_itself() -> None:
+    @record(eq=False)
+    class Ident:
+        a: int
+
+    one = Ident(1)
+    assert one == one  # noqa: PLR0124  (identity is the point)
+    assert one != Ident(1)
+    assert {one: 1}[one] == 1
+
+
+def test_making_and_using_records_never_imports_dataclasses() -> None:
+    """The point of records.py: `status` and `start` pay for no dataclasses/inspect."""
+    code = (
+        "import sys\n"
+        "from trainctl.supervisor.records import record, field, replace, asdict\n"
+        "@record(frozen=True)\n"
+        "class A:\n"
+        "    x: int\n"
+        "    y: list[int] = field(default_factory=list)\n"
+        "a = replace(A(1), x=2)\n"
+        "assert asdict(a) == {'x': 2, 'y': []}\n"
+        "hash(A(1, ()))\n"
+        "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]", out

@@ -8,7 +8,6 @@ one line), never the stop itself.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.reports import Cause, StopReport
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
 from trainctl.supervisor.tree.stacks import before_kill_writer
 from trainctl.supervisor.tree.stop import run_stop
@@ -76,7 +76,7 @@ def _stopped_state(st: JobState, report: StopReport, verb: str) -> JobState:
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
         cause = stopped(verb, st.exit_code)
-        cause = dataclasses.replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
+        cause = replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
         report.cause = cause
         changes["cause"] = cause
     return st.moved(
@@ -107,7 +107,7 @@ def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> St
     gpus = verify_release(st.gpus, st.marker, {}, gpu_policy_of(spec, req.gpu_timeout_s))
     ok = all(g.ok for g in gpus)
     was = st.last_stop if isinstance(st.last_stop, StopReport) else StopReport()
-    last = dataclasses.replace(was, gpus=list(gpus), ok=ok, survivors=[])
+    last = replace(was, gpus=list(gpus), ok=ok, survivors=[])
     state.write_state(jdir, st.moved(st.phase, last_stop=last))
     msg = f"job {st.name} has no process left; its GPUs are " + (
         "released now" if ok else "still not released"
@@ -154,7 +154,7 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
         write_best_effort(jdir, st)
     elif st.last_stop is not None and not st.last_stop.ok:
         # The survivors an earlier stop reported are gone now: say so from here on.
-        last = dataclasses.replace(st.last_stop, ok=True, survivors=[])
+        last = replace(st.last_stop, ok=True, survivors=[])
         st = st.moved(st.phase, last_stop=last)
         write_best_effort(jdir, st)
     if unproven:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from trainctl.supervisor.gpu import MIB
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import Phase, gpu_env
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 
 from .stop import stop_once
@@ -27,7 +27,7 @@ def start_run(req: StartRequest) -> StartResult:
     run = req.prev.run + 1 if req.prev else 1
     marker = ids.new_marker()
     if req.spec.snapshot.mode != "none" and not req.keep_cwd:  # its own copy of the code
-        req = dataclasses.replace(req, spec=snapshot.make(req.jdir, req.spec, run))
+        req = replace(req, spec=snapshot.make(req.jdir, req.spec, run))
     try:
         started = _launch(req, Handover(run, marker))
     except SpawnError as e:
@@ -58,16 +58,16 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
             )
             if (need := spec.gpu.min_gpus) is not None and need > len(leases):
                 raise ConfigError(f"min_gpus {need} is more than the {len(leases)} GPU(s) leased")
-            spec = dataclasses.replace(
+            spec = replace(
                 spec,
-                gpu=dataclasses.replace(
+                gpu=replace(
                     spec.gpu,
                     indices=",".join(map(lease_token, leases)),
                     asked=gpus.asked or ",".join(map(lease_token, leases)),
                 ),
                 env={**spec.env, **gpu_env(leases)},
             )
-            ho = dataclasses.replace(ho, gpus=tuple(leases))
+            ho = replace(ho, gpus=tuple(leases))
             reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
     return StartResult(
         name=spec.name,
@@ -109,7 +109,7 @@ def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
         time.sleep(0.05)
     st = state.read_state(jdir)
     # recorded as the failed start it was (the stop above may have called it "stopped")
-    failed = dataclasses.replace(
+    failed = replace(
         st, phase=Phase.FAILED, ended_at=st.ended_at or time.time(), error=f"start failed: {why}"
     )
     with contextlib.suppress(OSError):  # the stop above is what matters; the record is not

@@ -6,7 +6,6 @@ such command to let go of the job, and stops the run that command started too.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import control, events, state
 from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.records import replace
 
 # How long a supervisor may have no socket while it still holds its lock (handing over
 # to its successor, finishing a stop) before the CLI calls it mute.
@@ -66,7 +66,7 @@ def _rest_of(req: StopRequest, began: float) -> StopRequest:
     job to this command; the job has had ``now - began`` of its grace already.
     """
     spent = time.monotonic() - began
-    return dataclasses.replace(req, grace_s=max(0.0, req.grace_s - spent))
+    return replace(req, grace_s=max(0.0, req.grace_s - spent))
 
 
 def _finish(res: StopResult, took_over: bool) -> StopResult:

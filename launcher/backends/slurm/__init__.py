@@ -9,7 +9,6 @@ guarantees hold inside the allocation too.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.sections import SlurmRecord
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
+from trainctl.supervisor.records import asdict, replace
 from trainctl.supervisor.tree.proctree import Target, alive, scan
 from trainctl.supervisor.tree.stop import run_stop
 
@@ -71,7 +71,7 @@ def _stop_slurm(
         # `scancel --signal` would hit every process of the step at once, loaders too.
         ask = nf.StopFile(at=time.time(), grace_s=grace_s, order=order)
         nf.write_stop_request(jdir, ask)
-        fields = dataclasses.asdict(ask)
+        fields = asdict(ask)
         events.append_event(jdir, "stop_requested", job=st.name, via="node agents", **fields)
         # the agents need their grace, their escalation and a moment to report back
         ended = _wait_left_queue(st, grace_s + spec.stop.kill_wait_s + 15)
@@ -301,7 +301,7 @@ class Slurm:
         if report.already_stopped:
             msg = f"job {st.name} is not running (Slurm: {final.state}); nothing to stop"
             return StopResult(st.name, st.run, "noop", report, final.exit_code, msg)
-        new = dataclasses.replace(
+        new = replace(
             st,
             phase=Phase.STOPPED,
             exit_code=final.exit_code,
@@ -364,7 +364,7 @@ def _num_nodes(st: JobState) -> int:
 
 def _with_state(job: SlurmRecord | None, final: str) -> SlurmRecord | None:
     """The Slurm record with Slurm's final word on the job."""
-    return None if job is None else dataclasses.replace(job, state=final)
+    return None if job is None else replace(job, state=final)
 
 
 def _agents_verdict(nodes: list[nf.NodeRecord], want: int) -> SlurmVerdict | None:
@@ -394,7 +394,7 @@ def _record_final(jdir: Path, info: SlurmVerdict) -> None:
     with contextlib.suppress(OSError, TrainctlError), state.job_lock(jdir, 0.0):
         now = state.read_state(jdir)
         if now.phase not in state.TERMINAL:
-            ended = dataclasses.replace(
+            ended = replace(
                 now,
                 phase=info.phase,
                 exit_code=info.exit_code,

@@ -8,7 +8,6 @@ waiters (subprocess), so only `start`, `queue` and the dispatcher load it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from trainctl.supervisor.errors import (
 from trainctl.supervisor.linux import systemd
 from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
+from trainctl.supervisor.records import asdict
 
 from .entries import (
     GPU_POLL_S,
@@ -195,7 +195,7 @@ def _write_entry(home: Path, e: Entry, spec: Spec) -> int | None:
     """Write the entry and start its waiter (its pid); on a failure, nothing is queued."""
     path = entry_path(home, spec.name)
     try:
-        state.write_json_atomic(path, dataclasses.asdict(e))
+        state.write_json_atomic(path, asdict(e))
         return _spawn_waiter(home, e, spec)
     except OSError as err:  # a full or read-only disk: the old state stays as it was
         with contextlib.suppress(OSError):
