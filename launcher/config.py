@@ -126,7 +126,7 @@ def _apply_causes(values: dict[str, Any], entries: dict[str, Any], where: str) -
     found = dict(values.get("causes") or {})
     for name, rx in entries.items():
         what = f"{where}: causes.{name}"
-        if not CLASS_NAME.fullmatch(name) or name in RESTART_WORDS:
+        if not re.fullmatch(CLASS_NAME, name) or name in RESTART_WORDS:
             raise ConfigError(f"{what}: a class name is lower-case letters, digits and -")
         if not isinstance(rx, str):
             raise ConfigError(f"{what}: expected a regular expression string")

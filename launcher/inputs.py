@@ -57,7 +57,7 @@ def parse_signal(name: str) -> str:
 
 # A duration as systemd and people write it: numbers with units, in any combination
 # ("90s", "5 min", "1h30m", "2 hours 15 minutes", "1.5d"); each unit at most once.
-_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*,?", re.IGNORECASE)
+_PART = r"(?i)\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*,?"  # compiled on first use (re caches it)
 _UNITS = {
     **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
     **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
@@ -70,7 +70,7 @@ def _duration_text(text: str) -> float | None:
     """Seconds from "1h30m" and its kin; None when the text is not one."""
     pos, total, units = 0, 0.0, set()
     while pos < len(text):
-        m = _PART.match(text, pos)
+        m = re.compile(_PART).match(text, pos)
         if m is None:
             return None
         scale = _UNITS.get(m[2].lower())

@@ -270,6 +270,29 @@ def supervisor_cost(home: Path, duration_s: float, job: str = "bench") -> tuple[
     return (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0) * 100, rss_kb / 1024
 
 
+def bench_status(
+    tmp: Path, env: dict[str, str], args: argparse.Namespace, started: bool = False
+) -> None:
+    """2. `trainctl status NAME` of the 241-process job beside `supervisorctl status`."""
+    n = args.width + args.depth
+    if not started:
+        trainctl_tree(tmp, env, args.width, args.depth)
+    ms = median_ms([TRAINCTL, "status", "bench"], env, 20)
+    js = median_ms([TRAINCTL, "status", "bench", "--json"], env, 20)
+    sv = supervisorctl_status(tmp)
+    svs = (
+        f"supervisorctl status {sv:.0f} ms -> ratio {ms / sv:.2f}x (--json {js / sv:.2f}x)"
+        if sv
+        else "supervisorctl not installed (pip install supervisor) -> no side-by-side"
+    )
+    print(
+        f"2. trainctl status ({n + 1} members): {ms:.0f} ms median of 20, --json {js:.0f} ms "
+        f"(target <= 80 ms); {svs}"
+    )
+    if not started:
+        tc("stop", "bench", env=env)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="trainctl benchmarks (ratios, no asserts)")
     ap.add_argument("--duration", type=float, default=30.0, help="supervisor-cost window")
@@ -280,6 +303,7 @@ def main() -> None:
         "--only",
         choices=[
             "startup",
+            "status",
             "latency",
             "order",
             "crowd",
@@ -291,7 +315,7 @@ def main() -> None:
             "mcp",
             "gpu",
         ],
-        help="run only part 0, 1, 5, 6, 7, 8, 9, 10, 11, 12 or 13",
+        help="run only part 0, 2 (status), 1, 5, 6, 7, 8, 9, 10, 11, 12 or 13",
     )
     ap.add_argument(
         "--quick", dest="all", action="store_false", help="leave out parts 6 and 7 (slow)"
@@ -321,6 +345,7 @@ def _parts(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} cores, {os.uname().release}, Python {sys.version.split()[0]}")
     only = {
         "startup": lambda: bench_startup(tmp, env, args),
+        "status": lambda: bench_status(tmp, env, args),
         "latency": lambda: bench_latency(tmp, env, args),
         "order": lambda: bench_orders(tmp, env, args),
         "crowd": lambda: bench_crowd(tmp, env, args),
@@ -339,16 +364,7 @@ def _parts(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> None:
     bench_latency(tmp, env, args)
 
     trainctl_tree(tmp, env, args.width, args.depth)
-    ms = median_ms([TRAINCTL, "status", "bench"], env, 20)
-    sv = supervisorctl_status(tmp)
-    svs = (
-        f"supervisorctl status {sv:.0f} ms -> ratio {ms / sv:.2f}x"
-        if sv
-        else "supervisorctl not installed (pip install supervisor) -> no side-by-side"
-    )
-    print(
-        f"2. trainctl status ({n + 1} members): {ms:.0f} ms median of 20 (target <= 80 ms); {svs}"
-    )
+    bench_status(tmp, env, args, started=True)
     cpu, rss = supervisor_cost(tmp / "home", args.duration)
     print(
         f"4. supervisor over {args.duration:.0f} s with {n + 1} members: {cpu:.2f}% of one "

@@ -23,9 +23,9 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import NamedTuple
 
 from trainctl.supervisor.errors import SpawnError
+from trainctl.supervisor.records import record
 
 from . import cgroup as cg
 
@@ -33,12 +33,9 @@ SUBDIR = cg.SUBDIR
 MIN_BYTES = 1 << 20  # below 1 MiB a job cannot even exec its interpreter
 
 
-class Home(NamedTuple):
-    """Where job memory groups go: ``base`` is the ``trainctl`` folder holding them.
-
-    NamedTuples, not dataclasses, here: `status` imports this module, and a dataclass
-    costs its importer ~0.3 ms of generated-method compilation each.
-    """
+@record(frozen=True)
+class Home:
+    """Where job memory groups go: ``base`` is the ``trainctl`` folder holding them."""
 
     version: int  # 2 or 1
     base: Path
@@ -173,7 +170,8 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-class Usage(NamedTuple):
+@record(frozen=True)
+class Usage:
     """What the memory group says now."""
 
     used_bytes: int | None
@@ -231,15 +229,15 @@ def oom_kills(group: Path) -> int:
 
 
 # "oom-kill:constraint=...,oom_memcg=/a/b,task_memcg=/a/b,task=python3,pid=1234,uid=0"
-_OOM_LINE = re.compile(
-    r"oom-kill:.*?task_memcg=(?P<memcg>[^,]*),task=(?P<task>.*),pid=(?P<pid>\d+)"
-)
+# (patterns as text: `re` compiles each once, on the first kernel log read, not at import)
+_OOM_LINE = r"oom-kill:.*?task_memcg=(?P<memcg>[^,]*),task=(?P<task>.*),pid=(?P<pid>\d+)"
 # "Memory cgroup out of memory: Killed process 1234 (python3) total-vm:..." (older kernels)
-_KILLED = re.compile(r"(?:Killed|Kill) process (?P<pid>\d+) \((?P<task>[^)]*)\)")
+_KILLED = r"(?:Killed|Kill) process (?P<pid>\d+) \((?P<task>[^)]*)\)"
 KMSG_RECORDS = 20000  # the ring buffer holds a few thousand records; never read forever
 
 
-class Victim(NamedTuple):
+@record(frozen=True)
+class Victim:
     """A process the kernel's OOM killer took."""
 
     pid: int
@@ -267,14 +265,14 @@ def oom_victims(pids: set[int], leaf: str | None) -> list[Victim]:
                     continue
                 break
             text = raw.decode(errors="replace").partition(";")[2]
-            m = _OOM_LINE.search(text)
+            m = re.search(_OOM_LINE, text)
             if m is not None:
                 pid = int(m["pid"])
                 memcg = m["memcg"].rstrip("/")
                 if pid in pids or (leaf and memcg.endswith(f"/{SUBDIR}/{leaf}")):
                     found[pid] = Victim(pid, m["task"])
                 continue
-            k = _KILLED.search(text)
+            k = re.search(_KILLED, text)
             if k is not None and int(k["pid"]) in pids:
                 found[int(k["pid"])] = Victim(int(k["pid"]), k["task"])
     finally:

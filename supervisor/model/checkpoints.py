@@ -46,13 +46,14 @@ MARKER = ".complete"
 _EOCD = b"PK\x05\x06"
 _EOCD_SEARCH = 65536 + 22  # the record sits within the last 64 KiB comment + its 22 bytes
 _SAFETENSORS_HEADER_MAX = 100 << 20
-_TEMP = re.compile(r"(\.tmp|\.temp|\.part|\.partial|\.incomplete|~|-unfinished)$|^(\.|tmp)", re.I)
+# (patterns as text: `re` compiles each once, when a checkpoint is first judged)
+_TEMP = r"(?i)(\.tmp|\.temp|\.part|\.partial|\.incomplete|~|-unfinished)$|^(\.|tmp)"
 _STEP_PATTERNS = (
-    re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),  # step_000120, epoch=3-step=1200
-    re.compile(r"global_step[_-]?(\d+)", re.I),
-    re.compile(r"checkpoint[-_](\d+)", re.I),  # HF checkpoint-120
-    re.compile(r"iter(?:ation)?[=_-]?(\d+)", re.I),  # Megatron iter_0000120
-    re.compile(r"(?:^|[^a-z])it(\d+)", re.I),
+    r"(?i)(?:^|[^a-z])step[=_-]?(\d+)",  # step_000120, epoch=3-step=1200
+    r"(?i)global_step[_-]?(\d+)",
+    r"(?i)checkpoint[-_](\d+)",  # HF checkpoint-120
+    r"(?i)iter(?:ation)?[=_-]?(\d+)",  # Megatron iter_0000120
+    r"(?i)(?:^|[^a-z])it(\d+)",
 )
 
 
@@ -74,7 +75,7 @@ def step_of_name(path: str) -> float | None:
     for part in reversed(parts):
         stem = part.rsplit(".", 1)[0] if "." in part[1:] else part
         for rx in _STEP_PATTERNS:
-            found = rx.findall(stem)
+            found = re.findall(rx, stem)
             if found:
                 return float(int(found[-1]))
     return None
@@ -147,7 +148,7 @@ def _by_format(path: str, is_dir: bool, size: int, mtime: float) -> tuple[bool, 
         is_dir and _written_after(inside, mtime)
     ):
         return True, "completion marker"
-    if _TEMP.search(name):
+    if re.search(_TEMP, name):
         return False, "a temporary name"
     return _dir_format(path, name) if is_dir else _file_format(path, name, size)
 

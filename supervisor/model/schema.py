@@ -12,6 +12,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -68,8 +69,68 @@ def check_document(obj: Any, where: str) -> None:
 
 def _check_fields(obj: Any, where: str, prefix: str) -> None:
     cls: Any = type(obj)
-    for name, hint in _hints(cls).items():
-        _check(getattr(obj, name), hint, where, f"{prefix}{name}")
+    for name, hint, kind, scalar_ok in _plan(cls):
+        value = getattr(obj, name)
+        if scalar_ok is not None:  # the common case, without a call per field
+            if not scalar_ok(value):
+                _check(value, hint, where, f"{prefix}{name}")  # says what is wrong
+        elif kind != "any":
+            _check(value, hint, where, f"{prefix}{name}")
+
+
+def _int_ok(v: Any) -> bool:
+    return isinstance(v, int) and v.__class__ is not bool and 0 <= v <= _MAX_NUMBER
+
+
+def _float_ok(v: Any) -> bool:
+    return (
+        isinstance(v, int | float)
+        and v.__class__ is not bool
+        and math.isfinite(v)
+        and 0 <= v <= _MAX_NUMBER
+    )
+
+
+def _str_ok(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _bool_ok(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+# what _check_scalar accepts, as one test each (it names the field when one fails)
+_SCALAR_OK: dict[Any, Callable[[Any], bool]] = {
+    int: _int_ok,
+    float: _float_ok,
+    str: _str_ok,
+    bool: _bool_ok,
+}
+
+
+@functools.cache
+def _plan(cls: Any) -> tuple[tuple[str, Any, str, Callable[[Any], bool] | None], ...]:
+    """Each field of ``cls`` with its hint, how it is checked and, for a plain scalar, its
+    one test: worked out once per class (a state holds hundreds of member records)."""
+    return tuple((name, hint, _kind(hint)[0], _test_of(hint)) for name, hint in _hints(cls).items())
+
+
+def _test_of(hint: Any) -> Callable[[Any], bool] | None:
+    """One test for a scalar hint or an optional one (``int | None``); else None."""
+    kind, origin = _kind(hint)
+    if kind == "scalar":
+        return _SCALAR_OK.get(hint)
+    args = _args(hint)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and args[1] is type(None):
+        inner = _SCALAR_OK.get(args[0])
+        if inner is not None:
+            return lambda v: v is None or inner(v)
+    return None
+
+
+@functools.cache
+def _args(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint)
 
 
 @functools.cache
@@ -84,7 +145,7 @@ def _kind(hint: Any) -> tuple[str, Any]:
     if hint is Any:
         return "any", None
     origin = typing.get_origin(hint)
-    if origin is dict and typing.get_args(hint) == (str, str):
+    if origin is dict and _args(hint) == (str, str):
         return "str-dict", None  # a job's environment: hundreds of strings, one pass
     if origin is not None or records.is_structured(hint):
         return "compound", origin
@@ -112,7 +173,7 @@ def _check(value: Any, hint: Any, where: str, path: str) -> None:
 
 
 def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -> None:
-    args = typing.get_args(hint)
+    args = _args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return
@@ -131,6 +192,9 @@ def _check_compound(value: Any, hint: Any, origin: Any, where: str, path: str) -
         _need(isinstance(value, tuple | list), value, "a list", where, path)
         if origin is tuple and args and args[-1] is not Ellipsis:  # (pid, ticks): exactly
             _need(len(value) == len(args), value, f"a list of {len(args)}", where, path)
+        test = _SCALAR_OK.get(args[0]) if args else None
+        if test is not None and all(test(item) for item in value):
+            return  # a list of plain scalars (a member's nets): one pass, no path built
         for i, item in enumerate(value):
             _check(item, args[0], where, f"{path}[{i}]")
     else:  # a nested record (ProcRef, MemberSnap, GpuLease)

@@ -8,7 +8,6 @@ verification :class:`GpuBinding`. spec.json stores the same sections as JSON obj
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from signal import Signals
 from typing import Any
@@ -63,7 +62,7 @@ class StopPolicy:
 # [causes] needs no causes module.
 RESTART_WORDS = ("failure", "oom", "signal")
 # always .fullmatch: "$" also matches before a final newline ("oom\n" would pass .match)
-CLASS_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+CLASS_NAME = r"[a-z][a-z0-9-]{0,39}"  # a pattern, compiled on first use (re caches it)
 
 
 @record(frozen=True)
