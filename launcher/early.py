@@ -1,4 +1,4 @@
-"""The stop's request, sent before the rest of trainctl is imported.
+"""The stop's request, and status's question, sent before the rest of trainctl is imported.
 
 `trainctl stop NAME` of a job whose supervisor lives is, to the user, one thing: the
 signal should land now. Importing what follows and renders the stop (the verb, the
@@ -16,6 +16,13 @@ nothing here: the verb does it all, as before.
 
 A live supervisor is the job's authority: it signals from its own roster, not from
 state.json, so nothing here reads or trusts that file.
+
+`trainctl status NAME [--json]` takes the same path for its one question to the
+supervisor: ``{"op": "members"}``, the run's live processes as its roster holds them. The
+supervisor answers while the CLI imports the status code; :func:`members_answer` hands the
+reply line to `status`, which checks it (``reports.MembersReply``) and shows it instead of
+reading each process of the job again. No answer in time, or no question sent (any other
+shape of the command): `status` counts them itself, as before.
 """
 
 from __future__ import annotations
@@ -32,26 +39,90 @@ WAIT_S = 0.25  # how long the request waits for its answer before the verb is im
 
 # jdir -> (the open connection, what it asked: order, grace_s)
 _pending: dict[str, tuple[_socket.socket, tuple[str | None, float | None]]] = {}
+# jdir -> the connection that asked the supervisor for the members (status)
+_asked: dict[str, _socket.socket] = {}
+ANSWER_S = 1.0  # how long status waits for that answer before it counts the members itself
+
+
+def send(argv: list[str]) -> None:
+    """A plain stop's request, or a plain status's question, to the job's live supervisor."""
+    rest = argv[2:] if argv[:1] == ["--home"] else argv
+    verb = rest[0] if rest else None
+    if verb == "stop":
+        send_stop(argv)
+    elif verb == "status":
+        ask_members(argv)
+
+
+def ask_members(argv: list[str]) -> None:
+    """If ``argv`` is ``[--home DIR] status NAME [--json]`` of a job whose supervisor
+    answers, ask it for the members now; `status` reads the answer (:func:`members_answer`)."""
+    home_opt, rest = (
+        (argv[1], argv[2:]) if argv[:1] == ["--home"] and len(argv) >= 2 else (None, argv)
+    )
+    if len(rest) not in (2, 3) or rest[0] != "status" or rest[2:] not in ([], ["--json"]):
+        return
+    if home_opt == "":
+        return  # an empty --home is refused by the verb, never read as the default
+    found = _job(home_opt, rest[1])
+    if found is None:
+        return
+    jdir, sock = found
+    try:
+        sock.sendall(b'{"op": "members"}\n')
+    except OSError:
+        sock.close()
+        return
+    _asked[jdir] = sock
+
+
+def members_answer(jdir: str) -> bytes | None:
+    """The supervisor's reply line to the members question sent for ``jdir``; None when
+    none was sent or it did not come within ANSWER_S (then `status` counts them itself)."""
+    sock = _asked.pop(jdir, None)
+    if sock is None:
+        return None
+    buf = b""
+    try:
+        sock.settimeout(ANSWER_S)
+        while not buf.endswith(b"\n") and len(buf) < 4096:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None
+            buf += chunk
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    return buf if buf.endswith(b"\n") else None
+
+
+def _job(home_opt: str | None, name: str) -> tuple[str, _socket.socket] | None:
+    """The job directory and a connection to its own live supervisor, for a job the
+    verb would find the same way; None for anything unusual (the verb decides it)."""
+    if os.environ.get("TRAINCTL_HOST") or os.environ.get("TRAINCTL_CLIENT_VERSION"):
+        return None  # --host through the environment, or the remote end (its version check)
+    home = _home(home_opt)
+    if home is None or not layout.name_ok(name):
+        return None
+    jdir = layout.job_dir(home, name)
+    sock_path, queued = layout.control_path(home, name), layout.queue_entry(home, name)
+    if not _owned_dir(jdir) or os.path.lexists(queued):
+        return None  # a queued run of this name: the verb deals with the queue first
+    sock = _connect(sock_path, home, name)
+    return None if sock is None else (jdir, sock)
 
 
 def send_stop(argv: list[str]) -> None:
     """If ``argv`` is a plain stop of one job whose supervisor answers, send it now."""
-    if os.environ.get("TRAINCTL_HOST") or os.environ.get("TRAINCTL_CLIENT_VERSION"):
-        return  # --host through the environment, or the remote end (its version check first)
     asked = _parse(argv)
     if asked is None:
         return
     home_opt, name, order, grace_s = asked
-    home = _home(home_opt)
-    if home is None or not layout.name_ok(name):
+    found = _job(home_opt, name)
+    if found is None:
         return
-    jdir = layout.job_dir(home, name)
-    sock_path, queued = layout.control_path(home, name), layout.queue_entry(home, name)
-    if not _owned_dir(jdir) or os.path.lexists(queued):
-        return  # a queued run of this name is dequeued first, by the verb
-    sock = _connect(sock_path, home, name)
-    if sock is None:
-        return
+    jdir, sock = found
     fields = [b'"op": "stop"', b'"gpu_timeout_s": null']
     if order is not None:
         fields += [b'"order": "%s"' % order.encode(), b'"main_only": %s' % _bool(order == "main")]

@@ -465,14 +465,14 @@ def bench_startup(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> N
     """0. The CLI's own start-up, and the whole stop as a user times it.
 
     The stop sends its request before it imports the verb (launcher/early.py); the same
-    stop with TRAINCTL_NO_EARLY_STOP=1 runs beside it, interleaved.
+    stop with TRAINCTL_NO_EARLY=1 runs beside it, interleaved.
     """
     bare = median_ms([sys.executable, "-c", "pass"], env, 20)
     trainctl_tree(tmp, env, 2, 2)
     status = median_ms([TRAINCTL, "status", "bench"], env, 20)
     paths = {"status": _import_times(env, ["status", "bench"])}
     tc("stop", "bench", env=env)
-    late = {**env, "TRAINCTL_NO_EARLY_STOP": "1"}
+    late = {**env, "TRAINCTL_NO_EARLY": "1"}
     rows: dict[str, list[tuple[float, float, float]]] = {"early": [], "late": []}
     killpgs, shells = [], []
     for _ in range(args.rounds):  # interleaved so drift hits every side alike
@@ -490,7 +490,7 @@ def bench_startup(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> N
     )
     for side, got in rows.items():
         a, f, g = (statistics.median(x[i] for x in got) * 1000 for i in range(3))
-        what = "request sent first" if side == "early" else "TRAINCTL_NO_EARLY_STOP=1"
+        what = "request sent first" if side == "early" else "TRAINCTL_NO_EARLY=1"
         print(
             f"   stop ({what}), {n}-process tree, median of {args.rounds}: exec -> the "
             f"supervisor has the request {a:.1f} ms -> {a / bare:.2f}x the bare interpreter "

@@ -23,7 +23,9 @@ from trainctl.supervisor.records import JsonObject
 from .errors import StateError
 from .life import lifecycle as lc
 from .model import control
+from .model.reports import MembersReply
 from .tree import terminal
+from .tree.proctree import scan, scan_cgroup
 from .tree.terminal import Terminal
 
 if TYPE_CHECKING:  # the run it serves, as a type: the server sits below the run's core
@@ -133,10 +135,27 @@ class ControlServer:
         await term.serve(viewer, stream, reader)
         self.core.log.info("detached", viewer_pid=pid)
 
+    async def _members(self) -> JsonObject:
+        """The run's live members as `status` counts them: from the roster (cgroup mode:
+        only the processes that joined since its last look are read), else the scan the
+        CLI would run (the tree, the marker), in a worker thread either way."""
+        roster = self.core.roster()
+        found = None if roster is None else await anyio.to_thread.run_sync(roster.refresh)
+        if found is None or (roster is not None and roster.taken):
+            # no roster, or a stop holds the members now: the same scan as the CLI's
+            target = self.core.target()
+            scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
+            found = await anyio.to_thread.run_sync(scan_fn, target)
+        live = [m for m in found.values() if m.alive]
+        escaped = sum(1 for m in live if m.escaped)
+        return MembersReply(members=len(live), escaped=escaped).to_doc()
+
     async def _dispatch(self, req: dict[str, Any]) -> JsonObject:
         op = req.get("op")
         if op == "ping":
             return control.PingReply(True, os.getpid(), str(self.core.state.phase)).to_doc()
+        if op == "members":
+            return await self._members()
         if op == "stop":
             try:
                 ask = control.StopAsk.from_doc(req)

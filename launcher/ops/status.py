@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainctl.launcher import backends
+from trainctl.launcher import backends, early
 from trainctl.launcher.checkpoint import checkpoint_view
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import human_duration
@@ -24,6 +26,8 @@ from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.linux import memory
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.reports import MembersReply
+from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import last_line
@@ -34,6 +38,9 @@ from trainctl.supervisor.tree.proctree import scan, scan_cgroup, target_of
 from . import queue
 from .deployfiles import on_probation
 from .jobs import existing_job, stop_under_way
+
+if TYPE_CHECKING:
+    from trainctl.supervisor.tree.proctree import Member
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
@@ -98,12 +105,17 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     # frequent `status`, while `ps` and `stop` walk every net.
     scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
     last = st.last_stop
+    counted = _counted_by_supervisor(jdir) if sup_alive and seen.members is None else None
     members = (
         scan_fn(target)
-        if seen.members is None and (phase not in state.TERMINAL or last is None or not last.ok)
+        if counted is None
+        and seen.members is None
+        and (phase not in state.TERMINAL or last is None or not last.ok)
         else {}
     )
     live = [m for m in members.values() if m.alive]
+    if counted is not None:
+        seen = replace(seen, members=counted.members)
     now = time.time()
     end = st.ended_at or now
     log = state.log_path(jdir, st.run)
@@ -119,7 +131,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         supervisor_alive=sup_alive,
         exit_code=st.exit_code,
         members=len(live) if seen.members is None else seen.members,
-        escaped=sum(1 for m in live if m.escaped) if seen.whole_job_here else 0,
+        escaped=_escaped(live, counted) if seen.whole_job_here else 0,
         mode=seen.mode,
         cgroup=st.cgroup,
         started_at=st.started_at,
@@ -165,6 +177,23 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         adopted=st.adopted,
         queue=None if entry is None else queue.queue_view(home, name, entry),
     )
+
+
+def _counted_by_supervisor(jdir: Path) -> MembersReply | None:
+    """The live supervisor's count of the members, asked before the imports (early.py);
+    None when it was not asked or did not answer in time, or answered what is not a count."""
+    raw = early.members_answer(str(jdir))
+    if raw is None:
+        return None
+    try:
+        reply = build_document(MembersReply, json.loads(raw), "the supervisor's members reply")
+    except (StateError, ValueError):
+        return None  # an older supervisor ("unknown op"), or a reply not to trust: count
+    return reply if reply.ok else None
+
+
+def _escaped(live: list[Member], counted: MembersReply | None) -> int:
+    return counted.escaped if counted is not None else sum(1 for m in live if m.escaped)
 
 
 def queued_status(home: Path, e: queue.Entry) -> Status:

@@ -1,7 +1,8 @@
 """The CLI <-> supervisor protocol over ``jobs/<name>/control.sock``: one JSON line each way.
 
-Requests: ``{"op": "ping"}``, ``{"op": "stop", "grace_s": 5.0, "order": "tree"}``
-(``order`` may be absent: the job's own stop order; ``"main_only": true`` means ``main``).
+Requests: ``{"op": "ping"}``, ``{"op": "members"}``, ``{"op": "stop", "grace_s": 5.0,
+"order": "tree"}`` (``order`` may be absent: the job's own stop order; ``"main_only": true``
+means ``main``).
 Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket is 0600 in a
 0700 directory and the server also checks the peer's uid (SO_PEERCRED).
 

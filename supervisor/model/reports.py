@@ -289,3 +289,19 @@ class SlurmStopReport:
     def to_doc(self) -> JsonObject:
         """Return the JSON form."""
         return asdict(self)
+
+
+@record(frozen=True)
+class MembersReply:
+    """The supervisor's answer to ``{"op": "members"}`` (control.py): the run's live
+    processes now, and how many of them left main's tree. What `status` shows; early.py
+    asks it while the CLI imports the rest, so a big job is not read process by process
+    again. Here, not in control.py, so that `status` reads it without the socket module."""
+
+    ok: bool = True
+    members: int = 0
+    escaped: int = 0
+
+    def to_doc(self) -> JsonObject:
+        """The reply on the wire."""
+        return asdict(self)
