@@ -321,7 +321,7 @@ class HostRow:
     def to_doc(self) -> JsonObject:
         """The JSON form: the alias's keys, then the check's (its `trainctl`: found or not)."""
         h = self.host
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "name": h.name,
             "target": h.target,
             "port": h.port,

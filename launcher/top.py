@@ -18,7 +18,7 @@ from typing import Any
 
 from trainctl.supervisor.errors import GpuError
 from trainctl.supervisor.gpu import NoDriverError
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import Json, JsonObject
 
 from . import render, term
 from .gpus import gpu_views
@@ -118,14 +118,14 @@ def _fit(text: str, width: int) -> str:
 def frame_doc(home: Path) -> JsonObject:
     """One frame as JSON: every job (as `status --json`, live first) and every GPU (as
     `gpus --json`; ``gpus_error`` says why there are none)."""
-    jobs: list[dict[str, Any]] = []
+    jobs: list[Json] = []
     for s in all_statuses(home):
         jobs.append(
             s.to_doc()
             if isinstance(s, Status)
             else {"name": s[0], "state": "unknown", "error": s[1]}
         )
-    doc: dict[str, Any] = {"host": socket.gethostname(), "at": time.time(), "jobs": jobs}
+    doc: JsonObject = {"host": socket.gethostname(), "at": time.time(), "jobs": jobs}
     try:
         doc["gpus"] = [v.to_doc() for v in gpu_views(home)]
     except GpuError as e:  # no driver, or one that cannot answer

@@ -18,7 +18,6 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from trainctl.supervisor.linux.systemd import own_unit
 from trainctl.supervisor.model.events import append_event
@@ -71,7 +70,15 @@ def _reply(sock: socket.socket, msg: JsonObject) -> None:
     sock.sendall(json.dumps(msg).encode() + b"\n")
 
 
-def _read_request(sock: socket.socket) -> dict[str, Any]:
+def _spec_of(req: JsonObject) -> Spec:
+    """The job spec the CLI's handshake carries (taken out of it)."""
+    doc = req.pop("spec", None)
+    if not isinstance(doc, dict):
+        raise SpawnError("the CLI's handshake holds no job spec")
+    return spec_from_doc(doc)
+
+
+def _read_request(sock: socket.socket) -> JsonObject:
     buf = b""
     while not buf.endswith(b"\n"):
         chunk = sock.recv(1 << 16)
@@ -435,7 +442,7 @@ def main(argv: list[str]) -> int:
     set_subreaper()
     try:
         req = _read_request(sock)
-        spec = spec_from_doc(req.pop("spec"))
+        spec = _spec_of(req)
         handover = Handover.from_doc(req)
         listener = control.bind(jdir)
         state, spawned, cgroup = launch(jdir, spec, handover)

@@ -29,6 +29,7 @@ from trainctl.supervisor.model.state import (
     progress_path,
     write_state,
 )
+from trainctl.supervisor.records import JsonObject
 from trainctl.supervisor.tree.proctree import Target, target_of
 from trainctl.supervisor.tree.roster import Roster
 from trainctl.supervisor.tree.spawn import Spawned, exit_code_of
@@ -123,7 +124,7 @@ class RunCore:
         self.main_reaped = anyio.Event()
         self.events_tx, self.events_rx = anyio.create_memory_object_stream[lc.Event](64)
         self.replies: dict[int, anyio.Event] = {}
-        self.answers: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, JsonObject] = {}
         self.tokens = itertools.count(1)
         self.persist_error: str | None = None
         self.handlers = 0  # control connections not yet answered
@@ -190,7 +191,9 @@ class RunCore:
             step = steps.newest_reported(reported)
         if step is not None and step == int(step):
             step = int(step)
-        progress = None if step is None else {"step": step, "total": self.spec.watch.total_steps}
+        progress: JsonObject | None = (
+            None if step is None else {"step": step, "total": self.spec.watch.total_steps}
+        )
         try:
             error = hooks.fire(
                 event, self.spec, self.jdir, self.state, cause, progress, notify=notify

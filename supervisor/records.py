@@ -238,9 +238,9 @@ class _DataclassFields:
     def __get__(self, obj: Any, owner: type) -> dict[str, Any]:
         dataclasses = _dataclasses()
         mine = fields(owner)
-        ns: dict[str, Any] = {"__annotations__": {f.name: f.type for f in mine}}
+        ns: dict[str, object] = {"__annotations__": {f.name: f.type for f in mine}}
         for f in mine:
-            kw: dict[str, Any] = {"init": f.init, "repr": f.repr}
+            kw: dict[str, object] = {"init": f.init, "repr": f.repr}
             if f.default is not MISSING:
                 kw["default"] = f.default
             if f.default_factory is not MISSING:
@@ -260,7 +260,7 @@ def _is_classvar(kind: Any) -> bool:
     return kind is ClassVar or get_origin(kind) is ClassVar
 
 
-def _own_annotations(cls: type) -> dict[str, Any]:
+def _own_annotations(cls: type) -> dict[str, object]:
     ann = cls.__dict__.get("__annotations__")  # noqa: RUF063  (inspect costs ~10 ms)
     if ann is None and "__annotate__" in cls.__dict__:  # Python 3.14's lazy annotations
         ann = cls.__annotations__
@@ -343,7 +343,7 @@ def __hash__(self):
 """
 
 
-def _compile(cls: type, fs: tuple[Field, ...], frozen: bool) -> dict[str, Any]:
+def _compile(cls: type, fs: tuple[Field, ...], frozen: bool) -> dict[str, object]:
     """``__init__``, ``__eq__`` and ``__hash__`` for ``cls``, compiled in one exec (only
     plain fields: no defaults of any kind, every one taken by ``__init__``)."""
     if any(not f.init or f.default is not MISSING or f.default_factory is not MISSING for f in fs):
@@ -356,7 +356,7 @@ def _compile(cls: type, fs: tuple[Field, ...], frozen: bool) -> dict[str, Any]:
         mine=", ".join(f"self.{n}" for n in names),
         theirs=", ".join(f"other.{n}" for n in names),
     )
-    made: dict[str, Any] = {}
+    made: dict[str, object] = {}
     exec(src, {"__put": object.__setattr__}, made)  # noqa: S102  (our own text, as dataclasses)
     return made
 
@@ -374,7 +374,7 @@ def record(
             raise TypeError(f"{cls.__qualname__}: a record has no __post_init__ (a dataclass has)")
         fs = _fields_of(cls)
         out = _slotted(cls, fs)
-        methods: dict[str, Any] = {
+        methods: dict[str, object] = {
             "__record_fields__": fs,
             "_record_names": tuple(f.name for f in fs),
             "_record_shown": tuple(f.name for f in fs if f.repr),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -107,7 +107,7 @@ class ControlServer:
 
     async def _attach(
         self,
-        req: dict[str, Any],
+        req: JsonObject,
         stream: anyio.abc.SocketStream,
         reader: BufferedByteReceiveStream,
         pid: int,
@@ -150,7 +150,7 @@ class ControlServer:
         escaped = sum(1 for m in live if m.escaped)
         return MembersReply(members=len(live), escaped=escaped).to_doc()
 
-    async def _dispatch(self, req: dict[str, Any]) -> JsonObject:
+    async def _dispatch(self, req: JsonObject) -> JsonObject:
         op = req.get("op")
         if op == "ping":
             return control.PingReply(True, os.getpid(), str(self.core.state.phase)).to_doc()

@@ -38,7 +38,7 @@ from trainctl.supervisor.model.state import (
     progress_path,
 )
 from trainctl.supervisor.model.steps import steps_path
-from trainctl.supervisor.records import replace
+from trainctl.supervisor.records import JsonObject, replace
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 from trainctl.supervisor.tree.roster import widen_fd_table
 from trainctl.supervisor.tree.spawn import Spawned
@@ -489,7 +489,7 @@ class Owner:
                         await self._step(tg)
             tg.cancel_scope.cancel()
 
-    def _end_of_run(self) -> dict[str, object]:
+    def _end_of_run(self) -> JsonObject:
         """What an attached viewer is told when the run ends (terminal.END)."""
         st = self.core.state
         if self.core.life.stage is lc.Stage.HANDED_OVER:

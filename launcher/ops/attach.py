@@ -16,7 +16,7 @@ from trainctl.supervisor.errors import JobConflictError, NotRunningError, StateE
 from trainctl.supervisor.model import control, state
 from trainctl.supervisor.model.phases import Phase
 from trainctl.supervisor.model.reports import SlurmStopReport, StopReport
-from trainctl.supervisor.records import record
+from trainctl.supervisor.records import JsonObject, record
 
 from .jobs import current_phase, existing_job
 
@@ -73,7 +73,7 @@ def attach(home: Path, name: str, *, read_only: bool, size: tuple[int, int] | No
     return Attached(name, sock, run, reply.main_pid, early)
 
 
-def read_reply_line(sock: socket.socket) -> tuple[dict[str, object], bytes]:
+def read_reply_line(sock: socket.socket) -> tuple[JsonObject, bytes]:
     """The reply's JSON line, and the frames that came in the same read after it (the
     supervisor sends the screen to replay right behind its reply)."""
     buf = b""

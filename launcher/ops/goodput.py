@@ -32,15 +32,14 @@ import itertools
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.steps import number, steps_path, timed_steps
-from trainctl.supervisor.records import field, record
+from trainctl.supervisor.records import JsonObject, field, record
 
 from .jobs import current_phase, existing_job
 
@@ -72,19 +71,20 @@ class _Run:
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
-def _cause(doc: dict[str, Any]) -> str | None:
-    cause = doc.get("cause")
-    return cause.get("summary") if isinstance(cause, dict) else None
+def _cause(doc: JsonObject) -> str | None:
+    cause = events.obj(doc.get("cause"))
+    return None if cause is None else events.text(cause.get("summary"))
 
 
-def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
+def _runs(evs: list[JsonObject]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
     """The runs, the queue's wait, and the stalled periods, from the events."""
     runs: dict[int, _Run] = {}
     queued, stalls, current = 0.0, [], None
     stalled_at: float | None = None
     for ev in evs:
         kind, ts = ev["event"], number(ev.get("ts")) or 0.0
-        run = ev.get("run") if isinstance(ev.get("run"), int) else current
+        run = events.whole(ev.get("run"))
+        run = current if run is None else run
         if kind == "started" and isinstance(run, int):
             current = run
             runs[run] = _Run(run, ts)
@@ -96,7 +96,7 @@ def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple
             r = runs[run]
             r.end = r.end or ts
             r.cause = r.cause or _cause(ev)
-            kind_of = (ev.get("cause") or {}).get("kind")
+            kind_of = (events.obj(ev.get("cause")) or {}).get("kind")
             r.stopped = kind_of == "stopped"
             r.gpu_fault = kind_of == "gpu"
         elif kind == "stalled":
@@ -104,8 +104,8 @@ def _runs(evs: list[dict[str, Any]]) -> tuple[dict[int, _Run], float, list[tuple
         elif kind == "unstalled" and stalled_at is not None:
             stalls.append((stalled_at, ts))
             stalled_at = None
-        elif kind == "deploy" and isinstance(ev.get("to_run"), int) and ev["to_run"] in runs:
-            runs[ev["to_run"]].by_deploy = True
+        elif kind == "deploy" and (to_run := events.whole(ev.get("to_run"))) in runs:
+            runs[to_run].by_deploy = True
     if stalled_at is not None:
         stalls.append((stalled_at, time.time()))
     return runs, queued, stalls

@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import read_events
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
-from trainctl.supervisor.records import fields, replace
+from trainctl.supervisor.records import JsonObject, fields, replace
 
 from .jobs import current_phase, existing_job
 
 
-def _num(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _code_line(ev: dict[str, Any]) -> str:
+def _code_line(ev: JsonObject) -> str:
     """A `code` event in CodeRecord.line()'s words (the diff's hash beside a dirty commit)."""
     with contextlib.suppress(TrainctlError, TypeError, ValueError):
         fields = {k: v for k, v in ev.items() if k in _CODE_FIELDS}
@@ -52,7 +47,7 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
         kind, run = ev["event"], ev.get("run")
         if kind == "started" and isinstance(run, int):
             current = run
-            rows[run] = replace(row(run), started_at=_num(ev.get("ts")))
+            rows[run] = replace(row(run), started_at=events.num(ev.get("ts")))
         elif kind == "code" and isinstance(run, int):
             rows[run] = replace(
                 row(run), code=_code_line(ev), commit=ev.get("git_head"),
@@ -65,13 +60,13 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
             cause = ev.get("cause")
             summary = cause.get("summary") if isinstance(cause, dict) else None
             phase = ev.get("phase") if kind == "ended" else "failed (restarted)"
-            rows[r] = replace(row(r), ended_at=_num(ev.get("ts")), phase=phase, cause=summary)
+            rows[r] = replace(row(r), ended_at=events.num(ev.get("ts")), phase=phase, cause=summary)
         elif kind == "deploy":
             _mark_deploy(rows, ev)
     return _finish(jdir, rows)
 
 
-def _mark_deploy(rows: dict[int, HistoryRow], ev: dict[str, Any]) -> None:
+def _mark_deploy(rows: dict[int, HistoryRow], ev: JsonObject) -> None:
     """A deploy marks the run it left, the run it started and the run it rolled back to."""
     old, new = ev.get("from_commit") or "?", ev.get("to_commit") or "?"
     outcome = ev.get("outcome")

@@ -10,7 +10,7 @@ from trainctl.launcher import backends
 from trainctl.launcher.inputs import closest, human_duration
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import newest_first
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.records import record, replace
@@ -67,18 +67,15 @@ def stop_under_way(jdir: Path) -> StopUnderWay | None:
     events: a few KiB, read only while a stop is on. None when there is none."""
     shortened: tuple[float, float] | None = None
     for ev in newest_first(jdir, 65536):
-        try:
-            kind, ts = ev.get("event"), float(ev["ts"])
-            if kind == "grace_shortened" and shortened is None:
-                shortened = (ts, float(ev["grace_left_s"]))
-            elif kind == "stopping":
-                at, left = shortened or (ts, float(ev.get("grace_s", 0)))
-                reason = ev.get("reason")
-                return StopUnderWay(
-                    ts, left - (time.time() - at), reason if isinstance(reason, str) else None
-                )
-        except (ValueError, KeyError, TypeError, AttributeError):
+        kind, ts = ev.get("event"), events.num(ev.get("ts"))
+        if ts is None:
             continue
+        left_s = events.num(ev.get("grace_left_s"))
+        if kind == "grace_shortened" and shortened is None and left_s is not None:
+            shortened = (ts, left_s)
+        elif kind == "stopping":
+            at, left = shortened or (ts, events.num(ev.get("grace_s")) or 0.0)
+            return StopUnderWay(ts, left - (time.time() - at), events.text(ev.get("reason")))
     return None
 
 

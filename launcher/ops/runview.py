@@ -15,10 +15,11 @@ from typing import Any
 from trainctl.launcher.results import Skipped, StackReport
 from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import newest_first
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.tail import latest_frame, read_end
+from trainctl.supervisor.records import JsonObject
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
@@ -121,9 +122,9 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
     report = st.last_stop
     if not isinstance(report, StopReport) or report.already_stopped:
         return None
-    events = _stop_events(jdir)
-    began = events.get("stopping")
-    t0 = began["ts"] if began else None
+    seen = _stop_events(jdir)
+    began = seen.get("stopping")
+    t0 = events.num(began.get("ts")) if began else None
     entries = [_request(report, began)]
     for p in sorted(report.sent, key=lambda p: p.at_s or 0.0):
         at = p.at_s or 0.0
@@ -135,9 +136,10 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
         entries.append(
             TimelineEntry(p.at_s or 0.0, "exit", f"{p.pid} {p.cmd} exited, unsignalled", p.pid)
         )
-    escalated = events.get("escalated")
+    escalated = seen.get("escalated")
     if report.killed:
-        at = escalated["ts"] - t0 if escalated and t0 else report.grace_s
+        esc_ts = events.num(escalated.get("ts")) if escalated else None
+        at = esc_ts - t0 if esc_ts is not None and t0 else report.grace_s
         who = ", ".join(f"{k.pid} {k.cmd}"[:60] for k in report.killed_procs[:5])
         entries.append(TimelineEntry(round(at, 4), "kill", f"SIGKILL → {report.killed}: {who}"))
     gone = report.gone_s if report.gone_s is not None else report.total_s
@@ -150,7 +152,7 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
     return StopTimeline(name, st.run, t0, report.total_s, report.ok, verdict, entries)
 
 
-def _request(report: StopReport, began: dict[str, Any] | None) -> TimelineEntry:
+def _request(report: StopReport, began: JsonObject | None) -> TimelineEntry:
     reason = began.get("reason") if began else report.reason
     return TimelineEntry(
         0.0,
@@ -175,9 +177,9 @@ def _verdict(r: StopReport) -> str:
     return f"{r.verdict()} ({r.total_s:.2f} s)"
 
 
-def _stop_events(jdir: Path) -> dict[str, dict[str, Any]]:
+def _stop_events(jdir: Path) -> dict[str, JsonObject]:
     """The newest `stopping` event and the `escalated` after it, from events.jsonl's end."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, JsonObject] = {}
     for ev in newest_first(jdir, EVENTS_BYTES):
         if not isinstance(ev.get("ts"), int | float):
             continue

@@ -9,7 +9,6 @@ nothing here prints. A dict appears only where a JSON document is read or writte
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, DriverInfo
 from trainctl.supervisor.model.reports import (
@@ -222,7 +221,7 @@ class CheckpointInfo:
         """The JSON form (None when the job names no checkpoint glob)."""
         if not self.watched:
             return None
-        doc: dict[str, Any] = {"newest": None}
+        doc: JsonObject = {"newest": None}
         if self.newest is not None:
             doc["newest"] = {"path": self.newest.path, "age_s": round(self.newest.age_s, 1)}
         if self.written is not None:

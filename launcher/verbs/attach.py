@@ -18,13 +18,12 @@ import termios
 import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.attach import Attached, attach, last_stop, still_served
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.records import record
+from trainctl.supervisor.records import JsonObject, record
 from trainctl.supervisor.tree import terminal as wire
 
 from . import Invocation
@@ -114,7 +113,7 @@ class Outcome:
     """How an attach ended: detached, the run ended (its doc), or the connection was lost."""
 
     how: str  # detached | ended | lost | dropped
-    end: dict[str, Any] | None = None
+    end: JsonObject | None = None
 
 
 class _Session:

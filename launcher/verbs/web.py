@@ -9,13 +9,13 @@ import secrets
 import socket
 import webbrowser
 from collections.abc import Callable
-from typing import Any
 
 from trainctl.launcher import render, verbs
 from trainctl.launcher.exitcodes import ExitCode, exit_code_for
 from trainctl.launcher.inputs import parse_allow
 from trainctl.launcher.web import app
 from trainctl.supervisor.errors import ConfigError, TrainctlError
+from trainctl.supervisor.records import JsonObject
 
 from . import Invocation
 
@@ -76,12 +76,12 @@ def run(
     return ExitCode.OK
 
 
-def in_process(home_opt: str | None) -> Callable[[str, str], dict[str, Any]]:
+def in_process(home_opt: str | None) -> Callable[[str, str], JsonObject]:
     """The page's actions, run in the server's process by the verbs' own code (as `trainctl
     mcp` runs its tools): each in a fresh invocation, its text to a sink of its own (never
     the server's stdout), its --json document kept, and any error as its one line."""
 
-    def act(what: str, name: str) -> dict[str, Any]:
+    def act(what: str, name: str) -> JsonObject:
         runs: dict[str, Callable[[Invocation], int]] = {
             "stop": lambda i: verbs.load("stop").run(i, name, as_json=True),
             "restart": lambda i: verbs.load("restart").run(i, name, as_json=True),

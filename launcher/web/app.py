@@ -44,7 +44,7 @@ from trainctl.launcher.results import StackReport, Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
 from trainctl.supervisor.model import state
-from trainctl.supervisor.records import record
+from trainctl.supervisor.records import JsonObject, record
 
 from . import pages, static
 
@@ -73,7 +73,7 @@ class WebConfig:
     allowed: frozenset[str]  # actions: stop, restart, deploy
     # runs an action in this process (the verb, given by the verb layer above this one):
     # (what, job) -> {"ok", "exit_code", "error", "report"}
-    act: Callable[[str, str], dict[str, Any]] | None = None
+    act: Callable[[str, str], JsonObject] | None = None
 
 
 def allowed_hosts(bind: str, port: int) -> frozenset[str]:

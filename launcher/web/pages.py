@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from trainctl.launcher import charts, render
 from trainctl.launcher.results import Status
@@ -37,7 +37,20 @@ def duration(secs: float | None) -> str:
     return "" if secs is None else render.duration(secs)
 
 
-def job_row(s: Status | tuple[str, str]) -> dict[str, Any]:
+class JobRow(TypedDict, total=False):
+    """One row of the jobs table (the page's script reads it as JSON)."""
+
+    name: str
+    state: str
+    run: int | str
+    pct: float | None
+    progress: str
+    eta: str
+    gpus: str
+    last: str
+
+
+def job_row(s: Status | tuple[str, str]) -> JobRow:
     """One row of the jobs table, as the script and the first render both use it."""
     if isinstance(s, tuple):
         return {"name": s[0], "state": "unknown", "run": "?", "pct": None, "last": s[1]}

@@ -20,7 +20,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.model.events import append_event
@@ -63,7 +62,7 @@ def run_command(job: HookJob, argv: list[str], env: dict[str, str]) -> JsonObjec
             os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
         timed_out = True
-    doc: dict[str, Any] = {
+    doc: JsonObject = {
         "ok": code == 0 and not timed_out,
         "exit_code": code,
         "duration_s": round(time.monotonic() - t0, 3),

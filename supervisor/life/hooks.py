@@ -83,9 +83,9 @@ def document(
     spec: Spec,
     st: JobState,
     cause: Cause,
-    progress: dict[str, Any] | None,
+    progress: JsonObject | None,
     lines: list[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     """The JSON a notify URL receives: Slack (``text``), Discord (``content``) and ntfy
     (``title``, ``message``) read their own fields; everything else is for scripts."""
     host = socket.gethostname()
@@ -107,7 +107,7 @@ def document(
         "exit_code": st.exit_code if cause.exit_code is None else cause.exit_code,
         "duration_s": round(end - st.started_at, 3),
         "progress": progress,
-        "last_lines": lines[-20:],
+        "last_lines": [*lines[-20:]],
         "ts": time.time(),
     }
 
@@ -138,7 +138,7 @@ def fire(
     jdir: Path,
     st: JobState,
     cause: Cause,
-    progress: dict[str, Any] | None = None,
+    progress: JsonObject | None = None,
     *,
     notify: bool = True,
 ) -> str | None:

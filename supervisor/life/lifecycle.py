@@ -25,6 +25,7 @@ The rules that used to be spread over flags and events:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -168,7 +169,7 @@ class Persist:
     """Write the run's phase and these fields to state.json (best effort, never blocking)."""
 
     phase: Phase
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, object] = field(default_factory=dict)
     durable: bool = True
 
 
@@ -221,7 +222,7 @@ class Log:
     """Record an event in events.jsonl."""
 
     event: str
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, object] = field(default_factory=dict)
 
 
 @record(frozen=True)
@@ -398,7 +399,7 @@ class _Ending:
     cause: Cause
     reason: str  # stop | main exited | stalled
     verdict: Verdict
-    fields: dict[str, Any]  # the state's fields for the end of the run: exit code, when
+    fields: Mapping[str, object]  # the state's fields for the end of the run: exit code, when
     ckpt_step: float | None = None
     resumed_from: str | None = None
 
@@ -520,7 +521,7 @@ def _end(life: Life, end: _Ending) -> Outcome:
     else:
         # an adopted main's end is `exited`: its exit code is unknown, not a failure
         final = Phase.EXITED if cause.kind in ("clean", "unknown") else Phase.FAILED
-    fields: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     if verdict.gave_up:
         # the run the policy gave up on is the last failure now, not the one before it
         fields["last_failure"] = Failure(

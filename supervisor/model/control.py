@@ -20,7 +20,6 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.records import JsonObject, asdict, field, record, replace
@@ -48,7 +47,7 @@ class StopAsk:
 
     def to_doc(self) -> JsonObject:
         """The request on the wire."""
-        doc: dict[str, Any] = {"op": "stop", "gpu_timeout_s": self.gpu_timeout_s}
+        doc: JsonObject = {"op": "stop", "gpu_timeout_s": self.gpu_timeout_s}
         if self.order is not None:
             doc["order"] = self.order
             doc["main_only"] = self.order == "main"  # read by older supervisors
@@ -59,7 +58,7 @@ class StopAsk:
         return doc
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> StopAsk:
+    def from_doc(cls, doc: JsonObject) -> StopAsk:
         """Read a request (``main_only`` is the older spelling of order ``main``)."""
         values = {k: doc.get(k) for k in ("gpu_timeout_s", "order", "grace_s")}
         verb = doc.get("verb", "stop")
@@ -108,7 +107,7 @@ class AttachAsk:
         return doc
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> AttachAsk:
+    def from_doc(cls, doc: JsonObject) -> AttachAsk:
         """Read a request (a field of the wrong type is refused: StateError)."""
         values = {k: doc.get(k) for k in ("rows", "cols")}
         return build_document(cls, {**values, "read_only": doc.get("read_only") is True}, "attach")
@@ -143,7 +142,7 @@ class PingReply:
         return asdict(self)
 
 
-def attach_reply(doc: dict[str, Any]) -> AttachReply:
+def attach_reply(doc: JsonObject) -> AttachReply:
     """An attach reply read off the wire, checked field by field."""
     return build_document(AttachReply, doc, "attach reply")
 
@@ -175,7 +174,7 @@ def encode(msg: JsonObject) -> bytes:
     return json.dumps(msg, default=str).encode() + b"\n"
 
 
-def decode(line: bytes) -> dict[str, Any]:
+def decode(line: bytes) -> JsonObject:
     """Parse one framed message."""
     msg = json.loads(line)
     if not isinstance(msg, dict):
@@ -241,7 +240,7 @@ def connect(jdir: Path, timeout_s: float) -> socket.socket:
     return s
 
 
-def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def request(jdir: Path, msg: JsonObject, timeout_s: float) -> JsonObject:
     """Send one request to the job's supervisor and return its reply."""
     s = connect(jdir, timeout_s)
     try:
@@ -251,7 +250,7 @@ def request(jdir: Path, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]
         s.close()
 
 
-def read_reply(s: _socket.socket) -> dict[str, Any]:
+def read_reply(s: _socket.socket) -> JsonObject:
     """Read the one-line reply to a request sent on ``s`` (its timeout applies)."""
     buf = b""
     while not buf.endswith(b"\n"):
@@ -269,7 +268,7 @@ def read_reply(s: _socket.socket) -> dict[str, Any]:
     return decode(buf)
 
 
-def stop_reply(doc: dict[str, Any]) -> StopReply:
+def stop_reply(doc: JsonObject) -> StopReply:
     """A stop reply read off the wire, checked field by field."""
     return build_document(StopReply, doc, "stop reply")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainctl.supervisor.linux.files import open_in
+from trainctl.supervisor.records import JsonObject
 
 from .tail import read_end
 
@@ -30,7 +31,7 @@ def path(jdir: Path) -> Path:
     return jdir / FILE
 
 
-def encode(doc: dict[str, Any]) -> str:
+def encode(doc: dict[str, object]) -> str:
     """One event as its line (no newline): JSON, anything else as its str()."""
     return json.dumps(doc, default=str)
 
@@ -91,7 +92,27 @@ class EventLog:
         """Not written (see the class)."""
 
 
-def _decode(line: bytes) -> dict[str, Any] | None:
+def num(value: object) -> float | None:
+    """A JSON number as a float (true and false are not numbers); else None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def whole(value: object) -> int | None:
+    """A JSON integer (a run, a pid); else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def text(value: object) -> str | None:
+    """A JSON string; else None."""
+    return value if isinstance(value, str) else None
+
+
+def obj(value: object) -> JsonObject | None:
+    """A JSON object (an event's cause, a report); else None."""
+    return value if isinstance(value, dict) else None
+
+
+def _decode(line: bytes) -> JsonObject | None:
     try:
         ev = json.loads(line)
     except ValueError:
@@ -101,7 +122,7 @@ def _decode(line: bytes) -> dict[str, Any] | None:
     return None
 
 
-def read_events(jdir: Path) -> list[dict[str, Any]]:
+def read_events(jdir: Path) -> list[JsonObject]:
     """Every event of the job, oldest first (unreadable lines skipped)."""
     out = []
     try:
@@ -115,7 +136,7 @@ def read_events(jdir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def newest_first(jdir: Path, nbytes: int) -> Iterator[dict[str, Any]]:
+def newest_first(jdir: Path, nbytes: int) -> Iterator[JsonObject]:
     """The events in the log's last ``nbytes``, newest first (a partial first line and
     unreadable lines skipped)."""
     raw, _ = read_end(path(jdir), nbytes)

@@ -31,7 +31,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux.files import open_in
-from trainctl.supervisor.records import field, record
+from trainctl.supervisor.records import JsonObject, field, record
 
 # frame kinds
 OUTPUT = b"o"  # supervisor -> viewer: bytes the job wrote
@@ -135,7 +135,7 @@ class Terminal:
     viewers: list[Viewer] = field(default_factory=list)
     writer: Viewer | None = None
     eof: bool = False
-    ended: dict[str, Any] | None = None  # the run's end, once known (sent to viewers)
+    ended: JsonObject | None = None  # the run's end, once known (sent to viewers)
 
     @classmethod
     def over(cls, master: int, log_write: Callable[[bytes], None]) -> Terminal:
@@ -175,7 +175,7 @@ class Terminal:
             except anyio.WouldBlock:  # a viewer this far behind is dropped, not waited for
                 self._drop(v, {"lagging": True})
 
-    def _drop(self, v: Viewer, last: dict[str, Any]) -> None:
+    def _drop(self, v: Viewer, last: JsonObject) -> None:
         with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
             v.tx.send_nowait(last)
         v.tx.close()
@@ -187,7 +187,7 @@ class Terminal:
         if self.writer is v:
             self.writer = None
 
-    def finish(self, end: dict[str, Any]) -> None:
+    def finish(self, end: JsonObject) -> None:
         """The run is over: tell every viewer how it ended, then let them go."""
         self.ended = end
         for v in list(self.viewers):

@@ -27,7 +27,7 @@ from pathlib import Path
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux import memory, procfs
-from trainctl.supervisor.model import steps
+from trainctl.supervisor.model import events, steps
 from trainctl.supervisor.model.state import open_in
 from trainctl.supervisor.records import field, record
 
@@ -77,7 +77,7 @@ class Sample:
             return None
         return cls(
             t=float(doc["t"]),
-            cpu_pct=_num(doc.get("cpu")),
+            cpu_pct=events.num(doc.get("cpu")),
             mem_bytes=_int(doc.get("mem")),
             members=_int(doc.get("n")) or 0,
             gpu_mem=_ints(doc.get("gmem")),
@@ -86,19 +86,15 @@ class Sample:
         )
 
 
-def _num(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
 def _int(v: object) -> int | None:
-    n = _num(v)
+    n = events.num(v)
     return None if n is None else int(n)
 
 
 def _nums(v: object) -> dict[str, float]:
     if not isinstance(v, dict):
         return {}
-    return {str(k): n for k, x in v.items() if (n := _num(x)) is not None}
+    return {str(k): n for k, x in v.items() if (n := events.num(x)) is not None}
 
 
 def _ints(v: object) -> dict[str, int]:

@@ -72,7 +72,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
 def _stopped_state(st: JobState, report: StopReport, verb: str) -> JobState:
     """The state a stop without a supervisor leaves: stopped (if the run had not ended),
     its report, no members, and no restart to come."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if st.phase not in state.TERMINAL:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
         cause = stopped(verb, st.exit_code)
