@@ -113,7 +113,7 @@ def _load(text: str, where: str) -> dict[str, Any]:
 HOOK_KEYS = (*(f"on_{e}" for e in HOOK_EVENTS), "checkpoint_stale", "notify", "hook_timeout")
 
 
-def _apply_hooks(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:
+def _apply_hooks(values: dict[str, Any], entries: dict[str, object], where: str) -> None:
     hooks = dict(values.get("hooks") or {})
     for key, raw in entries.items():
         if key not in HOOK_KEYS:
@@ -122,7 +122,7 @@ def _apply_hooks(values: dict[str, Any], entries: dict[str, Any], where: str) ->
     values["hooks"] = hooks
 
 
-def _apply_causes(values: dict[str, Any], entries: dict[str, Any], where: str) -> None:
+def _apply_causes(values: dict[str, Any], entries: dict[str, object], where: str) -> None:
     found = dict(values.get("causes") or {})
     for name, rx in entries.items():
         what = f"{where}: causes.{name}"

@@ -235,7 +235,7 @@ class _DataclassFields:
     class with the same annotations and defaults (so ``dataclasses.fields``, ``replace``
     and ``asdict`` see real ``dataclasses.Field`` objects); then kept on the class."""
 
-    def __get__(self, obj: Any, owner: type) -> dict[str, Any]:
+    def __get__(self, obj: Any, owner: type) -> dict[str, object]:
         dataclasses = _dataclasses()
         mine = fields(owner)
         ns: dict[str, object] = {"__annotations__": {f.name: f.type for f in mine}}
@@ -249,7 +249,7 @@ class _DataclassFields:
         twin: Any = dataclasses.dataclass(
             type(owner.__name__, (), ns), init=False, repr=False, eq=False
         )
-        got: dict[str, Any] = twin.__dataclass_fields__
+        got: dict[str, object] = twin.__dataclass_fields__
         type.__setattr__(owner, "__dataclass_fields__", got)
         return got
 
