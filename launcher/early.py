@@ -41,7 +41,7 @@ WAIT_S = 0.25  # how long the request waits for its answer before the verb is im
 _pending: dict[str, tuple[_socket.socket, tuple[str | None, float | None]]] = {}
 # jdir -> the connection that asked the supervisor for the members (status)
 _asked: dict[str, _socket.socket] = {}
-ANSWER_S = 1.0  # how long status waits for that answer before it counts the members itself
+ANSWER_S = 0.5  # how long status waits for that answer before it counts the members itself
 
 
 def send(argv: list[str]) -> None:

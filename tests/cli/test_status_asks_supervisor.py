@@ -9,12 +9,15 @@ other shape of the command asks nothing; a reply that is not a count is not used
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Harness, wait_for
+from tests.conftest import Harness, alive, wait_for
 from trainctl.launcher import early
 from trainctl.launcher.ops.status import job_status
 from trainctl.supervisor.model import control
@@ -112,3 +115,24 @@ def test_anything_but_the_plain_shapes_asks_nothing(here: Harness, argv: list[st
     early.send(argv)
     assert early.members_answer(str(h.home / "jobs" / "e")) is None
     h.tc("stop", "e", check=True)
+
+
+def test_a_mute_supervisor_costs_status_half_a_second_not_its_answer(harness: Harness) -> None:
+    """Stopped (SIGSTOP), the supervisor still accepts the connection (the kernel queues
+    it) but never answers: status counts the members itself after ANSWER_S."""
+    h = harness
+    h.tc("start", "--name", "m", "--", "sleep", "600", check=True)
+    sup = h.state("m")["supervisor"]
+    fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
+    assert alive(sup["pid"], sup["start_ticks"])
+    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        doc = h.tc("status", "m", "--json", check=True).json()
+        took = time.monotonic() - t0
+    finally:
+        signal.pidfd_send_signal(fd, signal.SIGCONT)
+        os.close(fd)
+    assert doc["members"] == 1
+    assert early.ANSWER_S <= took < 10, took  # waited for the answer, then counted
+    h.tc("stop", "m", check=True)
