@@ -251,6 +251,21 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         pytest.fail(f"test leaked processes (now SIGKILLed): {sorted(leaked.items())}")
 
 
+@pytest.fixture
+def here(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """The harness's environment in this process too, for tests that call
+    launcher/early.py in-process (it reads os.environ); the stops it sent and nobody
+    claimed are closed afterwards."""
+    from trainctl.launcher import early  # noqa: PLC0415  (only the tests that use it)
+
+    for key in ("TRAINCTL_HOST", "TRAINCTL_CLIENT_VERSION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TRAINCTL_HOME", str(harness.home))
+    yield harness
+    for _jdir, sock in early.unclaimed():
+        sock.close()
+
+
 @pytest.fixture(params=["held", "signals"])
 def mode_harness(request: pytest.FixtureRequest, harness: Harness) -> Harness:
     """The harness, once with cgroup v2 placement (where available) and once without.

@@ -37,15 +37,6 @@ ESCAPE = (
 )
 
 
-@pytest.fixture
-def here(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Harness:
-    """The harness's environment in this process too (early reads os.environ)."""
-    for key in ("TRAINCTL_HOST", "TRAINCTL_CLIENT_VERSION"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("TRAINCTL_HOME", str(harness.home))
-    return harness
-
-
 def _counts(h: Harness, name: str, *, early_too: bool) -> tuple[int, int]:
     env = dict(h.env) if early_too else {**h.env, "TRAINCTL_NO_EARLY": "1"}
     doc = h.tc("status", name, "--json", env=env, check=True).json()

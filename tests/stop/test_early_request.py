@@ -18,17 +18,6 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model import control
 
 
-@pytest.fixture
-def here(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Harness:
-    """The harness's environment in this process too (early reads os.environ)."""
-    for key in ("TRAINCTL_HOST", "TRAINCTL_CLIENT_VERSION"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("TRAINCTL_HOME", str(harness.home))
-    yield harness
-    for _jdir, sock in early.unclaimed():
-        sock.close()
-
-
 def _events(h: Harness, name: str, kind: str) -> list[dict[str, object]]:
     path = h.home / "jobs" / name / "events.jsonl"
     docs = [json.loads(line) for line in path.read_text().splitlines()]
