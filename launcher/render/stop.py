@@ -167,7 +167,13 @@ def stop(res: StopResult, *, verbose: bool = False) -> None:
 
 
 def _stop_details(r: StopReport, *, verbose: bool) -> None:
-    """Who got the signal and when, who exited on it, who was launcher, who was killed."""
+    """Who got the signal and when, who exited on it, who was launcher, who was killed
+    (and, first, the save in progress the stop waited for)."""
+    if r.save_waited_s is not None:
+        out(
+            f"  save       waited {r.save_waited_s:.2f} s before the first signal for the "
+            "checkpoint being written to be whole"
+        )
     for launcher in r.launchers if verbose else ():
         head, why = f"  launcher   pid {launcher.pid} ", launcher.why or ""
         out(f"{head}{cmd_cell(launcher.cmd, len(head) + len(why) + 3)} ({why})")

@@ -204,6 +204,9 @@ class StopReport:
     # (no cgroup and no supervisor: an escaper that shed every net since the last
     # snapshot cannot be found). ``ok`` then means "all that was found is gone".
     unproven: str | None = None
+    # how long the stop waited, before its first signal, for a checkpoint being written to
+    # be whole (tree/stop.py: await_save); None when no save was under way
+    save_waited_s: float | None = None
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form."""

@@ -9,12 +9,14 @@ stop must never depend on a writable disk.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainctl.supervisor.gpu import GpuBackend
 from trainctl.supervisor.gpu.verify import EarlyLook, GpuPolicy, gpu_policy_of, verify_release
 from trainctl.supervisor.linux import cgroup as cg
+from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import GpuLease
@@ -23,6 +25,9 @@ from trainctl.supervisor.records import asdict, replace
 from .proctree import Target
 from .roster import Roster
 from .terminate import BeforeKill, Emit, Grace, stop_tree
+
+SAVE_WAIT_MAX_S = 60.0  # a save under way is waited for at most this long (and the grace)
+SAVE_POLL_S = 0.1
 
 
 def run_stop(
@@ -54,6 +59,7 @@ def run_stop(
         grace_s=spec.stop.grace_s if grace_s is None else grace_s,
         order=spec.stop.order if order is None else str(order),
     )
+    waited = None if reason == "main exited" else await_save(spec, policy.grace_s, emit)
     report = stop_and_verify(
         target,
         policy,
@@ -67,9 +73,48 @@ def run_stop(
         gpu_backend=gpu_backend,
     )
     report.reason = reason
+    report.save_waited_s = waited
     if target.cgroup is not None:
         remove_cgroup(target.cgroup)
     return report
+
+
+def await_save(spec: Spec, limit_s: float, emit: Emit | None = None) -> float | None:
+    """Before a stop's first signal: while the job is writing its newest checkpoint, wait
+    for the save to end (at most ``limit_s``, the grace, and SAVE_WAIT_MAX_S); return how
+    long it waited, None when no save was under way.
+
+    A trainer that saves in place with no signal handler (nanoGPT's shape: `torch.save`
+    over the same ckpt.pt) dies on SIGTERM mid-save, and the file it leaves has no end
+    record: the stop would destroy the run's only resume point, not just the steps since
+    it (seen on a real H200 with scripts/gpu_smoke_train.sh). A save counts as under way
+    while the newest match is incomplete and was touched within checkpoints.SETTLED_S.
+    """
+    pattern = spec.watch.checkpoint
+    if not pattern or limit_s <= 0:
+        return None
+    found = _being_written(spec.cwd, pattern)
+    if found is None:
+        return None
+    say = emit or (lambda *_a, **_k: None)
+    t0 = time.monotonic()
+    say("save_awaited", path=found.path, size=found.size, why=found.why)
+    deadline = t0 + min(limit_s, SAVE_WAIT_MAX_S)
+    while time.monotonic() < deadline and _being_written(spec.cwd, pattern) is not None:
+        time.sleep(SAVE_POLL_S)
+    waited = round(time.monotonic() - t0, 3)
+    done = _being_written(spec.cwd, pattern) is None
+    say("save_ended" if done else "save_wait_over", waited_s=waited)
+    return waited
+
+
+def _being_written(cwd: str, pattern: str) -> checkpoints.Verdict | None:
+    """The newest checkpoint matching ``pattern`` if it is being written now."""
+    for path in checkpoints.candidates(cwd, pattern)[:1]:
+        v = checkpoints.judge(path, look_again=False)
+        if v is not None and not v.complete and time.time() - v.mtime < checkpoints.SETTLED_S:
+            return v
+    return None
 
 
 def stop_and_verify(
