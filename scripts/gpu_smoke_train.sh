@@ -46,7 +46,7 @@ check "stop report: GPU 0 ok" py "
 import json
 r = json.load(open('$work/stop.json'))['report']
 g = r['gpus'][0]
-print('  released %.2f GiB in %.2f s; cause: %s' % (g.get('released_bytes', 0) / 2**30, g.get('seconds') or -1, (r.get('cause') or {}).get('summary')))
+print('  released %.2f GiB in %.2f s; cause: %s; waited for a save: %s' % (g.get('released_bytes', 0) / 2**30, g.get('seconds') or -1, (r.get('cause') or {}).get('summary'), r.get('save_waited_s')))
 raise SystemExit(0 if g['ok'] else 1)"
 ls -l "$work/out"
 check "the checkpoint the stop left is whole (torch.load reads it)" py "
