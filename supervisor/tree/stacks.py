@@ -11,6 +11,7 @@ and the watchdog go on exactly as before and write no file (the report's ``stack
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -26,10 +27,15 @@ DUMP_TIMEOUT_S = 10.0  # a hung ptrace must not hang `stack`
 BEFORE_KILL_TIMEOUT_S = 3.0  # what reading the stacks may add to a stop that ran out of grace
 
 
+_WHEELS = ("x86_64", "aarch64")  # the machines py-spy publishes Linux wheels for
 MISSING = (
-    "trainctl stack needs py-spy, a dependency of trainctl with wheels for Linux x86_64 and "
-    "aarch64; on this platform it did not install: pip install py-spy (builds from source "
-    "with Rust), or put a py-spy binary on PATH"
+    "trainctl stack needs py-spy, a dependency of trainctl: "
+    + (
+        "it is not in this environment (installed without dependencies?): pip install py-spy"
+        if os.uname().machine in _WHEELS
+        else "it has no wheel for this machine: pip install py-spy (builds from source with Rust)"
+    )
+    + ", or put a py-spy binary on PATH"
 )
 
 
