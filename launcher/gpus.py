@@ -7,12 +7,14 @@ refused unless ``--force``, naming those processes. ``--gpus N`` picks only free
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainctl.launcher.results import GpuInventory, GpuView
 from trainctl.supervisor.errors import ConfigError, GpuError, JobNotFoundError, StateError
 from trainctl.supervisor.gpu import MIB, Gpu, GpuBackend, NoDriverError, health, open_backend
 from trainctl.supervisor.gpu.verify import fd_scan, holders_of
+from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.reports import GpuHolder
 from trainctl.supervisor.model.state import GpuLease
@@ -26,6 +28,9 @@ class JobRef:
     name: str
     run: int
     live: bool
+    # the live run's supervisor (pid, start ticks): on a real driver it holds the device
+    # nodes open for its GPU watch, and the fd scan finds it beside the job's processes
+    supervisor: tuple[int, int] | None = None
 
 
 def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[str, str]]:
@@ -40,7 +45,10 @@ def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[str, str]]:
         # A run is live until it ends (stopped/exited/failed), even with its supervisor
         # lost; whatever still carries the marker of an ended run is an orphan.
         live = st.phase not in state.TERMINAL
-        markers[st.marker] = JobRef(name, st.run, live)
+        sup = st.supervisor if live else None
+        markers[st.marker] = JobRef(
+            name, st.run, live, None if sup is None else (sup.pid, sup.start_ticks)
+        )
         if live:
             for lease in st.gpus:
                 leased.setdefault(lease.uuid, name)
@@ -48,9 +56,15 @@ def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[str, str]]:
 
 
 def owner_of(holder: GpuHolder, markers: dict[str, JobRef]) -> str:
-    """Classify a GPU holder: a job name, ``orphan``, ``foreign``, or ``not visible``."""
+    """Classify a GPU holder: a job name, a job's supervisor, ``orphan``, ``foreign``, or
+    ``not visible``."""
     if holder.cmd is None:
         return "not visible here"
+    for ref in markers.values():
+        if ref.supervisor is not None and ref.supervisor[0] == holder.pid:
+            st = procfs.read_stat(holder.pid)
+            if st is not None and st.start_ticks == ref.supervisor[1]:
+                return f"supervisor of {ref.name}"  # its NVML handle: no memory of its own
     marker = holder.marker
     if not marker:
         return "foreign"
@@ -272,6 +286,7 @@ def gpu_inventory(home: Path) -> GpuInventory:
                     procs = holders_of(g, backend, fds)
                 except GpuError as e:
                     error = str(e)
+            procs = [p for p in procs if p.pid != os.getpid()]  # this command's own NVML
             for p in procs:
                 p.owner = owner_of(p, markers)
             out.append(

@@ -7,6 +7,7 @@ processes holding a marker file that stands in for /dev/nvidiaN.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ import pytest
 
 from tests.conftest import Harness, Result, wait_for
 from tests.gpu.nvml_double import MIB, document
+from trainctl.launcher import gpus as gpus_mod
+from trainctl.supervisor.model.reports import GpuHolder
+from trainctl.supervisor.records import replace
 
 GIB = 1 << 30
 
@@ -399,3 +403,30 @@ def test_a_restart_by_hand_leaves_a_held_gpu_out_or_refuses_naming_it(
         assert b"CUDA_VISIBLE_DEVICES=0,2" in env.split(b"\0")
         assert h.tc("stop", "r").rc == 0
     squatter.kill()
+
+
+def test_gpus_names_a_jobs_supervisor_and_leaves_itself_out(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real driver a run's supervisor holds the device nodes open for its GPU watch,
+    and `trainctl gpus` holds them while it asks (seen on an H200: both were listed as
+    "foreign"). The supervisor is named as its job's, by pid and start time from the
+    state; the command leaves itself out of its own view."""
+    h = harness
+    fake_gpus(h, n=1)
+    h.tc("start", "--name", "j", "--", "sleep", "600", check=True)
+    sup = h.state("j")["supervisor"]
+    markers, _ = gpus_mod.known_markers(h.home)
+    assert gpus_mod.owner_of(GpuHolder(sup["pid"], cmd="python3"), markers) == "supervisor of j"
+    stale = {m: replace(ref, supervisor=(sup["pid"], sup["start_ticks"] + 1))
+             for m, ref in markers.items()}  # fmt: skip
+    assert gpus_mod.owner_of(GpuHolder(sup["pid"], cmd="python3"), stale) == "foreign"
+    for key in ("TRAINCTL_FAKE_GPU", "FAKE_DEV_DIR", "FAKE_GPU_MIB"):
+        monkeypatch.setenv(key, h.env[key])
+    fd = os.open(Path(h.env["FAKE_DEV_DIR"]) / "nvidia0", os.O_RDWR)  # this process: a holder
+    try:
+        views = gpus_mod.gpu_inventory(h.home).views
+    finally:
+        os.close(fd)
+    assert os.getpid() not in {p.pid for v in views for p in v.processes}
+    h.tc("stop", "j", check=True)
