@@ -25,7 +25,7 @@ from .life import lifecycle as lc
 from .model import control
 from .model.reports import MembersReply
 from .tree import terminal
-from .tree.proctree import scan, scan_cgroup
+from .tree.proctree import scan_counted
 from .tree.terminal import Terminal
 
 if TYPE_CHECKING:  # the run it serves, as a type: the server sits below the run's core
@@ -143,9 +143,7 @@ class ControlServer:
         found = None if roster is None else await anyio.to_thread.run_sync(roster.refresh)
         if found is None or (roster is not None and roster.taken):
             # no roster, or a stop holds the members now: the same scan as the CLI's
-            target = self.core.target()
-            scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
-            found = await anyio.to_thread.run_sync(scan_fn, target)
+            found = await anyio.to_thread.run_sync(scan_counted, self.core.target())
         live = [m for m in found.values() if m.alive]
         escaped = sum(1 for m in live if m.escaped)
         return MembersReply(members=len(live), escaped=escaped).to_doc()

@@ -33,7 +33,7 @@ from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import last_line
 from trainctl.supervisor.records import field, record, replace
 from trainctl.supervisor.tree import mounts
-from trainctl.supervisor.tree.proctree import scan, scan_cgroup, target_of
+from trainctl.supervisor.tree.proctree import scan_counted, target_of
 
 from . import queue
 from .deployfiles import on_probation
@@ -101,13 +101,12 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     phase = seen.phase
     sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
     target = target_of(st)
-    # cgroup.procs is cheap and complete unless root moved a process out; use it for the
-    # frequent `status`, while `ps` and `stop` walk every net.
-    scan_fn = scan_cgroup if target.cgroup is not None and target.cgroup.is_dir() else scan
+    # cgroup.procs is cheap and complete unless root moved a process out; `status` counts
+    # by it (scan_counted), while `ps` and `stop` walk every net.
     last = st.last_stop
     counted = _counted_by_supervisor(jdir) if sup_alive and seen.members is None else None
     members = (
-        scan_fn(target)
+        scan_counted(target)
         if counted is None
         and seen.members is None
         and (phase not in state.TERMINAL or last is None or not last.ok)

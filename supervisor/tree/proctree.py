@@ -180,6 +180,14 @@ def _add_by_fields(
             add(pid, "session")
 
 
+def scan_counted(target: Target) -> dict[int, Member]:
+    """The members as `status` counts them (the CLI's count, and the supervisor's answer
+    to it): the job's cgroup.procs while its cgroup is there, else the full scan."""
+    if target.cgroup is not None and target.cgroup.is_dir():
+        return scan_cgroup(target)
+    return scan(target)
+
+
 def scan_cgroup(target: Target) -> dict[int, Member]:
     """Return the members listed in the job's cgroup alone (no /proc walk, no environ reads).
 

@@ -100,11 +100,11 @@ def await_save(spec: Spec, limit_s: float, emit: Emit | None = None) -> float | 
     t0 = time.monotonic()
     say("save_awaited", path=found.path, size=found.size, why=found.why)
     deadline = t0 + min(limit_s, SAVE_WAIT_MAX_S)
-    while time.monotonic() < deadline and _being_written(spec.cwd, pattern) is not None:
+    while found is not None and time.monotonic() < deadline:
         time.sleep(SAVE_POLL_S)
+        found = _being_written(spec.cwd, pattern)
     waited = round(time.monotonic() - t0, 3)
-    done = _being_written(spec.cwd, pattern) is None
-    say("save_ended" if done else "save_wait_over", waited_s=waited)
+    say("save_ended" if found is None else "save_wait_over", waited_s=waited)
     return waited
 
 
