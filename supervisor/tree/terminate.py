@@ -89,6 +89,16 @@ class _Tracker:
         # up a wait on every pidfd at each call (241 members: 241 each time)
         self.poller = select.epoll()
         self.last_scan = 0.0
+        # The job's own supervisor is the subreaper its orphans exit to. Its stop reaps
+        # them here, in the stop's thread, instead of leaving each zombie to the event
+        # loop's next batch (service.REAP_BATCH_S, behind the GIL): until it is reaped the
+        # process still answers `kill -0 -PGID` and shows in `ps`. A member is reaped when
+        # its pidfd says it exited; one that exited while its parent lived becomes ours
+        # only when that parent dies, so what is left is reaped again once every member
+        # is gone (reap_left). Main never: its exit status is the supervisor's to record.
+        me = target.supervisor
+        self.reaper = me is not None and me.pid == os.getpid()
+        self.unreaped: list[int] = []  # pidfds of members gone, not reaped by us yet
 
     def _add(self, members: list[Member], now: float) -> list[Member]:
         new = []
@@ -173,7 +183,7 @@ class _Tracker:
             self.nofd.add(ref)
             return procfs.is_alive(ref.pid, ref.start_ticks)
         if not procfs.is_alive(ref.pid, ref.start_ticks):  # checked after open: see procfs
-            os.close(fd)
+            self._release(fd, ref)
             return False
         self._hold(fd, ref)
         return True
@@ -209,7 +219,24 @@ class _Tracker:
             del self.fd_of[ref]
             self._gone(ref, time.monotonic())
             self.poller.unregister(fd)
+            self._release(fd, ref)
+
+    def _release(self, fd: int, ref: ProcRef) -> None:
+        """Close the pidfd of a member seen gone, reaping it first where it is ours."""
+        if not self.reaper or ref == self.target.main or _reaped(fd):
             os.close(fd)
+        else:
+            self.unreaped.append(fd)  # not our child yet: its parent still lives
+
+    def reap_left(self) -> None:
+        """Reap the members gone since whose parent has died too (now ours, see above)."""
+        left = []
+        for fd in self.unreaped:
+            if _reaped(fd):
+                os.close(fd)
+            else:
+                left.append(fd)
+        self.unreaped = left
 
     def live(self) -> list[Member]:
         """Return the known members not seen gone yet."""
@@ -246,6 +273,8 @@ class _Tracker:
                     time.sleep(EXIT_BATCH_S)
                     left = self.pending()
             if not left or time.monotonic() - self.last_scan >= self.policy.rescan_s:
+                if not left:
+                    self.reap_left()  # before the scan: it need not read their zombies
                 new = self.rescan()
                 on_change(new)
                 if new:
@@ -262,11 +291,25 @@ class _Tracker:
 
     def close(self) -> None:
         """Release every pidfd, and the epoll instance."""
-        for fd in self.fds:
+        self.reap_left()
+        for fd in [*self.fds, *self.unreaped]:
             os.close(fd)
+        self.unreaped.clear()
         self.fds.clear()
         self.fd_of.clear()
         self.poller.close()
+
+
+def _reaped(pidfd: int) -> bool:
+    """Reap the exited process of ``pidfd`` if it is our child (an orphan of the job that
+    reparented to its supervisor); False while it is anyone else's."""
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:  # not our child (or reaped already by the event loop)
+        return False
+    except OSError:
+        return True  # nothing more to do with it
+    return True
 
 
 def _signal_members(
