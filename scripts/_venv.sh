@@ -18,10 +18,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 # Strict editable installs link each packaged file: a new or removed module needs a
-# re-link. The list of packaged files (and pyproject.toml) is the install's signature;
-# when it is unchanged, pip is skipped altogether.
+# re-link. The list of packaged files (and pyproject.toml, and the `trainctl` script, which
+# is copied, not linked) is the install's signature; when it is unchanged, pip is skipped.
 files_sig="$(cd "$ROOT" && { find supervisor launcher conf -name '*.py' -o -name '*.toml' \
-  -o -name py.typed | sort; sha1sum pyproject.toml; } | sha1sum | cut -d' ' -f1)"
+  -o -name py.typed | sort; sha1sum pyproject.toml bin/trainctl; } | sha1sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   spec="$ROOT"; [ -n "$extras" ] && spec="$ROOT[$extras]"
   # strict editable install: exactly the packaged files, as mypy and users see them

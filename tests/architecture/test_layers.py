@@ -263,6 +263,30 @@ def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
     assert new <= allowed, sorted(new - allowed)
 
 
+def test_the_installed_command_imports_nothing_before_trainctls_entry() -> None:
+    """The `trainctl` on PATH is bin/trainctl, not an entry point's wrapper, which imports
+    `re` (enum, the regex compiler: ~4-8 ms) before the stop's request can go out."""
+    script = Path(sys.executable).parent / "trainctl"
+    assert script.read_text().startswith(f"#!{sys.executable}"), "not installed from bin/"
+
+    def imported_before_entry(argv: list[str]) -> set[str]:
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", *argv],
+            capture_output=True, text=True, timeout=60, check=False,
+        ).stderr  # fmt: skip
+        names = []
+        for line in err.splitlines():
+            if line.startswith("import time:") and "self [us]" not in line:
+                names.append(line.rsplit("|", 1)[1].strip())
+        return set(names[: names.index("trainctl.launcher.entry")] if argv[0] != "-c" else names)
+
+    before = imported_before_entry([str(script), "--version"])
+    bare = imported_before_entry(["-c", "pass"])
+    extra = before - bare
+    assert "re" not in extra
+    assert {m for m in extra if not m.startswith("trainctl")} <= {"__future__", "_socket"}, extra
+
+
 def test_no_verb_or_operation_names_a_backend() -> None:
     """A verb or an operation asks the backend what it can do (``Backend.can``); it never
     compares a backend's name, nor imports a backend's own modules (issue 45 item 4)."""
