@@ -120,7 +120,6 @@ def trainctl_tree(
     width: int,
     depth: int,
     settle: bool = False,
-    signalled: Path | None = None,
 ) -> None:
     """Start the tree as job `bench`; with ``settle``, also wait until the supervisor's
     member snapshot holds all of it (where every stop of a job that ran a while starts)."""
@@ -133,7 +132,6 @@ def trainctl_tree(
         "30",
         "--env",
         f"TREE_READY={ready}",
-        *(("--env", f"TREE_SIGNALLED={signalled}") if signalled else ()),
         "--",
         sys.executable,
         str(FANOUT),
@@ -428,10 +426,14 @@ def _shell_kill_stop(tmp: Path, width: int, depth: int) -> float:
 
 def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[float, float, float]:
     """`trainctl stop` of the settled tree: exec -> (the supervisor has the request, first
-    signal, last one gone)."""
-    signalled = tmp / "tc.signalled"
-    signalled.unlink(missing_ok=True)
-    trainctl_tree(tmp, env, width, depth, settle=True, signalled=signalled)
+    signal, last one gone).
+
+    The first signal's time is the report's (``sent[].at_s`` after the request), not a
+    probe in the tree: a main that catches SIGTERM to note when it came shields its
+    children (the tree order signals them once it has exited), which made this a
+    two-round stop of a different tree from the killpg baseline's.
+    """
+    trainctl_tree(tmp, env, width, depth, settle=True)
     jdir = Path(env["TRAINCTL_HOME"]) / "jobs" / "bench"
     pgid = int(json.loads((jdir / "state.json").read_text())["pgid"])
     wall0 = time.time()
@@ -441,11 +443,12 @@ def _cli_stop(tmp: Path, env: dict[str, str], width: int, depth: int) -> tuple[f
         time.sleep(0.001)
     gone = time.monotonic() - t0
     out, _ = cli.communicate()
-    if cli.returncode or not json.loads(out)["ok"]:
+    doc = json.loads(out) if out else {}
+    if cli.returncode or not doc.get("ok"):
         raise SystemExit(f"bad stop: {out[:500]!r}")
-    first = float(signalled.read_text()) - t0
     events = [json.loads(line) for line in (jdir / "events.jsonl").read_text().splitlines()]
     asked = [e["ts"] for e in events if e.get("event") == "stopping"][-1] - wall0
+    first = asked + min(s["at_s"] for s in doc["report"]["sent"])
     return asked, first, gone
 
 

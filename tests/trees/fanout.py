@@ -1,8 +1,8 @@
 """A wide + deep tree: WIDTH children of main plus a DEPTH-long chain; all exit on SIGTERM.
 
 Usage: fanout.py WIDTH DEPTH. Used by scripts/bench_stop.py (and a test at small size).
-With TREE_SIGNALLED=PATH, main writes the CLOCK_MONOTONIC time at which its SIGTERM
-arrived to PATH before it exits (the bench times a CLI's first signal from its exec).
+No process catches SIGTERM, so the tree order's first round is one killpg, as the
+baseline's is.
 """
 
 import os
@@ -43,17 +43,6 @@ if ready_path:
     with open(ready_path + ".tmp", "w") as f:
         f.write(str(got))
     os.replace(ready_path + ".tmp", ready_path)
-signalled_path = os.environ.get("TREE_SIGNALLED", "")
-if signalled_path:
-
-    def _on_term(_sig: int, _frame: object) -> None:
-        at = time.monotonic()
-        with open(signalled_path + ".tmp", "w") as f:
-            f.write(repr(at))
-        os.replace(signalled_path + ".tmp", signalled_path)
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, _on_term)
 signal.signal(signal.SIGCHLD, lambda *_: None)
 while True:
     try:
