@@ -48,7 +48,7 @@ from trainctl.supervisor.watch.drift import code_version
 from .errors import SpawnError, StateError, TrainctlError
 from .linux import cgroup as cg
 from .linux import memory, procfs, systemd
-from .model import control
+from .model import control, events
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -135,23 +135,23 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
             f"cannot record the job in {jdir}: {e.strerror}; nothing was left running"
         ) from None
     with contextlib.suppress(OSError):  # the run is recorded; an event line is a nicety
-        append_event(jdir, "started", **_started(spec, state, ho))
+        append_event(jdir, _started(spec, state, ho))
     return state, spawned, cgroup
 
 
-def _started(spec: Spec, state: JobState, ho: Handover) -> dict[str, object]:
-    """The `started` event's fields."""
+def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:
+    """The `started` event."""
     main = state.main.pid if state.main else None
-    return {
-        "job": spec.name,
-        "run": state.run,
-        "main_pid": main,
-        "argv": list(spec.argv),
-        "cwd": spec.cwd,
-        "mode": state.mode,
-        "cgroup": state.cgroup,
-        "gpus": [g.index for g in ho.gpus],
-    }
+    return events.Started(
+        job=spec.name,
+        run=state.run,
+        main_pid=main,
+        argv=list(spec.argv),
+        cwd=spec.cwd,
+        mode=state.mode,
+        cgroup=state.cgroup,
+        gpus=[g.index for g in ho.gpus],
+    )
 
 
 def _record_main(jdir: Path, starting: JobState, spawned: Spawned) -> JobState:
@@ -466,8 +466,7 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError):  # a full disk must not cost the job its supervisor
         write_state(jdir, state)
         # each run's code, for `trainctl history` (state.json holds the current run's only)
-        code_doc = {} if code is None else asdict(code)
-        append_event(jdir, "code", run=state.run, cwd=spec.cwd, source=spec.source, **code_doc)
+        append_event(jdir, events.Code(state.run, spec.cwd, spec.source, code))
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
     return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

@@ -217,7 +217,7 @@ class RunCore:
                 # We reaped it ourselves; tell Popen so it never waits or warns.
                 self.spawned.proc.returncode = exit_code_of(status)
                 self.main_reaped.set()
-                self.log.info("main_exited", pid=pid, exit_code=exit_code_of(status))
+                self.log.info(events.MainExited(pid, exit_code_of(status)))
                 self.send(lc.MainExited(exit_code_of(status)))
             else:
                 self.log.debug("reaped", pid=pid, exit_code=exit_code_of(status))

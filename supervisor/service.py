@@ -54,7 +54,7 @@ from .life import causes
 from .life import lifecycle as lc
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
-from .model import checkpoints, control
+from .model import checkpoints, control, events
 from .server import ControlServer
 from .watchers import Watchers
 
@@ -109,7 +109,7 @@ class Owner:
                 self.backoff_scope.cancel()
         elif isinstance(a, lc.ShortenGrace):
             self.grace.shorten(a.seconds)
-            self.core.log.info("grace_shortened", grace_left_s=round(self.grace.left_s(), 3))
+            self.core.log.info(events.GraceShortened(round(self.grace.left_s(), 3)))
         elif isinstance(a, lc.Relaunch):
             tg.start_soon(self._relaunch, a.failure)
         elif isinstance(a, lc.Reply):
@@ -179,9 +179,7 @@ class Owner:
         if self.core.spawned.proc is None and not self.core.main_reaped.is_set():
             # Adopted: main is not our child, so its exit code is not ours to read.
             self.core.main_reaped.set()
-            self.core.log.info(
-                "main_exited", pid=self.core.spawned.pid, exit_code=None, adopted=True
-            )
+            self.core.log.info(events.MainExited(self.core.spawned.pid, None, adopted=True))
             self.core.send(lc.MainExited(None))
 
     async def _signals(self) -> None:

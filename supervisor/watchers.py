@@ -39,7 +39,7 @@ from .errors import GpuError, TrainctlError
 from .gpu import health, xid
 from .life import lifecycle as lc
 from .linux import memory, procfs
-from .model import steps
+from .model import events, steps
 from .tree import handoff
 from .watch import logs, samples
 
@@ -472,14 +472,12 @@ class Watchers:
         if not stalled:
             if st.stalled_since is not None:
                 self.run.observe(stalled_since=None)
-                self.run.log.info("unstalled")
+                self.run.log.info(events.Unstalled())
             return False
         first = st.stalled_since is None
         if first:
             self.run.observe(stalled_since=last)
-            self.run.log.warning(
-                "stalled", idle_s=round(idle, 1), on_stall=self.run.spec.watch.on_stall
-            )
+            self.run.log.warning(events.Stalled(round(idle, 1), self.run.spec.watch.on_stall))
             idle_line = f"no progress and no output for {idle:.0f} s"
             self._fire("stall", Cause(kind="stalled", summary=idle_line))
         if self.run.spec.watch.on_stall == "restart":

@@ -345,7 +345,7 @@ class _Deploy:
         )
         state.write_json_atomic(report_path(self.jdir, p.id), rep.to_doc())
         with contextlib.suppress(OSError):
-            events.append_event(self.jdir, "deploy", **rep.to_doc())
+            events.append_event(self.jdir, rep.event(), **rep.to_doc())
         return rep
 
 

@@ -37,9 +37,9 @@ from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import read_events
-from trainctl.supervisor.model.steps import number, steps_path, timed_steps
-from trainctl.supervisor.records import JsonObject, field, record
+from trainctl.supervisor.model.events import read_typed
+from trainctl.supervisor.model.steps import steps_path, timed_steps
+from trainctl.supervisor.records import field, record
 
 from .jobs import current_phase, existing_job
 
@@ -71,41 +71,37 @@ class _Run:
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
-def _cause(doc: JsonObject) -> str | None:
-    cause = events.obj(doc.get("cause"))
-    return None if cause is None else events.text(cause.get("summary"))
-
-
-def _runs(evs: list[JsonObject]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
+def _runs(evs: list[events.Event]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
     """The runs, the queue's wait, and the stalled periods, from the events."""
     runs: dict[int, _Run] = {}
     queued, stalls, current = 0.0, [], None
     stalled_at: float | None = None
     for ev in evs:
-        kind, ts = ev["event"], number(ev.get("ts")) or 0.0
-        run = events.whole(ev.get("run"))
-        run = current if run is None else run
-        if kind == "started" and isinstance(run, int):
-            current = run
-            runs[run] = _Run(run, ts)
-        elif kind == "dispatched":
-            queued += number(ev.get("waited_s")) or 0.0
-        elif kind == "main_exited" and current in runs and runs[current].end is None:
+        ts = ev.ts
+        if isinstance(ev, events.Started):
+            current = ev.run
+            runs[ev.run] = _Run(ev.run, ts)
+        elif isinstance(ev, events.Dispatched):
+            queued += ev.waited_s
+        elif isinstance(ev, events.MainExited) and current in runs and runs[current].end is None:
             runs[current].end = ts
-        elif kind in ("ended", "restart_scheduled") and run in runs:
+        elif isinstance(ev, events.Ended | events.RestartScheduled):
+            run = current if ev.run is None else ev.run
+            if run not in runs:
+                continue
             r = runs[run]
             r.end = r.end or ts
-            r.cause = r.cause or _cause(ev)
-            kind_of = (events.obj(ev.get("cause")) or {}).get("kind")
+            r.cause = r.cause or (ev.cause.summary if ev.cause is not None else None)
+            kind_of = ev.cause.kind if ev.cause is not None else None
             r.stopped = kind_of == "stopped"
             r.gpu_fault = kind_of == "gpu"
-        elif kind == "stalled":
+        elif isinstance(ev, events.Stalled):
             stalled_at = ts
-        elif kind == "unstalled" and stalled_at is not None:
+        elif isinstance(ev, events.Unstalled) and stalled_at is not None:
             stalls.append((stalled_at, ts))
             stalled_at = None
-        elif kind == "deploy" and (to_run := events.whole(ev.get("to_run"))) in runs:
-            runs[to_run].by_deploy = True
+        elif isinstance(ev, events.Deploy) and ev.to_run in runs:
+            runs[ev.to_run].by_deploy = True
     if stalled_at is not None:
         stalls.append((stalled_at, time.time()))
     return runs, queued, stalls
@@ -145,7 +141,7 @@ def report(home: Path, name: str) -> Goodput:
     """The goodput of job ``name`` since its first start (or queueing)."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    runs, queued, stalls = _runs(read_events(jdir))
+    runs, queued, stalls = _runs(read_typed(jdir))
     if not runs:
         raise TrainctlError(f"job {name} has no recorded run yet")
     typical = _typical(jdir, runs)

@@ -8,30 +8,16 @@ newest run stands now. The steps come from each run's progress file (or log).
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import read_events
-from trainctl.supervisor.model.schema import build_document
-from trainctl.supervisor.model.sections import CodeRecord
-from trainctl.supervisor.records import JsonObject, fields, replace
+from trainctl.supervisor.model.events import read_typed
+from trainctl.supervisor.records import replace
 
 from .jobs import current_phase, existing_job
-
-
-def _code_line(ev: JsonObject) -> str:
-    """A `code` event in CodeRecord.line()'s words (the diff's hash beside a dirty commit)."""
-    with contextlib.suppress(TrainctlError, TypeError, ValueError):
-        fields = {k: v for k, v in ev.items() if k in _CODE_FIELDS}
-        return build_document(CodeRecord, fields, "code event").line()
-    return "?"
-
-
-_CODE_FIELDS = {f.name for f in fields(CodeRecord)}
 
 
 def job_history(home: Path, name: str) -> list[HistoryRow]:
@@ -43,42 +29,40 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
     def row(run: int) -> HistoryRow:
         return rows.setdefault(run, HistoryRow(run=run))
 
-    for ev in read_events(jdir):
-        kind, run = ev["event"], ev.get("run")
-        if kind == "started" and isinstance(run, int):
-            current = run
-            rows[run] = replace(row(run), started_at=events.num(ev.get("ts")))
-        elif kind == "code" and isinstance(run, int):
-            rows[run] = replace(
-                row(run), code=_code_line(ev), commit=ev.get("git_head"),
-                dirty=ev.get("dirty"), snapshot=ev.get("snapshot"),
+    for ev in read_typed(jdir):
+        if isinstance(ev, events.Started):
+            current = ev.run
+            rows[ev.run] = replace(row(ev.run), started_at=ev.ts)
+        elif isinstance(ev, events.Code):
+            code = ev.code
+            rows[ev.run] = replace(
+                row(ev.run), code=code.line() if code else "?",
+                commit=code.git_head if code else None, dirty=code.dirty if code else None,
+                snapshot=code.snapshot if code else None,
             )  # fmt: skip
-        elif kind in ("ended", "restart_scheduled"):
-            r = run if isinstance(run, int) else current
+        elif isinstance(ev, events.Ended | events.RestartScheduled):
+            r = ev.run if ev.run is not None else current
             if r is None:
                 continue
-            cause = ev.get("cause")
-            summary = cause.get("summary") if isinstance(cause, dict) else None
-            phase = ev.get("phase") if kind == "ended" else "failed (restarted)"
-            rows[r] = replace(row(r), ended_at=events.num(ev.get("ts")), phase=phase, cause=summary)
-        elif kind == "deploy":
+            summary = ev.cause.summary if ev.cause is not None else None
+            phase = ev.phase if isinstance(ev, events.Ended) else "failed (restarted)"
+            rows[r] = replace(row(r), ended_at=ev.ts, phase=phase, cause=summary)
+        elif isinstance(ev, events.Deploy):
             _mark_deploy(rows, ev)
     return _finish(jdir, rows)
 
 
-def _mark_deploy(rows: dict[int, HistoryRow], ev: JsonObject) -> None:
+def _mark_deploy(rows: dict[int, HistoryRow], ev: events.Deploy) -> None:
     """A deploy marks the run it left, the run it started and the run it rolled back to."""
-    old, new = ev.get("from_commit") or "?", ev.get("to_commit") or "?"
-    outcome = ev.get("outcome")
-    for key, mark in (
-        ("from_run", f"deploy out: {str(old)[:8]} -> {str(new)[:8]}, {outcome}"),
-        ("to_run", f"deploy in: {outcome}"),
-        ("rollback_run", f"rollback from run {ev.get('to_run')}"),
+    old, new = ev.from_commit or "?", ev.to_commit or "?"
+    for left, r, mark in (
+        (True, ev.from_run, f"deploy out: {old[:8]} -> {new[:8]}, {ev.outcome}"),
+        (False, ev.to_run, f"deploy in: {ev.outcome}"),
+        (False, ev.rollback_run, f"rollback from run {ev.to_run}"),
     ):
-        r = ev.get(key)
-        if isinstance(r, int):
+        if r is not None:
             was = rows.setdefault(r, HistoryRow(run=r))
-            ck = ev.get("checkpoint") if key == "from_run" else was.checkpoint
+            ck = ev.checkpoint if left else was.checkpoint
             rows[r] = replace(was, marks=[*was.marks, mark], checkpoint=ck)
 
 

@@ -11,7 +11,7 @@ from trainctl.launcher.inputs import closest, human_duration
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import newest_first
+from trainctl.supervisor.model.events import newest_typed
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.records import record, replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
@@ -66,16 +66,12 @@ def stop_under_way(jdir: Path) -> StopUnderWay | None:
     """The newest `stopping` (or `grace_shortened`) event, read from the end of the
     events: a few KiB, read only while a stop is on. None when there is none."""
     shortened: tuple[float, float] | None = None
-    for ev in newest_first(jdir, 65536):
-        kind, ts = ev.get("event"), events.num(ev.get("ts"))
-        if ts is None:
-            continue
-        left_s = events.num(ev.get("grace_left_s"))
-        if kind == "grace_shortened" and shortened is None and left_s is not None:
-            shortened = (ts, left_s)
-        elif kind == "stopping":
-            at, left = shortened or (ts, events.num(ev.get("grace_s")) or 0.0)
-            return StopUnderWay(ts, left - (time.time() - at), events.text(ev.get("reason")))
+    for ev in newest_typed(jdir, 65536):
+        if isinstance(ev, events.GraceShortened) and shortened is None:
+            shortened = (ev.ts, ev.grace_left_s)
+        elif isinstance(ev, events.Stopping):
+            at, left = shortened or (ev.ts, ev.grace_s)
+            return StopUnderWay(ev.ts, left - (time.time() - at), ev.reason)
     return None
 
 

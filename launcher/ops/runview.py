@@ -16,10 +16,9 @@ from trainctl.launcher.results import Skipped, StackReport
 from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import newest_first
+from trainctl.supervisor.model.events import newest_typed
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.tail import latest_frame, read_end
-from trainctl.supervisor.records import JsonObject
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
@@ -122,9 +121,8 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
     report = st.last_stop
     if not isinstance(report, StopReport) or report.already_stopped:
         return None
-    seen = _stop_events(jdir)
-    began = seen.get("stopping")
-    t0 = events.num(began.get("ts")) if began else None
+    began, escalated = _stop_events(jdir)
+    t0 = began.ts if began else None
     entries = [_request(report, began)]
     for p in sorted(report.sent, key=lambda p: p.at_s or 0.0):
         at = p.at_s or 0.0
@@ -136,9 +134,8 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
         entries.append(
             TimelineEntry(p.at_s or 0.0, "exit", f"{p.pid} {p.cmd} exited, unsignalled", p.pid)
         )
-    escalated = seen.get("escalated")
     if report.killed:
-        esc_ts = events.num(escalated.get("ts")) if escalated else None
+        esc_ts = escalated.ts if escalated else None
         at = esc_ts - t0 if esc_ts is not None and t0 else report.grace_s
         who = ", ".join(f"{k.pid} {k.cmd}"[:60] for k in report.killed_procs[:5])
         entries.append(TimelineEntry(round(at, 4), "kill", f"SIGKILL → {report.killed}: {who}"))
@@ -152,8 +149,8 @@ def stop_timeline(home: Path, name: str) -> StopTimeline | None:
     return StopTimeline(name, st.run, t0, report.total_s, report.ok, verdict, entries)
 
 
-def _request(report: StopReport, began: JsonObject | None) -> TimelineEntry:
-    reason = began.get("reason") if began else report.reason
+def _request(report: StopReport, began: events.Stopping | None) -> TimelineEntry:
+    reason = began.reason if began else report.reason
     return TimelineEntry(
         0.0,
         "request",
@@ -177,19 +174,15 @@ def _verdict(r: StopReport) -> str:
     return f"{r.verdict()} ({r.total_s:.2f} s)"
 
 
-def _stop_events(jdir: Path) -> dict[str, JsonObject]:
+def _stop_events(jdir: Path) -> tuple[events.Stopping | None, events.Escalated | None]:
     """The newest `stopping` event and the `escalated` after it, from events.jsonl's end."""
-    found: dict[str, JsonObject] = {}
-    for ev in newest_first(jdir, EVENTS_BYTES):
-        if not isinstance(ev.get("ts"), int | float):
-            continue
-        kind = ev.get("event")
-        if kind == "escalated" and "stopping" not in found:
-            found.setdefault("escalated", ev)
-        elif kind == "stopping":
-            found["stopping"] = ev
-            break
-    return found
+    escalated = None
+    for ev in newest_typed(jdir, EVENTS_BYTES):
+        if isinstance(ev, events.Escalated) and escalated is None:
+            escalated = ev
+        elif isinstance(ev, events.Stopping):
+            return ev, escalated
+    return None, escalated
 
 
 def read_stacks(path: str | None, limit: int = 64 << 10) -> str | None:

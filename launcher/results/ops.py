@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import JobState, MemberSnap
@@ -184,6 +185,14 @@ class DeployReport:
     def ok(self) -> bool:
         """The new code runs and passed its gate."""
         return self.outcome == "deployed"
+
+    def event(self) -> events.Deploy:
+        """The typed `deploy` event: what history and report read back (the line has the
+        whole report, :meth:`to_doc`, beside it)."""
+        return events.Deploy(
+            self.outcome, self.from_run, self.to_run, self.rollback_run, self.from_commit,
+            self.to_commit, self.checkpoint,
+        )  # fmt: skip
 
     def to_doc(self) -> JsonObject:
         """The JSON form (the report file, `deploy --json`)."""

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause, Failure, RestartEntry, StopReport
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import Phase
@@ -219,9 +220,10 @@ class Record:
 
 @record(frozen=True)
 class Log:
-    """Record an event in events.jsonl."""
+    """Record an event in events.jsonl: a kind trainctl reads back as its typed record
+    (model/events.py), any other by its name and fields."""
 
-    event: str
+    event: str | events.Event
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
@@ -322,7 +324,7 @@ def _begin_stop(life: Life, reason: str, stop: RunStop) -> Outcome:
     return _to(life, Stage.STOPPING, stop_reason=reason), [
         stop,
         Persist(Phase.STOPPING, durable=False),
-        Log("stopping", {"reason": reason, "grace_s": stop.grace_s, "order": stop.order}),
+        Log(events.Stopping(reason, stop.grace_s, stop.order)),
     ]
 
 
@@ -504,10 +506,13 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
         "cause": cause,
         "restart_history": history,
     }
-    logged = {"backoff_s": wait, "restarts": life.restarts, **failure.to_doc()}
+    scheduled = events.RestartScheduled(
+        wait, life.restarts, failure.run, failure.exit_code, failure.at, failure.reason,
+        failure.cause,
+    )  # fmt: skip
     return _to(life, Stage.BACKOFF, report=report, history=history), [
         Persist(Phase.STARTING, fields),
-        Log("restart_scheduled", logged),
+        Log(scheduled),
         Hook("restart", cause),
         WaitBackoff(wait),
     ]
@@ -536,7 +541,7 @@ def _end(life: Life, end: _Ending) -> Outcome:
         fields["error"] = verdict.why
     actions += [
         Persist(final, fields),
-        Log("ended", {"run": life.run, "phase": str(final), "cause": cause.to_doc()}),
+        Log(events.Ended(life.run, str(final), cause)),
         Hook("exit", cause, notify=final is not Phase.FAILED),
     ]
     if final is Phase.FAILED:

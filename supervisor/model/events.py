@@ -7,6 +7,16 @@ the supervisor's lines never interleave. The supervisor writes through an
 `status`, `history`, `report`, the web page, MCP and the tests read through
 :func:`read_events` (the whole log) or :func:`newest_first` (its end, for a look at the
 latest stop).
+
+**The vocabulary trainctl reads back is typed.** The kinds that `history`, `report`, the
+stop's timeline and `status` read (started, code, main_exited, stopping, grace_shortened,
+escalated, ended, restart_scheduled, stalled, unstalled, dispatched, deploy) are records
+below, one a kind (:data:`KINDS`). Their writers pass the record (``log.info(Ended(...))``,
+``append_event(jdir, Started(...))``): a typed kind written by its name alone is refused,
+so writer and reader cannot drift apart. Readers take :func:`typed` of a line, which
+checks it against its record (a line that does not fit is skipped, never trusted). Every
+other kind (signal_sent, hook_failed, gpu_fault...) is a diagnostic for people and tools:
+free-form fields, read by nothing in trainctl.
 """
 
 from __future__ import annotations
@@ -14,13 +24,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
+from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.linux.files import open_in
-from trainctl.supervisor.records import JsonObject
+from trainctl.supervisor.records import JsonObject, asdict, field, field_names, record
 
+from .reports import Cause, NamedProc
+from .schema import build_document
+from .sections import CodeRecord
 from .tail import read_end
 
 FILE = "events.jsonl"
@@ -31,7 +45,206 @@ def path(jdir: Path) -> Path:
     return jdir / FILE
 
 
-def encode(doc: dict[str, object]) -> str:
+@record(frozen=True)
+class Started:
+    """A run's main process is up (boot)."""
+
+    KIND: ClassVar[str] = "started"
+    job: str
+    run: int
+    main_pid: int | None
+    argv: list[str]
+    cwd: str
+    mode: str
+    cgroup: str | None = None
+    gpus: list[int] = field(default_factory=list)
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Code:
+    """The code a run started with (boot, after the CLI's answer). Written flat: the
+    run, its cwd and source, then the CodeRecord's own fields."""
+
+    KIND: ClassVar[str] = "code"
+    run: int
+    cwd: str
+    source: str | None = None
+    code: CodeRecord | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class MainExited:
+    """The run's main process exited (reaped; an adopted one: seen gone)."""
+
+    KIND: ClassVar[str] = "main_exited"
+    pid: int
+    exit_code: int | None = None
+    adopted: bool = False
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Stopping:
+    """A stop began: why, its grace and order (``supervisor="gone"``: the CLI's own)."""
+
+    KIND: ClassVar[str] = "stopping"
+    reason: str
+    grace_s: float
+    order: str | None = None  # None: the spec's
+    supervisor: str | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class GraceShortened:
+    """A later `stop --grace S` brought the running stop's grace closer."""
+
+    KIND: ClassVar[str] = "grace_shortened"
+    grace_left_s: float
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Escalated:
+    """The grace is over: what was left is frozen and SIGKILLed (a Slurm job: cancelled,
+    ``via="scancel"``, with nothing of the rest known here)."""
+
+    KIND: ClassVar[str] = "escalated"
+    frozen_by: str | None = None  # cgroup | sigstop
+    remaining: int | None = None
+    stop_rounds: int | None = None
+    victims: list[NamedProc] = field(default_factory=list)
+    via: str | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Ended:
+    """The run ended for good (no relaunch): its final phase and cause."""
+
+    KIND: ClassVar[str] = "ended"
+    run: int
+    phase: str
+    cause: Cause | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class RestartScheduled:
+    """The run failed and the restart policy relaunches it after ``backoff_s``."""
+
+    KIND: ClassVar[str] = "restart_scheduled"
+    backoff_s: float
+    restarts: int
+    run: int | None = None
+    exit_code: int | None = None
+    at: float | None = None
+    reason: str | None = None
+    cause: Cause | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Stalled:
+    """The stall watchdog saw no progress and no output for ``idle_s``."""
+
+    KIND: ClassVar[str] = "stalled"
+    idle_s: float
+    on_stall: str
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Unstalled:
+    """A stalled run moved again."""
+
+    KIND: ClassVar[str] = "unstalled"
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Dispatched:
+    """A queued job's run was started by the queue, after ``waited_s``."""
+
+    KIND: ClassVar[str] = "dispatched"
+    job: str
+    run: int
+    waited_s: float
+    gpus: str | None = None
+    ts: float = 0.0
+
+
+@record(frozen=True)
+class Deploy:
+    """A deploy ended. Its writer is the deployer's whole report (launcher/, results.ops
+    DeployReport); these are the fields trainctl reads back, each a field of that report
+    (tests/state/test_typed_events.py holds the two together)."""
+
+    KIND: ClassVar[str] = "deploy"
+    outcome: str
+    from_run: int | None = None
+    to_run: int | None = None
+    rollback_run: int | None = None
+    from_commit: str | None = None
+    to_commit: str | None = None
+    checkpoint: str | None = None
+    ts: float = 0.0
+
+
+Event = (
+    Started | Code | MainExited | Stopping | GraceShortened | Escalated | Ended
+    | RestartScheduled | Stalled | Unstalled | Dispatched | Deploy
+)  # fmt: skip
+_TYPED: tuple[type[Event], ...] = (
+    Started, Code, MainExited, Stopping, GraceShortened, Escalated, Ended,
+    RestartScheduled, Stalled, Unstalled, Dispatched, Deploy,
+)  # fmt: skip
+KINDS: dict[str, type[Event]] = {c.KIND: c for c in _TYPED}
+_CODE_FIELDS = frozenset(field_names(CodeRecord))
+
+
+def fields_of(ev: Event) -> JsonObject:
+    """A typed event's fields as its line has them (no ``ts``, no ``event``)."""
+    doc = asdict(ev)
+    del doc["ts"]
+    for name in doc:
+        value = getattr(ev, name)
+        if hasattr(value, "to_doc"):  # a record's own JSON form (a cause leaves out its Nones)
+            doc[name] = value.to_doc()
+    if isinstance(ev, Code):  # flat: the CodeRecord's fields beside the run's
+        code = doc.pop("code") or {}
+        doc.update(code)
+    return doc
+
+
+def typed(doc: JsonObject) -> Event | None:
+    """The typed event of a line read back (see the module), or None: a kind that is not
+    typed, or a line that does not fit its record (never trusted)."""
+    cls = KINDS.get(str(doc.get("event")))
+    if cls is None:
+        return None
+    if cls is Code:  # flat (see fields_of); none of its fields: no code was recorded
+        doc = {**doc, "code": {k: v for k, v in doc.items() if k in _CODE_FIELDS} or None}
+    try:
+        return build_document(cls, doc, f"the {cls.KIND} event")
+    except (StateError, TypeError, ValueError):
+        return None
+
+
+def _line_doc(event: str | Event, fields: dict[str, Any], bound: dict[str, Any]) -> JsonObject:
+    """The document of one line: the time and the kind first, then the bound fields and
+    the event's own. A typed kind must come as its record (see the module)."""
+    if isinstance(event, str):
+        if event in KINDS:
+            typed_as = KINDS[event].__name__
+            raise TypeError(f"the {event!r} event is typed: write events.{typed_as}(...)")
+        return {"ts": round(time.time(), 6), "event": event, **bound, **fields}
+    return {"ts": round(time.time(), 6), "event": event.KIND, **bound, **fields_of(event), **fields}
+
+
+def encode(doc: Mapping[str, object]) -> str:
     """One event as its line (no newline): JSON, anything else as its str()."""
     return json.dumps(doc, default=str)
 
@@ -48,9 +261,10 @@ def write_event_line(fd: int, line: str) -> None:
     os.write(fd, line.rstrip("\n").encode() + b"\n")
 
 
-def append_event(jdir: Path, event: str, **fields: Any) -> None:
-    """Append one event, stamped now."""
-    line = encode({"ts": round(time.time(), 6), "event": event, **fields})
+def append_event(jdir: Path, event: str | Event, **fields: Any) -> None:
+    """Append one event, stamped now: a typed one as its record (``fields``: more of its
+    line, such as the CLI's ``via``), any other kind by its name and fields."""
+    line = encode(_line_doc(event, fields, {}))
     fd = open_events(jdir)
     try:
         write_event_line(fd, line)
@@ -79,16 +293,15 @@ class EventLog:
         """The same log, with ``fields`` in every line."""
         return EventLog(self._sink, **{**self._bound, **fields})
 
-    def info(self, event: str, **fields: Any) -> None:
+    def info(self, event: str | Event, **fields: Any) -> None:
         """Write one event line: the time and the event (as the CLI's lines begin), then
-        the bound fields and these."""
-        doc = {"ts": round(time.time(), 6), "event": event, **self._bound, **fields}
-        self._sink.write(encode(doc))
+        the bound fields and the event's (a typed one as its record, see the module)."""
+        self._sink.write(encode(_line_doc(event, fields, self._bound)))
 
     warning = info  # the log has no levels: an event's kind says what it is
     error = info
 
-    def debug(self, event: str, **fields: Any) -> None:
+    def debug(self, event: str | Event, **fields: Any) -> None:
         """Not written (see the class)."""
 
 
@@ -134,6 +347,19 @@ def read_events(jdir: Path) -> list[JsonObject]:
     except FileNotFoundError:
         pass
     return out
+
+
+def read_typed(jdir: Path) -> list[Event]:
+    """The job's events of the typed kinds (see the module), oldest first."""
+    return [ev for doc in read_events(jdir) if (ev := typed(doc)) is not None]
+
+
+def newest_typed(jdir: Path, nbytes: int) -> Iterator[Event]:
+    """The typed events in the log's last ``nbytes``, newest first."""
+    for doc in newest_first(jdir, nbytes):
+        ev = typed(doc)
+        if ev is not None:
+            yield ev
 
 
 def newest_first(jdir: Path, nbytes: int) -> Iterator[JsonObject]:

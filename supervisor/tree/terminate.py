@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.linux import procfs
+from trainctl.supervisor.model.events import Escalated
 from trainctl.supervisor.model.procs import ProcRef
 from trainctl.supervisor.model.reports import NamedProc, StopReport, Survivor, Zombie
 from trainctl.supervisor.model.spec import StopOrder, StopPolicy
@@ -481,13 +482,7 @@ def _escalate(
     victims = [r for r in tr.known if r not in tr.gone_at]
     tr.killed.update(victims)
     named = [_named(ref) for ref in victims[:REPORT_NAMED]]
-    emit(
-        "escalated",
-        frozen_by="cgroup" if frozen else "sigstop",
-        remaining=len(victims),
-        stop_rounds=stopped,
-        victims=[asdict(n) for n in named],
-    )
+    emit(Escalated("cgroup" if frozen else "sigstop", len(victims), stopped, named))
     killed = 0
     if target.cgroup is not None:
         cg.kill(target.cgroup)

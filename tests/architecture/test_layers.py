@@ -369,6 +369,33 @@ def test_one_writer_and_one_reader_of_the_event_log() -> None:
     assert not dumps, dumps  # a logging library's own JSON encoder would be a second one
 
 
+def test_events_are_read_back_typed() -> None:
+    """issue 45 item 3: what trainctl reads back from events.jsonl it reads as the typed
+    record of its kind (events.read_typed, newest_typed): no module outside model/events.py
+    looks an event's kind up by name, and every reader the issue names takes the typed
+    reader."""
+    pokes = sorted(
+        f"{p.relative_to(ROOT)}:{i}"
+        for d in ("supervisor", "launcher")
+        for p in (ROOT / d).rglob("*.py")
+        if p.name != "events.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if '["event"]' in line or '.get("event")' in line
+    )
+    assert not pokes, pokes
+    readers = {
+        "launcher/ops/history.py": "read_typed",  # history (the web page's runs too)
+        "launcher/ops/goodput.py": "read_typed",  # report (and MCP's)
+        "launcher/ops/runview.py": "newest_typed",  # the stop's timeline (web, MCP)
+        "launcher/ops/jobs.py": "newest_typed",  # status: the stop under way
+    }
+    for rel, reader in readers.items():
+        text = (ROOT / rel).read_text()
+        assert reader in text, rel
+        assert "read_events" not in text, rel
+        assert "newest_first" not in text, rel
+
+
 def test_untyped_json_objects_are_few() -> None:
     """issue 45: `dict[str, Any]` at most 35 times in supervisor/ and launcher/. A JSON
     document is `records.JsonObject` and read through typed accessors (events.num, text,

@@ -40,13 +40,13 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     unproven = unprovable(st)
     failures: list[str] = []
 
-    def emit(event: str, **fields: Any) -> None:
+    def emit(event: str | events.Event, **fields: Any) -> None:
         try:
             events.append_event(jdir, event, job=st.name, via="cli", **fields)
         except OSError as e:
             failures.append(f"cannot write {jdir / 'events.jsonl'}: {e.strerror}")
 
-    emit("stopping", reason="stop", grace_s=req.grace_s, order=str(req.order), supervisor="gone")
+    emit(events.Stopping("stop", req.grace_s, str(req.order), supervisor="gone"))
     report = run_stop(
         target_of(st),
         spec,

@@ -117,7 +117,7 @@ def _scancel(jdir: Path, st: JobState, spec: Spec, grace_s: float) -> bool:
     cancelled = not _wait_left_queue(st, grace_s)
     if cancelled:
         scancel([scancel_bin, job_id])
-        events.append_event(jdir, "escalated", job=st.name, via="scancel")
+        events.append_event(jdir, events.Escalated(via="scancel"), job=st.name)
         _wait_left_queue(st, 60)
     return cancelled
 

@@ -364,11 +364,7 @@ class _Dispatcher:
         with contextlib.suppress(OSError, TrainctlError):
             events.append_event(
                 state.job_dir(self.home, e.name),
-                "dispatched",
-                job=e.name,
-                run=res.run,
-                waited_s=round(time.time() - e.queued_at, 3),
-                gpus=res.gpus,
+                events.Dispatched(e.name, res.run, round(time.time() - e.queued_at, 3), res.gpus),
             )
         return None
 
