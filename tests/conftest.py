@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from trainctl.supervisor.model.events import read_events
+
 TREES = Path(__file__).parent / "trees"
 TRAINCTL = [sys.executable, "-m", "trainctl.launcher"]
 HELD_TICK_S = 0.1  # the supervisor's snapshot interval in mode_harness's `held` mode
@@ -186,6 +188,10 @@ class Harness:
     def state(self, name: str) -> dict:  # type: ignore[type-arg]
         """Read a job's state.json."""
         return json.loads((self.home / "jobs" / name / "state.json").read_text())
+
+    def events(self, name: str, kind: str | None = None) -> list[dict]:  # type: ignore[type-arg]
+        """A job's events.jsonl (of one ``kind``), through trainctl's one reader."""
+        return [e for e in read_events(self.home / "jobs" / name) if kind in (None, e["event"])]
 
     def job_pids(self, name: str) -> dict[int, int]:
         """Live processes of job ``name`` found independently via its marker: {pid: start}."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import textwrap
@@ -26,11 +25,6 @@ FAILS = textwrap.dedent(
 )
 
 
-def events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
-    path = h.home / "jobs" / name / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def test_an_exception_is_the_cause_everywhere(harness: Harness) -> None:
     h = harness
     script = h.tmp / "fails.py"
@@ -50,7 +44,7 @@ def test_an_exception_is_the_cause_everywhere(harness: Harness) -> None:
     assert st["cause"]["summary"] == "exit code 1: RuntimeError: boom in the loader"
     assert "cause exit code 1: RuntimeError: boom in the loader" in h.tc("status", "f").out
     assert "RuntimeError: boom in the loader" in h.tc("list").out
-    [ended] = [e for e in events(h, "f") if e["event"] == "ended"]
+    [ended] = [e for e in h.events("f") if e["event"] == "ended"]
     assert ended["cause"]["reason"] == "RuntimeError: boom in the loader"
     assert ended["phase"] == "failed"
 
@@ -91,7 +85,7 @@ def test_restart_records_that_restart_stopped_the_run(harness: Harness) -> None:
     h = harness
     h.start_tree("rs", "fanout.py", "2", "1")
     h.tc("restart", "rs", check=True, timeout=60)
-    ended = [e for e in events(h, "rs") if e["event"] == "ended"]
+    ended = [e for e in h.events("rs") if e["event"] == "ended"]
     assert ended[-1]["cause"]["by"] == "restart"
     assert ended[-1]["cause"]["kind"] == "stopped"
     h.tc("stop", "rs", check=True)

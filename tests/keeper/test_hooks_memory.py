@@ -82,11 +82,6 @@ def receiver() -> Iterator[Receiver]:
     r.server.server_close()
 
 
-def events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
-    path = h.home / "jobs" / name / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def _hook(h: Harness) -> Path:
     hook = h.tmp / "hook.sh"
     hook.write_text(HOOK)
@@ -127,7 +122,7 @@ def test_a_capped_job_is_oom_killed_named_hooked_and_notified(
         assert cause["oom_pid"] != h.state("hog")["main"]["pid"]
     env_file = Path(f"{hook}.failure.env")
     wait_for(env_file.exists, 20, "the on_failure hook")
-    wait_for(lambda: any(e["event"] == "hook_ran" for e in events(h, "hog")), 20, "hook event")
+    wait_for(lambda: any(e["event"] == "hook_ran" for e in h.events("hog")), 20, "hook event")
     env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert env["TRAINCTL_CAUSE"] == "oom"
     assert env["TRAINCTL_JOB"] == "hog"
@@ -143,7 +138,7 @@ def test_a_capped_job_is_oom_killed_named_hooked_and_notified(
     assert sent["run"] == 1
     assert sent["duration_s"] > 0
     assert "allocating" in sent["last_lines"]
-    ran = [e for e in events(h, "hog") if e["event"] == "hook_ran"]
+    ran = [e for e in h.events("hog") if e["event"] == "hook_ran"]
     assert ran[0]["output"] == "hook saw oom\n"
     text = h.tc("status", "hog").out
     assert "cause OOM-killed" in text
@@ -179,7 +174,7 @@ def test_hooks_never_delay_a_stop_and_time_out(harness: Harness) -> None:
     wait_for(lambda: not Path(f"/proc/{sup['pid']}").exists(), 10, "the supervisor to exit")
 
     def failed() -> list[dict]:  # type: ignore[type-arg]
-        return [e for e in events(h, "slowhook") if e["event"] == "hook_failed"]
+        return [e for e in h.events("slowhook") if e["event"] == "hook_failed"]
 
     wait_for(failed, 20, "the hook's timeout")
     [e] = failed()
@@ -198,7 +193,7 @@ def test_an_unreachable_webhook_is_one_event_and_the_job_goes_on(harness: Harnes
     )  # fmt: skip
 
     def notify_failed() -> list[dict]:  # type: ignore[type-arg]
-        return [e for e in events(h, "nowhere") if e["event"] == "notify_failed"]
+        return [e for e in h.events("nowhere") if e["event"] == "notify_failed"]
 
     wait_for(notify_failed, 30, "the stall notification to fail")
     time.sleep(1.5)
@@ -223,7 +218,7 @@ def test_on_stall_runs_once_per_stall(harness: Harness) -> None:
     assert env["TRAINCTL_CAUSE"] == "stalled"
     assert env["TRAINCTL_EXIT_CODE"] == ""
     time.sleep(4)
-    seen = events(h, "quiet")
+    seen = h.events("quiet")
     assert sum(e["event"] == "hook_ran" for e in seen) == 1, seen
     h.tc("stop", "quiet", check=True)
 

@@ -40,11 +40,6 @@ def _ours_alive(h: Harness) -> list[int]:
     return [pid for pid, (_, bystander) in marked(h.mark).items() if not bystander]
 
 
-def _events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
-    path = h.home / "jobs" / name / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 # ---------------------------------------------------------------- atomic start
 
 
@@ -112,7 +107,7 @@ def test_a_stop_during_the_cleanup_after_main_exited_is_never_undone(harness: Ha
         script,
         check=True,
     )
-    wait_for(lambda: any(e["event"] == "stopping" for e in _events(h, "r")), 20, "cleanup to start")
+    wait_for(lambda: any(e["event"] == "stopping" for e in h.events("r")), 20, "cleanup to start")
     res = h.tc("stop", "r", "--json")
     assert res.rc == 0, res
     time.sleep(1.0)  # well past the backoff: a relaunch would have happened by now
@@ -313,7 +308,7 @@ def test_the_supervisor_ignores_sighup_and_keeps_the_exit_code(harness: Harness)
     assert alive(sup["pid"], sup["start_ticks"])
     flag.touch()
     assert h.tc("wait", "sig", "--timeout", "30").rc == 5
-    assert sum(e["event"] == "supervisor_signal_ignored" for e in _events(h, "sig")) >= 1
+    assert sum(e["event"] == "supervisor_signal_ignored" for e in h.events("sig")) >= 1
 
 
 def test_rm_force_never_deletes_a_job_that_still_runs(harness: Harness) -> None:
@@ -464,7 +459,7 @@ def test_a_supervisor_killed_in_the_middle_of_a_stop_is_finished_by_the_cli(
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for(lambda: any(e["event"] == "signal_sent" for e in _events(h, "mid")), what="stop")
+    wait_for(lambda: any(e["event"] == "signal_sent" for e in h.events("mid")), what="stop")
     _kill_supervisor(h, "mid")
     out, err = stopper.communicate(timeout=60)
     assert stopper.returncode == 0, (out, err)

@@ -13,11 +13,6 @@ from tests.conftest import Harness, alive, wait_for
 from tests.helpers import one_line_error
 
 
-def _events(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
-    path = h.home / "jobs" / name / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def _signal_supervisor(h: Harness, name: str, sig: signal.Signals) -> dict:  # type: ignore[type-arg]
     sup = h.state(name)["supervisor"]
     fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
@@ -42,7 +37,7 @@ def test_sigterm_to_the_supervisor_runs_the_jobs_graceful_stop(harness: Harness)
     assert st["cause"]["by"] == "SIGTERM"
     assert "SIGTERM to its supervisor" in st["cause"]["summary"]
     assert not h.job_pids("ck")
-    assert any(e["event"] == "supervisor_signal_stops_job" for e in _events(h, "ck"))
+    assert any(e["event"] == "supervisor_signal_stops_job" for e in h.events("ck"))
 
 
 def test_a_deleted_control_socket_is_bound_again(harness: Harness) -> None:
@@ -54,7 +49,7 @@ def test_a_deleted_control_socket_is_bound_again(harness: Harness) -> None:
     assert isinstance(doc, dict)
     assert doc["via"] == "supervisor"
     assert doc["ok"] is True
-    assert any(e["event"] == "control_socket_rebound" for e in _events(h, "sock"))
+    assert any(e["event"] == "control_socket_rebound" for e in h.events("sock"))
 
 
 def test_leftovers_of_a_natural_exit_are_named(harness: Harness) -> None:
@@ -76,7 +71,7 @@ def test_leftovers_of_a_natural_exit_are_named(harness: Harness) -> None:
     # (a process already exiting when its command is read shows as [comm])
     assert "leftovers 4 process(es) outlived main, stopped: " in text
     assert "sleep" in text.split("outlived main, stopped: ")[1]
-    [ev] = [e for e in _events(h, "lv") if e["event"] == "leftovers_cleaned"]
+    [ev] = [e for e in h.events("lv") if e["event"] == "leftovers_cleaned"]
     assert ev["count"] == 4
     assert all("sleep" in c for c in ev["cmds"])
 

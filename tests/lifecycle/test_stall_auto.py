@@ -4,7 +4,6 @@ checkpoint being written) is never called a stall."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -33,11 +32,6 @@ while True:
 """
 
 
-def _events(h: Harness, name: str) -> list[str]:
-    path = h.home / "jobs" / name / "events.jsonl"
-    return [json.loads(x)["event"] for x in path.read_text().splitlines() if x.strip()]
-
-
 def test_a_learned_deadline_sees_a_hung_rank_and_never_a_save(harness: Harness) -> None:
     h = harness
     ck = h.tmp / "ck"
@@ -51,7 +45,7 @@ def test_a_learned_deadline_sees_a_hung_rank_and_never_a_save(harness: Harness) 
     wait_for((ck / "step_000040.pt").exists, 60, "two saves")
     wait_for(lambda: h.state("sa")["stall_deadline_s"] is not None, 30, "a learned deadline")
     time.sleep(5.5)  # the second save runs to its end
-    assert "stalled" not in _events(h, "sa")
+    assert "stalled" not in [e["event"] for e in h.events("sa")]
     deadline = h.state("sa")["stall_deadline_s"]
     assert deadline < 5, deadline  # learned from the steps, not from the 5 s saves
     assert "stall deadline " in h.tc("status", "sa").out  # status shows the learned one
@@ -60,10 +54,10 @@ def test_a_learned_deadline_sees_a_hung_rank_and_never_a_save(harness: Harness) 
     stopped_at = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: "stalled" in _events(h, "sa"), 30, "the stall")
+        wait_for(lambda: "stalled" in [e["event"] for e in h.events("sa")], 30, "the stall")
         seen = time.monotonic() - stopped_at
         assert seen < deadline + 3, seen  # the deadline and a look or two, not minutes
-        wait_for(lambda: "stacks_written" in _events(h, "sa"), 30, "the stacks")
+        wait_for(lambda: "stacks_written" in [e["event"] for e in h.events("sa")], 30, "the stacks")
     finally:
         os.kill(pid, signal.SIGCONT)
     h.tc("stop", "sa", check=True)

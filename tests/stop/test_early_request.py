@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -18,12 +17,6 @@ from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model import control
 
 
-def _events(h: Harness, name: str, kind: str) -> list[dict[str, object]]:
-    path = h.home / "jobs" / name / "events.jsonl"
-    docs = [json.loads(line) for line in path.read_text().splitlines()]
-    return [d for d in docs if d.get("event") == kind]
-
-
 def test_a_plain_stop_goes_out_first_and_the_verb_reads_its_answer(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
@@ -33,7 +26,7 @@ def test_a_plain_stop_goes_out_first_and_the_verb_reads_its_answer(harness: Harn
     assert doc["ok"] is True
     assert doc["warnings"] == []  # not "joined": one request, not the early one and another
     assert "ran" not in res.err  # the verb read the answer itself
-    stopping = _events(h, "e", "stopping")
+    stopping = h.events("e", "stopping")
     assert len(stopping) == 1, stopping
     assert stopping[0]["grace_s"] == 5.0  # what was asked, as the verb would have asked it
     assert stopping[0]["order"] == "all"
@@ -187,7 +180,7 @@ def test_ctrl_c_while_it_waits_leaves_the_stop_to_the_supervisor(here: Harness) 
     )  # fmt: skip
     assert cli.stdout is not None
     assert cli.stdout.readline().strip() == "sending"
-    wait_for(lambda: _events(h, "e", "stopping"), what="the supervisor to have the request")
+    wait_for(lambda: h.events("e", "stopping"), what="the supervisor to have the request")
     cli.send_signal(signal.SIGINT)  # the Ctrl-C, to the process this test started
     _, err = cli.communicate(timeout=20)
     assert cli.returncode == 130, err
