@@ -10,10 +10,10 @@ from pathlib import Path
 
 from trainctl.launcher.results.ops import DeployReport, DeployStep
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import layout, state
 from trainctl.supervisor.model.schema import build_document
 
-LOCK = "deploy.lock"  # held by the deployer for its whole life (probation included)
+LOCK = layout.DEPLOY_LOCK  # held by the deployer for its whole life (probation included)
 
 
 def deploys_dir(jdir: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,9 +24,8 @@ from trainctl.launcher.results import (
     Status,
 )
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
-from trainctl.supervisor.gpu import health
 from trainctl.supervisor.linux import memory
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import layout, state
 from trainctl.supervisor.model.reports import MembersReply
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec
@@ -35,12 +35,12 @@ from trainctl.supervisor.records import field, record, replace
 from trainctl.supervisor.tree import mounts
 from trainctl.supervisor.tree.proctree import scan_counted, target_of
 
-from . import queue
-from .deployfiles import on_probation
 from .jobs import existing_job, stop_under_way
 
 if TYPE_CHECKING:
     from trainctl.supervisor.tree.proctree import Member
+
+    from .queue import Queued
 
 RUNNING_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
@@ -62,6 +62,8 @@ def _gpus_note(home: Path, spec: Spec | None, st: JobState) -> str | None:
     missing = [t for t in asked if t not in have]
     if not missing:
         return None
+    from trainctl.supervisor.gpu import health  # noqa: PLC0415  (a run short of its GPUs only)
+
     sick = health.unhealthy(home)
     why = []
     for t in missing:
@@ -82,16 +84,16 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     ``brief`` (the `list` table): without what comes from the spec (argv, cwd) and the
     training view (checkpoint, progress, drift), which the table does not show.
     """
-    entry = queue.read_entry(home, name)
+    queued = _queued(home, name)
     try:
         jdir = existing_job(home, name)
     except JobNotFoundError:
-        if entry is None:
+        if queued is None:
             raise
-        return queued_status(home, entry)
+        return queued_status(queued)
     st = state.read_state(jdir)
-    if entry is not None and st.phase in state.TERMINAL:
-        return queued_status(home, entry)  # its next run is queued: that is what it is now
+    if queued is not None and st.phase in state.TERMINAL:
+        return queued_status(queued)  # its next run is queued: that is what it is now
     spec: Spec | None = None
     if not brief:
         with contextlib.suppress(StateError, JobNotFoundError):
@@ -174,8 +176,19 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         stop_by=going.reason if going else None,
         settings=None if spec is None else _settings(spec, training.checkpoint is not None),
         adopted=st.adopted,
-        queue=None if entry is None else queue.queue_view(home, name, entry),
+        queue=None if queued is None else queued.view,
     )
+
+
+def _queued(home: Path, name: str) -> Queued | None:
+    """The job's queue entry, if a next run of it is queued. Without one (the common
+    case) one lstat says so: the queue's policy loads the GPU code and threads."""
+    if not os.path.lexists(layout.queue_entry(str(home), name)):
+        return None
+    from . import queue  # noqa: PLC0415  (its policy: the GPU code, threads; a queued job only)
+
+    entry = queue.read_entry(home, name)
+    return None if entry is None else queue.queued_of(home, entry)
 
 
 def _counted_by_supervisor(jdir: Path) -> MembersReply | None:
@@ -195,8 +208,9 @@ def _escaped(live: list[Member], counted: MembersReply | None) -> int:
     return counted.escaped if counted is not None else sum(1 for m in live if m.escaped)
 
 
-def queued_status(home: Path, e: queue.Entry) -> Status:
+def queued_status(q: Queued) -> Status:
     """A queued job: no run yet, only its place in the queue and what it waits for."""
+    e = q.entry
     argv = e.spec.get("argv")
     cwd = e.spec.get("cwd")
     spec_file = e.spec.get("spec_file")
@@ -204,7 +218,7 @@ def queued_status(home: Path, e: queue.Entry) -> Status:
     return Status(
         name=e.name,
         state="queued",
-        run=queue.next_run(home, e.name),
+        run=q.next_run,
         main_pid=None,
         pgid=None,
         supervisor_pid=None,
@@ -222,7 +236,7 @@ def queued_status(home: Path, e: queue.Entry) -> Status:
         argv=[str(a) for a in argv] if isinstance(argv, list) else [],
         cwd=cwd if isinstance(cwd, str) else None,
         spec_file=spec_file if isinstance(spec_file, str) else None,
-        queue=queue.queue_view(home, e.name, e),
+        queue=q.view,
     )
 
 
@@ -283,6 +297,10 @@ class _Training:
 
 def _probation(jdir: Path, run: int) -> str | None:
     """The deploy that holds run ``run`` to its probation now, in words."""
+    if not state.is_locked(jdir, layout.DEPLOY_LOCK):
+        return None  # no deployer lives (the common case): its reports are not read
+    from .deployfiles import on_probation  # noqa: PLC0415  (deploy reports: while one lives)
+
     rep = on_probation(jdir, run)
     if rep is None or rep.probation_until is None:
         return None
@@ -375,7 +393,9 @@ def _stall_stacks(jdir: Path, st: state.JobState) -> str | None:
 def all_statuses(home: Path, *, brief: bool = False) -> list[Status | tuple[str, str]]:
     """Return the status of every job; an untrusted one becomes (name, error)."""
     out: list[Status | tuple[str, str]] = []
-    names = set(state.list_jobs(home)) | set(queue.queued_names(home))
+    from .queue import queued_names  # noqa: PLC0415  (the queue's policy: not for one status)
+
+    names = set(state.list_jobs(home)) | set(queued_names(home))
     for name in sorted(names):
         try:
             out.append(job_status(home, name, brief=brief))

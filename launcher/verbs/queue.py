@@ -22,7 +22,7 @@ def run(inv: Invocation, action: str = "list", *, as_json: bool = False) -> int:
         else:
             render.line("every queued job has its waiter; nothing to resume")
         return ExitCode.OK
-    rows = [queued_status(inv.home, e) for e in queue.entries(inv.home)]
+    rows = [queued_status(queue.queued_of(inv.home, e)) for e in queue.entries(inv.home)]
     if as_json:
         render.emit_json([r.to_doc() for r in rows])
     elif rows:

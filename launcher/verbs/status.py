@@ -5,14 +5,13 @@ from __future__ import annotations
 from trainctl.launcher import render
 from trainctl.launcher.ops.status import job_status, status_exit_code
 
-from . import Invocation
-from .list_ import run as run_list
+from . import Invocation, load
 
 
 def run(inv: Invocation, name: str | None, *, as_json: bool = False) -> int:
     """Show job NAME (exit 0 running, 3 ended, 4 supervisor lost); every job without NAME."""
     if name is None:
-        return run_list(inv, as_json=as_json)
+        return int(load("list").run(inv, as_json=as_json))  # the table: list's own module
     s = job_status(inv.home, name)
     render.status_doc(s) if as_json else render.status(s)
     return status_exit_code(s)

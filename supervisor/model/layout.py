@@ -13,6 +13,7 @@ from __future__ import annotations
 JOBS = "jobs"  # <home>/jobs/<name>/: one directory a job
 QUEUE = "queue"  # <home>/queue/<name>.json: a queued job's entry
 SOCK_NAME = "control.sock"  # <home>/jobs/<name>/control.sock: the supervisor's socket
+DEPLOY_LOCK = "deploy.lock"  # <home>/jobs/<name>/deploy.lock: held by a live deployer
 SUPERVISOR_MODULE = "trainctl.supervisor"  # python -m <this> --home HOME --name NAME ...
 
 NAME_MAX = 64

@@ -34,7 +34,16 @@ from .entries import (
     wait_dispatched,
     waiter_alive,
 )
-from .policy import Blocked, QueueAsk, blockers, check_ask, doomed_by_stop, queue_view
+from .policy import (
+    Blocked,
+    QueueAsk,
+    Queued,
+    blockers,
+    check_ask,
+    doomed_by_stop,
+    queue_view,
+    queued_of,
+)
 
 __all__ = [
     "GPU_POLL_S",
@@ -46,6 +55,7 @@ __all__ = [
     "Entry",
     "HomeView",
     "QueueAsk",
+    "Queued",
     "blockers",
     "check_ask",
     "dequeue",
@@ -60,6 +70,7 @@ __all__ = [
     "queue_lock",
     "queue_view",
     "queued_names",
+    "queued_of",
     "ran_since_queued",
     "read_entry",
     "record_never_ran",

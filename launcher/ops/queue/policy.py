@@ -14,7 +14,7 @@ from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.records import record
 
-from .entries import After, Entry, HomeView, entries, queue_dir, waiter_alive
+from .entries import After, Entry, HomeView, entries, next_run, queue_dir, waiter_alive
 
 
 def _dep_verdict(h: HomeView, dep: After, queued: set[str]) -> str | None:
@@ -176,3 +176,17 @@ def _said(home: Path) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+
+@record(frozen=True)
+class Queued:
+    """A job's queue entry, its place in the queue, and the run it will start."""
+
+    entry: Entry
+    view: QueueView
+    next_run: int
+
+
+def queued_of(home: Path, e: Entry) -> Queued:
+    """What `status`, `list` and `queue` show of a queued entry."""
+    return Queued(e, queue_view(home, e.name, e), next_run(home, e.name))
