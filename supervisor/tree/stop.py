@@ -17,7 +17,7 @@ from trainctl.supervisor.gpu import GpuBackend
 from trainctl.supervisor.gpu.verify import EarlyLook, GpuPolicy, gpu_policy_of, verify_release
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.model import checkpoints
-from trainctl.supervisor.model.events import Escalated
+from trainctl.supervisor.model.events import Event
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import GpuLease
@@ -142,7 +142,7 @@ def stop_and_verify(
     say = emit or (lambda *_a, **_k: None)
     look = EarlyLook(leases, gpu_backend) if leases else None
 
-    def emit_and_look(event: str | Escalated, **fields: object) -> None:
+    def emit_and_look(event: str | Event, **fields: object) -> None:
         say(event, **fields)
         if look is not None and event == "signal_sent":
             look.start()  # the first signals are out: the driver may be asked now
