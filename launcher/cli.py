@@ -157,6 +157,14 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
 )
 @click.option("--follow", "-f", is_flag=True, help="Then stream the log; Ctrl-C only detaches.")
 @click.option(
+    "--from-scratch",
+    is_flag=True,
+    help="Start over on purpose: hand no checkpoint and arm no checkpoint guard. Without "
+    "it, a job whose checkpoint glob has a complete checkpoint is handed the newest one "
+    "($TRAINCTL_RESUME_FROM), and a run whose first step is below it is stopped before "
+    "its first save. Recorded in history.",
+)
+@click.option(
     "--no-wait",
     is_flag=True,
     help="Return as soon as main has exec'd. By default start watches the run for 1.5 s "
@@ -353,6 +361,19 @@ def stop(
     is_flag=True,
     help="Take the spec file as it is now (plus the start's --set and flags).",
 )
+@click.option(
+    "--from-scratch",
+    is_flag=True,
+    help="Start over on purpose: hand no checkpoint, arm no checkpoint guard (recorded "
+    "in history). Without it the new run is handed the newest complete checkpoint and "
+    "stopped at its first step if that is below it.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say what the restart would do (the checkpoint handed, the copy kept aside, the "
+    "guard's floor) and change nothing.",
+)
 @ckpt_options
 @json_opt
 @pass_ctx
@@ -363,6 +384,8 @@ def restart(
     health: str,
     follow: bool,
     reload: bool,
+    from_scratch: bool,
+    dry_run: bool,
     at: str | None,
     ask_checkpoint: bool,
     checkpoint_timeout: str,
@@ -373,9 +396,11 @@ def restart(
     """Stop job NAME (verified), then start its recorded spec again with the code on disk.
 
     The same GPUs are bound again. Refuses to relaunch while anything of the old run
-    survives or its GPUs are still held. The new run is then watched for `--health`
-    (3 s): broken code that dies at once makes `restart` exit 1 with the cause and the
-    last log lines, instead of a success that did not take.
+    survives or its GPUs are still held. The new run is handed the newest complete
+    checkpoint ($TRAINCTL_RESUME_FROM) and guarded: if its first reported step is below
+    it, it is stopped before its first save and the checkpoint is put back. It is then
+    watched for `--health` (3 s): broken code that dies at once makes `restart` exit 1
+    with the cause and the last log lines, instead of a success that did not take.
     """
     return int(
         verbs.load("restart").run(
@@ -387,6 +412,8 @@ def restart(
             health=health,
             follow=follow,
             reload=reload,
+            from_scratch=from_scratch,
+            dry_run=dry_run,
         )
     )
 

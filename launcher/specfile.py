@@ -117,6 +117,15 @@ def _size(v: object, what: str) -> int:
     return size
 
 
+def _tolerance(v: object, what: str) -> float | str:
+    """Steps a resumed run may start below its checkpoint's (a number >= 0), or "off"."""
+    if v == "off":
+        return "off"
+    if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < float("inf"):
+        return float(v)
+    raise ConfigError(f'{what}: expected a number of steps (0 or more) or "off", got {v!r}')
+
+
 def _choice(*options: str) -> Callable[[object, str], str]:
     def check(v: object, what: str) -> str:
         if v not in options:
@@ -231,6 +240,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "checkpoint": _text,
     "checkpoint_signal": _signal,
     "checkpoint_keep_max": _size,
+    "resume_tolerance": _tolerance,
     "progress_regex": _regex,
     "total_steps": _int,
     "stall_timeout": _stall_timeout,
@@ -295,6 +305,7 @@ class SpecDraft:
     checkpoint: str | None = None
     checkpoint_signal: str | None = None
     checkpoint_keep_max: int | None = None
+    resume_tolerance: float | str | None = None  # steps, or "off": no checkpoint guard
     progress_regex: str | None = None
     total_steps: int | None = None
     stall_timeout: float | str | None = None  # seconds, or "auto"

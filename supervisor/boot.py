@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainctl.supervisor.linux.systemd import own_unit
 from trainctl.supervisor.model.events import append_event
+from trainctl.supervisor.model.reports import Guard
 from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
@@ -103,6 +104,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     leaf = f"{spec.name}.{run}.{marker[:8]}"
     if ho.adopt is not None:
         return adopt(jdir, spec, ho, leaf)
+    ho, kept = _guarded(jdir, spec, ho)
     cgroup = cg.create_job_cgroup(leaf) if spec.isolation.cgroup else None
     before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
     mem: Path | None = None
@@ -110,7 +112,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     try:
         if spec.memory.wanted:
             mem = memory.place(spec.memory.max_bytes, spec.memory.high_bytes, leaf, cgroup)
-        starting = _record_starting(jdir, spec, ho, cgroup, mem)
+        starting = _record_starting(jdir, spec, ho, cgroup, mem, kept)
         procs_fds += [cg.open_procs_fd(g) for g in (cgroup, memory.separate(mem, cgroup)) if g]
     except (OSError, SpawnError):
         _close_all(procs_fds)
@@ -139,6 +141,24 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     return state, spawned, cgroup
 
 
+def _guarded(jdir: Path, spec: Spec, ho: Handover) -> tuple[Handover, Guard | None]:
+    """The run's checkpoint guard (watch/guard.py), its copy kept aside: every start of a
+    job with a complete checkpoint hands it (unless --from-scratch) and guards it. Never
+    fails the start: a folder that cannot be read costs the run its guard, not its start."""
+    if ho.from_scratch or not spec.watch.checkpoint:
+        return ho, None
+    from trainctl.supervisor.watch import guard  # noqa: PLC0415  (jobs with a glob only)
+
+    handed = ho.resume_from or spec.env.get(RESUME_VAR)
+    try:
+        g = guard.plan(jdir, spec, ho.run, handed)
+    except OSError:
+        return ho, None
+    if g is None:
+        return ho, None
+    return replace(ho, resume_from=g.handed), guard.keep_aside(jdir, ho.run, spec, g)
+
+
 def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:
     """The `started` event."""
     main = state.main.pid if state.main else None
@@ -151,6 +171,8 @@ def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:
         mode=state.mode,
         cgroup=state.cgroup,
         gpus=[g.index for g in ho.gpus],
+        resumed_from=ho.resume_from,
+        from_scratch=ho.from_scratch,
     )
 
 
@@ -327,7 +349,8 @@ def _run_env(jdir: Path, spec: Spec, ho: Handover) -> dict[str, str]:
     env = job_env(spec, jdir, ho.marker, ho.run, progress)
     if ho.gpus:  # this run's GPUs: after a GPU fault (min_gpus), fewer than the spec's
         env.update(gpu_env(ho.gpus))
-    if ho.resume_from is not None:
+    env.pop(RESUME_VAR, None)  # never a stale one from the spec; --from-scratch: none
+    if ho.resume_from is not None and not ho.from_scratch:
         env[RESUME_VAR] = ho.resume_from
     return env
 
@@ -340,7 +363,12 @@ def _create_private(path: Path) -> None:
 
 
 def _record_starting(
-    jdir: Path, spec: Spec, ho: Handover, cgroup: Path | None, mem: Path | None
+    jdir: Path,
+    spec: Spec,
+    ho: Handover,
+    cgroup: Path | None,
+    mem: Path | None,
+    kept: Guard | None = None,
 ) -> JobState:
     """Write spec.json and a `starting` state for the run before its main process exists."""
     me = procfs.read_stat(os.getpid())
@@ -360,7 +388,9 @@ def _record_starting(
         restarts=ho.restarts,
         last_failure=ho.last_failure,
         restart_history=ho.restart_history,
-        resumed_from=ho.resume_from,
+        resumed_from=None if ho.from_scratch else ho.resume_from,
+        from_scratch=ho.from_scratch,
+        guard=kept,
         boot_id=current_boot_id(),
         unit=own_unit(),
         mounts_kept=ho.mounts_kept,

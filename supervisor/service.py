@@ -35,9 +35,7 @@ from trainctl.supervisor.model.state import (
     JobState,
     error_file,
     log_path,
-    progress_path,
 )
-from trainctl.supervisor.model.steps import steps_path
 from trainctl.supervisor.records import JsonObject, replace
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 from trainctl.supervisor.tree.roster import widen_fd_table
@@ -56,6 +54,7 @@ from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
 from .model import checkpoints, control, events
 from .server import ControlServer
+from .watch import guard
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
@@ -263,12 +262,42 @@ class Owner:
                 memory.remove(self.core.memory_group(), self.core.target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
             self.watchers.stamper.step()  # the times of the last lines (in the loop: one writer)
+            note = None
+            if a.reason == lc.STARTED_OVER:  # before anything reads the checkpoint again
+                note = await anyio.to_thread.run_sync(self._put_back)
             ones = []
             if not self.core.life.user_stop:  # the breaker on progress needs the newest step
                 ones = await anyio.to_thread.run_sync(self._complete_checkpoints)
-        step = ones[0].step if ones else None
-        resumed = self.core.state.resumed_from or self.core.spec.env.get(RESUME_VAR)
-        self.core.send(lc.StopFinished(report, cause, ckpt_step=step, resumed_from=resumed))
+        st, g = self.core.state, self.core.state.guard
+        self.core.send(
+            lc.StopFinished(
+                report,
+                cause,
+                ckpt_step=ones[0].step if ones else None,
+                resumed_from=st.resumed_from or self.core.spec.env.get(RESUME_VAR),
+                resumed_step=g.handed_step if g is not None else None,
+                guard_note=note,
+                no_checkpoint=bool(self.core.spec.watch.checkpoint) and not ones,
+            )
+        )
+
+    def _put_back(self) -> str | None:
+        """After the guard stopped a run that started over: its checkpoints behind the mark
+        moved aside, the kept copy put back if the checkpoint was changed (never raises:
+        the run's cause still lands, naming the kept copy)."""
+        g, st = self.core.state.guard, self.core.state
+        if g is None:
+            return None
+        try:
+            done = guard.put_back(g, self.core.spec, st.started_at, f"run-{st.run}")
+        except OSError as e:
+            done = [f"could not put the checkpoint back ({e.strerror or e}): "
+                    f"the copy is in {g.kept or 'no kept copy'}"]  # fmt: skip
+        if not done:
+            done = [f"{g.path} was not changed" + (f" (a copy is kept in {g.kept})" if g.kept
+                                                     else "")]  # fmt: skip
+        self.core.log.warning("guard_put_back", done=done, kept=g.kept)
+        return "; ".join(done)
 
     def _complete_checkpoints(self) -> list[checkpoints.Verdict]:
         """The two newest complete checkpoints, once the run has stopped (never raises: a
@@ -277,13 +306,15 @@ class Owner:
         if not pattern:
             return []
         run = self.core.state.run
-        files = [progress_path(self.core.jdir, run), steps_path(log_path(self.core.jdir, run))]
+        jdir, spec = self.core.jdir, self.core.spec
+
+        def step_at(mtime: float) -> float | None:
+            return guard.step_before(jdir, run, spec, mtime)
+
         try:
             # called once the run's every process is gone: what is there is final (a
             # second look at each fresh file cost a healing restart 0.25 s a file, twice)
-            return checkpoints.complete_ones(
-                self.core.spec.cwd, pattern, checkpoints.step_lookup(files), want=2, quiet=True
-            )
+            return checkpoints.complete_ones(spec.cwd, pattern, step_at, want=2, quiet=True)
         except OSError:
             return []
 
@@ -294,11 +325,12 @@ class Owner:
         ones = self._complete_checkpoints()
         if not ones:
             return None, None
-        newest = ones[0]
-        handed = self.core.state.resumed_from or self.core.spec.env.get(RESUME_VAR)
-        failed_on_it = handed == newest.path
-        tried = {h.resumed_from for h in self.core.life.history}
-        if failed_on_it and len(ones) > 1 and ones[1].path not in tried:
+        newest, g = ones[0], self.core.state.guard
+        # by step (or identity), not by path: Lightning's last.ckpt, rewritten in place
+        # by a run that made progress, is not the checkpoint the run failed on
+        failed_on_it = guard.same_checkpoint(newest, g, self.core.spec.watch.resume_tolerance)
+        tried = {(h.resumed_from, h.resumed_step) for h in self.core.life.history}
+        if failed_on_it and len(ones) > 1 and (ones[1].path, ones[1].step) not in tried:
             return ones[1].path, newest.path
         return newest.path, None
 

@@ -28,8 +28,10 @@ from trainctl.supervisor.gpu.watch import GpuWatch, hhmmss
 from trainctl.supervisor.gpu.xid import Fault
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime, progress_path
+from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
 from trainctl.supervisor.tree.stacks import stacks_writer
+from trainctl.supervisor.watch import guard
 from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
@@ -63,6 +65,9 @@ EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doublin
 
 
 XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
+
+
+GUARD_LOOK_S = 0.1  # the checkpoint guard's look for the run's first step (watch/guard.py)
 
 
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
@@ -109,6 +114,34 @@ class Watchers:
         tg.start_soon(self._watch_gpus)
         tg.start_soon(self._watch_log)
         tg.start_soon(self._record_samples)
+        g = self.run.state.guard
+        if g is not None and g.floor is not None:
+            tg.start_soon(self._guard_first_step)
+
+    async def _guard_first_step(self) -> None:
+        """The checkpoint guard: the run's first reported step, looked for every
+        GUARD_LOOK_S until it comes (a small read of what its files gained); below the
+        floor, the run started over and is stopped before its first save."""
+        spec, st = self.run.spec, self.run.state
+        first = guard.FirstStep(self.run.jdir, st.run, spec.watch.progress_regex)
+        while self.run.stage is lc.Stage.RUNNING:
+            step = first.look()
+            if step is None:
+                await anyio.sleep(GUARD_LOOK_S)
+                continue
+            g = self.run.state.guard
+            if g is None:
+                return
+            if not guard.below_floor(g, step):
+                self.run.observe(guard=replace(g, first_step=step))
+                self.run.log.info("guard_passed", first_step=step, floor=g.floor)
+                return
+            line = guard.tripped_line(g, step, spec.argv)
+            self.run.observe(guard=replace(g, first_step=step, tripped=line))
+            self.run.log.warning("guard_tripped", first_step=step, floor=g.floor,
+                                 checkpoint=g.path, kept=g.kept, why=line)  # fmt: skip
+            self.run.send(lc.StartedOver(step, line))
+            return
 
     def last_step(self) -> float | None:
         """The newest progress step sampled from the log, if any (hooks carry it)."""

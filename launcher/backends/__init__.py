@@ -44,6 +44,7 @@ class StartRequest:
     prev: JobState | None  # the job's previous run, if it had one
     t0: float  # monotonic time the command began (StartResult.elapsed_s counts from it)
     keep_cwd: bool = False  # run in spec.cwd as it is: no new snapshot (a deploy's rollback)
+    from_scratch: bool = False  # `--from-scratch`: hand no checkpoint, arm no guard
 
 
 @record(frozen=True)

@@ -57,7 +57,7 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.life import hooks
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import events, state
+from trainctl.supervisor.model import events, keepsafe, state
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
@@ -68,7 +68,7 @@ from trainctl.supervisor.records import asdict, field, record, replace
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
 from trainctl.supervisor.watch.drift import code_version, drift
 
-from . import keepsafe, queue
+from . import queue
 from .deployfiles import (
     LOCK,
     cancel_path,

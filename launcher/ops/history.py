@@ -32,7 +32,12 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
     for ev in read_typed(jdir):
         if isinstance(ev, events.Started):
             current = ev.run
-            rows[ev.run] = replace(row(ev.run), started_at=ev.ts)
+            marks = row(ev.run).marks
+            if ev.from_scratch:
+                marks = [*marks, "from scratch (--from-scratch)"]
+            elif ev.resumed_from:
+                marks = [*marks, f"resumed from {ev.resumed_from}"]
+            rows[ev.run] = replace(row(ev.run), started_at=ev.ts, marks=marks)
         elif isinstance(ev, events.Code):
             code = ev.code
             rows[ev.run] = replace(

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from trainctl.launcher import backends
-from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.config import HOOK_KEYS, Config
 from trainctl.launcher.inputs import parse_duration, parse_env, parse_seconds, parse_signal
 from trainctl.launcher.results import EndedAtOnce, GpuRequest, StartResult, StopResult
-from trainctl.launcher.results.ops import Health
+from trainctl.launcher.results.ops import Health, RestartPlan
 from trainctl.launcher.specfile import KEYS, SpecDraft, load_spec_file
 from trainctl.supervisor.errors import ConfigError, JobConflictError, SpawnError
 from trainctl.supervisor.gpu import health
@@ -224,6 +223,13 @@ def _watch(d: SpecDraft, cfg: Config) -> Watch:
         snapshot_interval_s=cfg.snapshot_interval_s,
         sample_interval_s=cfg.sample_interval_s,
         checkpoint_keep_max=_or(d.checkpoint_keep_max, Watch().checkpoint_keep_max),
+        resume_tolerance=(
+            None
+            if d.resume_tolerance == "off"
+            else d.resume_tolerance
+            if isinstance(d.resume_tolerance, float)
+            else Watch().resume_tolerance
+        ),
     )
 
 
@@ -301,15 +307,25 @@ def _check_memory(spec: Spec, cfg: Config) -> None:
         raise ConfigError(f"memory_max/memory_high cannot be set: {home}")
 
 
-def start_job(home: Path, spec: Spec, cfg: Config, gpus: GpuRequest | None = None) -> StartResult:
-    """Start a run of ``spec`` under a new detached supervisor; return once main has exec'd."""
+def start_job(
+    home: Path,
+    spec: Spec,
+    cfg: Config,
+    gpus: GpuRequest | None = None,
+    *,
+    from_scratch: bool = False,
+) -> StartResult:
+    """Start a run of ``spec`` under a new detached supervisor; return once main has exec'd.
+
+    The run is handed the newest complete checkpoint and guarded (watch/guard.py) unless
+    ``from_scratch``."""
     state.ensure_home(home)
     jdir = state.check_not_symlink(state.job_dir(home, spec.name))
     created = not jdir.exists()
     jdir.mkdir(mode=0o700, exist_ok=True)
     try:
         with state.job_lock(jdir, 10.0):
-            return start_locked(home, jdir, spec, cfg, gpus)
+            return start_locked(home, jdir, spec, cfg, gpus, from_scratch=from_scratch)
     except BaseException:
         if created and not (jdir / "state.json").exists():
             shutil.rmtree(jdir, ignore_errors=True)
@@ -324,13 +340,20 @@ def start_locked(
     gpus: GpuRequest | None = None,
     *,
     keep_cwd: bool = False,
+    from_scratch: bool = False,
 ) -> StartResult:
     """Start a run; the caller holds the job lock."""
     t0 = time.monotonic()
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         refuse_if_live(jdir, prev)
-    req = backends.StartRequest(home, jdir, spec, cfg, gpus, prev, t0, keep_cwd=keep_cwd)
+    if from_scratch and not backends.backend(spec.backend).can.deploy:
+        raise ConfigError(
+            f"--from-scratch is for local jobs; {spec.name} runs under {spec.backend}"
+        )
+    req = backends.StartRequest(
+        home, jdir, spec, cfg, gpus, prev, t0, keep_cwd=keep_cwd, from_scratch=from_scratch
+    )
     return backends.backend(spec.backend).start(req)
 
 
@@ -410,6 +433,7 @@ def restart_job(
     respec: Callable[[Spec], Spec] | None = None,
     keep_cwd: bool = False,
     after_stop: Callable[[], None] | None = None,
+    from_scratch: bool = False,
 ) -> tuple[StopResult, StartResult]:
     """Stop the job (verified), then start its recorded spec again (new code on disk).
 
@@ -431,11 +455,15 @@ def restart_job(
         if after_stop is not None:  # a rollback puts the checkpoint back: nothing writes now
             after_stop()
         gpus = restart_gpus(home, spec, held)
-        env = {k: v for k, v in spec.env.items() if k not in _GPU_VARS}
-        if respec is None:  # a plain restart resumes from the newest complete checkpoint,
-            env = _resume_env(env, spec, jdir, st.run)  # as the stop just left it
+        # a plain restart resumes from the newest complete checkpoint as the stop just left
+        # it: the new run's supervisor hands it and guards it (watch/guard.py); the spec
+        # never carries a stale one from an earlier restart or deploy
+        drop = (*_GPU_VARS, *(() if respec is not None else (state.RESUME_VAR,)))
+        env = {k: v for k, v in spec.env.items() if k not in drop}
         new = replace(spec, env=env)
-        started = start_locked(home, jdir, new, cfg, gpus, keep_cwd=keep_cwd)
+        started = start_locked(
+            home, jdir, new, cfg, gpus, keep_cwd=keep_cwd, from_scratch=from_scratch
+        )
     return stopped, started
 
 
@@ -467,14 +495,30 @@ def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) 
     return frozenset()
 
 
-def _resume_env(env: dict[str, str], spec: Spec, jdir: Path, run: int) -> dict[str, str]:
-    """``env`` with $TRAINCTL_RESUME_FROM naming the newest complete checkpoint (none:
-    unset, never a stale one from an earlier restart or deploy)."""
-    out = {k: v for k, v in env.items() if k != state.RESUME_VAR}
-    ck = newest_checkpoint(spec, jdir, run) if spec.watch.checkpoint else None
-    if ck is not None:
-        out[state.RESUME_VAR] = ck.path
-    return out
+def plan_restart(home: Path, name: str, *, from_scratch: bool = False) -> RestartPlan:
+    """What a restart of ``name`` would hand the new run, keep aside and guard (the same
+    rule the new run's supervisor applies: watch/guard.py); nothing is touched."""
+    from trainctl.supervisor.watch import guard  # noqa: PLC0415  (restart --dry-run only)
+
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    spec = state.read_spec(jdir)
+    plan = RestartPlan(name, st.run, str(current_phase(jdir, st)), spec.watch.checkpoint,
+                       from_scratch=from_scratch)  # fmt: skip
+    if from_scratch or not spec.watch.checkpoint:
+        return plan
+    g = guard.plan(jdir, spec, st.run + 1, None)
+    if g is None:
+        return plan
+    flag = guard.scratch_flag(spec.argv)
+    warning = None
+    if flag is not None and g.floor is not None:
+        warning = (f"its command line says {flag}: if the new run starts over, the guard "
+                   f"stops it at its first step (use --from-scratch to start over)")  # fmt: skip
+    return replace(
+        plan, checkpoint=g.path, checkpoint_step=g.step, step_estimated=g.estimated,
+        keep=guard.would_keep(g, spec), floor=g.floor, warning=warning,
+    )  # fmt: skip
 
 
 HEALTH_POLL_S = 0.05

@@ -18,6 +18,8 @@ from trainctl.launcher.results import (
     StopResult,
     Survivor,
 )
+from trainctl.launcher.results.ops import RestartPlan
+from trainctl.supervisor.model.reports import Guard
 
 if TYPE_CHECKING:
     from trainctl.supervisor.model.reports import GpuHolder
@@ -79,8 +81,51 @@ def start(res: StartResult) -> None:
     out(f"log: {res.log}")
     if res.unit:
         out(f"unit: {res.unit} (systemd scope, outside your login session)")
+    if res.from_scratch:
+        out("from scratch: no checkpoint handed, no checkpoint guard")
+    elif res.guard is not None:
+        for line in guard_lines(res.guard):
+            out(line)
     for line in res.warnings:
         sys.stderr.write(f"trainctl: {line}\n")
+
+
+def guard_lines(g: Guard) -> list[str]:
+    """What a start handed and guards: the checkpoint, where its copy is, the floor."""
+    lines = [f"resuming from {g.handed} ($TRAINCTL_RESUME_FROM)"
+             + (f", {g.step_text()}" if g.handed == g.path else "")]  # fmt: skip
+    if g.kept:
+        lines.append(f"  kept aside by {g.kept_how}: {g.kept}")
+    elif g.not_kept:
+        lines.append(f"  not kept aside: {g.not_kept}")
+    if g.floor is not None:
+        lines.append(f"  guard: a first step below {g.floor:g} stops the run before it saves")
+    else:
+        lines.append("  guard: off (the checkpoint's step is unknown, or resume_tolerance is off)")
+    return lines
+
+
+def restart_plan(p: RestartPlan) -> None:
+    """Render `restart --dry-run`: what the new run would be handed, kept and guarded by."""
+    out(f"{p.name} run {p.run} ({p.state}): a restart would stop it (verified), then "
+        f"start run {p.run + 1}")  # fmt: skip
+    if p.from_scratch:
+        out("  from scratch: no checkpoint handed, no checkpoint guard")
+    elif not p.checkpoint_glob:
+        out("  no checkpoint glob in the spec: nothing handed, no guard")
+    elif p.checkpoint is None:
+        out(f"  checkpoint: none complete matches {p.checkpoint_glob}: nothing handed")
+    else:
+        step = "unknown step" if p.checkpoint_step is None else (
+            f"step {'≈' if p.step_estimated else ''}{p.checkpoint_step:g}")  # fmt: skip
+        out(f"  handed: {p.checkpoint} ({step}) in $TRAINCTL_RESUME_FROM")
+        out(f"  kept aside: {p.keep}")
+        if p.floor is not None:
+            out(f"  guard: a first step below {p.floor:g} stops the run before it saves")
+        else:
+            out("  guard: off (the step is unknown, or resume_tolerance is off)")
+    if p.warning:
+        out(f"  warning: {p.warning}")
 
 
 def stop_plan(p: StopPlan) -> None:

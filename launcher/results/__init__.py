@@ -16,6 +16,7 @@ from trainctl.supervisor.model.reports import (
     Failure,
     GpuHolder,
     GpuRelease,
+    Guard,
     NamedProc,
     NodeStop,
     RestartEntry,
@@ -334,6 +335,8 @@ class StartResult:
     slurm_job_id: str | None = None
     unit: str | None = None  # the run's systemd scope, on systemd hosts
     warnings: list[str] = field(default_factory=list)
+    guard: Guard | None = None  # the checkpoint handed, its step, the kept copy, the floor
+    from_scratch: bool = False  # `--from-scratch`: nothing handed, no guard
 
 
 @record(frozen=True)

@@ -109,6 +109,24 @@ class AdoptResult:
 
 
 @record(frozen=True)
+class RestartPlan:
+    """What `restart` would do (`--dry-run`): stop run N, start run N+1 handed this
+    checkpoint, kept aside so, guarded by this floor. Nothing is touched."""
+
+    name: str
+    run: int
+    state: str
+    checkpoint_glob: str | None = None
+    checkpoint: str | None = None  # the newest complete checkpoint: the one handed
+    checkpoint_step: float | None = None
+    step_estimated: bool = False  # the step is the timed log's estimate
+    keep: str | None = None  # how it would be kept aside: reflink or copy, link, or why not
+    floor: float | None = None  # the new run's first step must reach this (None: no guard)
+    from_scratch: bool = False
+    warning: str | None = None  # the command line says it starts over: the guard would trip
+
+
+@record(frozen=True)
 class DeployPlan:
     """What `deploy` will do, decided and checked before anything is touched."""
 

@@ -10,7 +10,7 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_seconds
 from trainctl.launcher.ops.changes import spec_changes
 from trainctl.launcher.ops.jobs import existing_job
-from trainctl.launcher.ops.start import restart_job, watch_health
+from trainctl.launcher.ops.start import plan_restart, restart_job, watch_health
 from trainctl.launcher.ops.status import spec_file_touched
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
@@ -33,6 +33,8 @@ def run(
     health: str = DEFAULT_HEALTH,
     follow: bool = False,
     reload: bool = False,
+    from_scratch: bool = False,
+    dry_run: bool = False,
 ) -> int:
     """Restart job NAME on the same GPUs; refuse while anything of the old run survives.
 
@@ -41,10 +43,16 @@ def run(
     """
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     window = parse_seconds(health, "--health")
+    if dry_run:
+        plan = plan_restart(inv.home, name, from_scratch=from_scratch)
+        render.emit_json(asdict(plan)) if as_json else render.restart_plan(plan)
+        return ExitCode.OK
     if not reload:
         _note_spec_changes(inv, name)
     pre = prepare(inv, name, ckpt, quiet=as_json)
-    stopped, started = restart_job(inv.home, name, inv.cfg, grace_s=grace_s, reload=reload)
+    stopped, started = restart_job(
+        inv.home, name, inv.cfg, grace_s=grace_s, reload=reload, from_scratch=from_scratch
+    )
     if not as_json:
         render.stop(stopped)
         render.start(started)
@@ -54,7 +62,13 @@ def run(
             {
                 "checkpoint": pre.to_doc() or {},
                 "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report.to_doc()},
-                "start": {"run": started.run, "main_pid": started.main_pid, "log": started.log},
+                "start": {
+                    "run": started.run,
+                    "main_pid": started.main_pid,
+                    "log": started.log,
+                    "guard": None if started.guard is None else asdict(started.guard),
+                    "from_scratch": started.from_scratch,
+                },
                 "health": None if seen is None else {**asdict(seen), "ok": seen.ok},
             }
         )

@@ -49,6 +49,7 @@ class StartFlags:
     backfill: bool = False
     tty: bool = False  # --tty: main on a pseudo-terminal, for `trainctl attach`
     no_wait: bool = False  # --no-wait: return at exec, not after the first second
+    from_scratch: bool = False  # --from-scratch: hand no checkpoint, arm no guard
 
     def ask(self) -> QueueAsk:
         """What the flags ask of the queue."""
@@ -124,7 +125,9 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         if draft.gpus
         else None
     )
-    got = dispatch.start_or_queue(inv.home, spec, inv.cfg, request, f.ask())
+    got = dispatch.start_or_queue(
+        inv.home, spec, inv.cfg, request, f.ask(), from_scratch=f.from_scratch
+    )
     if isinstance(got, Queued):
         render.emit_json(got.to_doc()) if as_json else render.queued(got)
         return ExitCode.OK

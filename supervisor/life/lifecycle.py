@@ -17,7 +17,7 @@ The rules that used to be spread over flags and events:
 
 ::
 
-    RUNNING --main exited / stop / stalled--> STOPPING --finished--> BACKOFF | ENDED
+    RUNNING --main exited / stop / stalled / started over--> STOPPING --finished--> BACKOFF | ENDED
     STOPPING --stop--> STOPPING (joined; becomes a user stop)
     BACKOFF --stop--> ENDED (stopped)      BACKOFF --elapsed--> RELAUNCHING
     RELAUNCHING --ok--> HANDED_OVER        RELAUNCHING --failed--> ENDED (failed|stopped)
@@ -91,6 +91,15 @@ class Stalled:
 
 
 @record(frozen=True)
+class StartedOver:
+    """The checkpoint guard saw the run's first step below its checkpoint's (watch/guard.py):
+    it started over and is stopped at once, before its first save; no restart follows."""
+
+    first_step: float
+    summary: str  # "started over at step 0; its checkpoint is at step 1050 (...)"
+
+
+@record(frozen=True)
 class GpuLost:
     """A leased GPU took a reset- or reboot-class fault: the run cannot go on on it.
 
@@ -115,6 +124,9 @@ class StopFinished:
     # the newest complete checkpoint's step when the run ended (None: none, or no glob)
     ckpt_step: float | None = None
     resumed_from: str | None = None  # the checkpoint the run was handed (its RESUME_FROM)
+    resumed_step: float | None = None  # ... its step
+    guard_note: str | None = None  # what the guard did after the stop (put back, kept)
+    no_checkpoint: bool = False  # the job names a checkpoint glob and has no complete one
 
 
 @record(frozen=True)
@@ -145,6 +157,7 @@ Event = (
     MainExited
     | StopRequested
     | Stalled
+    | StartedOver
     | GpuLost
     | StopFinished
     | BackoffElapsed
@@ -270,7 +283,10 @@ class Life:
     report: StopReport | None = None  # the final answer, once the run has ended
     now: float = 0.0  # the time of the event being handled (set by the caller)
     gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
+    started_over: str | None = None  # the checkpoint guard stopped the run: why
 
+
+STARTED_OVER = "started over"  # the stop reason of a run the checkpoint guard stopped
 
 CANCELLED = StopReport(
     ok=True, already_stopped=True, reason="stop during restart backoff: restart cancelled"
@@ -297,8 +313,13 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
     return _timer(life, ev, spec)
 
 
-def _timer(life: Life, ev: Stalled | GpuLost | BackoffElapsed, spec: Spec) -> Outcome:
+def _timer(life: Life, ev: Stalled | StartedOver | GpuLost | BackoffElapsed, spec: Spec) -> Outcome:
     """The watchdogs and the backoff: each matters in one stage only."""
+    if isinstance(ev, StartedOver) and life.stage is Stage.RUNNING:
+        # at once, every member, SIGKILL: a trainer that saves on SIGTERM would save the
+        # state it started over from onto the checkpoint (run_stop waits for no save)
+        life = replace(life, grace_s=0.0, started_over=ev.summary)
+        return _begin_stop(life, STARTED_OVER, RunStop(STARTED_OVER, 0.0, "all"))
     if isinstance(ev, GpuLost) and life.stage is Stage.RUNNING:
         # leader-first, as any stop: the healthy ranks get their grace to checkpoint
         life = replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
@@ -384,6 +405,10 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
         return causes.stopped(life.stop_by, life.main_code, grace)
     if life.stop_reason == "stalled":
         return causes.stopped("stall watchdog", life.main_code, grace)
+    if life.stop_reason == STARTED_OVER and life.started_over is not None:
+        note = f"; {ev.guard_note}" if ev.guard_note else ""
+        return Cause(kind="started-over", summary=life.started_over + note,
+                     exit_code=life.main_code)  # fmt: skip
     if life.stop_reason == "gpu fault" and life.gpu_lost is not None:
         lost = life.gpu_lost
         summary = f"{lost.summary}; {lost.advice}" if lost.advice else lost.summary
@@ -404,6 +429,7 @@ class _Ending:
     fields: Mapping[str, object]  # the state's fields for the end of the run: exit code, when
     ckpt_step: float | None = None
     resumed_from: str | None = None
+    resumed_step: float | None = None
 
 
 def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
@@ -424,11 +450,14 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         history=life.history,
         now=life.now,
         ckpt_step=ev.ckpt_step,
+        no_checkpoint=ev.no_checkpoint,
         healthy_gpus=(lost.healthy - len(left_out or ())) if lost is not None else None,
         held=held_line(report),
     )
     ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
-    end = _Ending(report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from)
+    end = _Ending(
+        report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from, ev.resumed_step
+    )
     life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
     return life, [*leftover_log, *actions]
 
@@ -495,6 +524,7 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
     entry = RestartEntry(
         run=life.run, at=life.now, cause=cause.summary, kind=cause.kind,
         matched=end.verdict.matched, ckpt_step=end.ckpt_step, resumed_from=end.resumed_from,
+        resumed_step=end.resumed_step,
     )  # fmt: skip
     history = (*life.history, entry)[-50:]
     report = replace(end.report, cause=cause)

@@ -29,6 +29,7 @@ def decide(
     history: tuple[RestartEntry, ...] = (),
     now: float = 0.0,
     ckpt_step: float | None = None,
+    no_checkpoint: bool = False,
     healthy_gpus: int | None = None,
     held: str | None = None,
 ) -> Verdict:
@@ -39,6 +40,8 @@ def decide(
     ``history``: the restarts made so far (when each was made, and the newest complete
     checkpoint's step at each failure), for ``restart_window`` and the breaker on progress.
     ``ckpt_step``: the newest complete checkpoint's step now (None: unknown).
+    ``no_checkpoint``: the job names a checkpoint glob and none is complete (a run killed
+    in its first save, whose own resume picks the torn one, loops without one).
     ``healthy_gpus``: after a GPU fault (reason "gpu fault"), the run's GPUs left healthy.
     ``held``: the GPUs the stop found still held and by what (for the refusal's words).
     """
@@ -50,7 +53,9 @@ def decide(
     matched = _restartable(spec, cause, reason)
     if isinstance(matched, Verdict):
         return matched
-    over = _no_progress(spec, history, ckpt_step) or _over_budget(spec, restarts, history, now)
+    over = _no_progress(spec, history, ckpt_step, no_checkpoint) or _over_budget(
+        spec, restarts, history, now
+    )
     if over is not None:
         return over
     if not cleaned_up:
@@ -96,12 +101,26 @@ def _heal(spec: Spec, healthy: int, cleaned_up: bool) -> Verdict:
 
 
 def _no_progress(
-    spec: Spec, history: tuple[RestartEntry, ...], ckpt_step: float | None
+    spec: Spec,
+    history: tuple[RestartEntry, ...],
+    ckpt_step: float | None,
+    no_checkpoint: bool = False,
 ) -> Verdict | None:
     """The breaker on progress: the last ``no_progress`` restarts all failed with the same
-    newest complete checkpoint as the failure before them: they are looping on it."""
+    newest complete checkpoint as the failure before them: they are looping on it; or,
+    with none complete, all failed without one."""
     k = spec.restart.no_progress
-    if not k or ckpt_step is None or len(history) < k:
+    if not k or len(history) < k:
+        return None
+    if no_checkpoint:
+        if any(h.ckpt_step is not None for h in history[-k:]):
+            return None
+        return Verdict(
+            False,
+            f"no-progress: {k} restarts, no complete checkpoint (restart_no_progress)",
+            gave_up="no-progress",
+        )
+    if ckpt_step is None:
         return None
     if any(h.ckpt_step != ckpt_step for h in history[-k:]):
         return None

@@ -58,6 +58,8 @@ class Started:
     mode: str
     cgroup: str | None = None
     gpus: list[int] = field(default_factory=list)
+    resumed_from: str | None = None  # the checkpoint handed ($TRAINCTL_RESUME_FROM)
+    from_scratch: bool = False  # `--from-scratch`: nothing handed, no guard
     ts: float = 0.0
 
 

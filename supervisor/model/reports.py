@@ -75,6 +75,35 @@ class RestartEntry:
     matched: str | None = None  # the restart_on entry it met
     ckpt_step: float | None = None  # the newest complete checkpoint's step when it failed
     resumed_from: str | None = None  # the checkpoint the failed run was handed
+    resumed_step: float | None = None  # ... and its step (a rewritten-in-place file keeps
+    # its path: "failed right after resuming from it" is judged by step, not by path)
+
+
+@record(frozen=True)
+class Guard:
+    """The checkpoint guard of one run (supervisor/watch/guard.py): the job's checkpoint
+    high-water mark when the run started, the step its first report must reach, and the
+    copy kept aside in case it starts over anyway (state.json ``guard``)."""
+
+    path: str  # the newest complete checkpoint when the run started (the high-water mark)
+    mtime: float  # ... its identity then: a later change is a new save, or an overwrite
+    size: int
+    step: float | None = None  # its step (None: unknown, the guard is not armed)
+    estimated: bool = False  # the step is the timed log's, not the trainer's own record
+    floor: float | None = None  # the run's first reported step must be at least this
+    handed: str | None = None  # what $TRAINCTL_RESUME_FROM named
+    handed_step: float | None = None  # ... and its step
+    kept: str | None = None  # the copy kept aside (put back if the run overwrote the file)
+    kept_how: str | None = None  # reflink | link | copy
+    not_kept: str | None = None  # why no copy was kept
+    first_step: float | None = None  # the run's first reported step, once seen
+    tripped: str | None = None  # the guard stopped the run: why, in a line
+
+    def step_text(self) -> str:
+        """``step 1050``, or ``step ≈1050`` when the step is the log's estimate."""
+        if self.step is None:
+            return "an unknown step"
+        return f"step {'≈' if self.estimated else ''}{self.step:g}"
 
 
 def signal_name(num: int) -> str:

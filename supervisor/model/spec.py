@@ -101,6 +101,10 @@ class Watch:
     # deploy: the checkpoint handed to new code is kept aside (a reflink, else a copy) up
     # to this size, until the new code passed its gate and probation
     checkpoint_keep_max: int = 4 << 30
+    # the checkpoint guard (watch/guard.py): a run whose first reported step is more than
+    # this below the checkpoint it was handed started over, and is stopped before its first
+    # save. None ("off"): no guard, for a trainer whose step count restarts at each resume
+    resume_tolerance: float | None = 2.0
 
 
 # The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and

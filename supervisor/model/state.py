@@ -57,7 +57,7 @@ from .procs import TRAINCTL_VARS as TRAINCTL_VARS  # noqa: PLC0414
 from .procs import TRANSPORT_VARS as TRANSPORT_VARS  # noqa: PLC0414
 from .procs import MemberSnap as MemberSnap  # noqa: PLC0414
 from .procs import ProcRef as ProcRef  # noqa: PLC0414
-from .reports import Cause, Failure, RestartEntry, SlurmStopReport, StopReport
+from .reports import Cause, Failure, Guard, RestartEntry, SlurmStopReport, StopReport
 from .schema import build_document, check_document
 from .sections import Adoption, CodeRecord, SlurmRecord
 from .spec import SCHEMA, Spec, spec_from_doc
@@ -122,6 +122,8 @@ class JobState:
     restarts: int = 0  # automatic relaunches so far (restart policy)
     last_failure: Failure | None = None  # the failed run the restart policy answered
     resumed_from: str | None = None  # the checkpoint a restart handed this run
+    from_scratch: bool = False  # started with --from-scratch: nothing handed, no guard
+    guard: Guard | None = None  # the checkpoint guard of this run (watch/guard.py)
     stall_deadline_s: float | None = None  # stall_timeout = "auto": the deadline learned
     # each automatic restart so far (newest last, at most 50)
     restart_history: tuple[RestartEntry, ...] = ()
@@ -373,6 +375,7 @@ _SECTIONS: dict[str, type] = {
     "code": CodeRecord,
     "slurm": SlurmRecord,
     "adopted": Adoption,
+    "guard": Guard,
 }
 
 

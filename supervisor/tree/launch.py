@@ -56,6 +56,9 @@ class Handover:
     # a restart: the newest complete checkpoint ($TRAINCTL_RESUME_FROM of the new run only;
     # the spec is not changed, so a later start or restart never hands a stale one)
     resume_from: str | None = None
+    # `--from-scratch`: start over on purpose: nothing is handed and no guard is armed
+    # (watch/guard.py); otherwise every start hands the newest complete checkpoint
+    from_scratch: bool = False
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form sent over the handshake socket."""

@@ -60,7 +60,12 @@ def run_stop(
         grace_s=spec.stop.grace_s if grace_s is None else grace_s,
         order=spec.stop.order if order is None else str(order),
     )
-    waited = None if reason == "main exited" else await_save(spec, policy.grace_s, emit)
+    if reason == "started over":
+        # the checkpoint guard: the run started over and any save of it overwrites the
+        # checkpoint it should have resumed from; no save is waited for, no handler runs
+        policy = replace(policy, signal="SIGKILL")
+    quick = reason in ("main exited", "started over")
+    waited = None if quick else await_save(spec, policy.grace_s, emit)
     report = stop_and_verify(
         target,
         policy,

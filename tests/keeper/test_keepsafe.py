@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.launcher.ops import keepsafe
+from trainctl.supervisor.model import keepsafe
 from trainctl.launcher.results import Checkpoint
 
 

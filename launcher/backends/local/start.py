@@ -29,7 +29,7 @@ def start_run(req: StartRequest) -> StartResult:
     if req.spec.snapshot.mode != "none" and not req.keep_cwd:  # its own copy of the code
         req = replace(req, spec=snapshot.make(req.jdir, req.spec, run))
     try:
-        started = _launch(req, Handover(run, marker))
+        started = _launch(req, Handover(run, marker, from_scratch=req.from_scratch))
     except SpawnError as e:
         _undo_failed_start(req.jdir, req.spec, marker, str(e))
         raise
@@ -69,7 +69,13 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
             )
             ho = replace(ho, gpus=tuple(leases))
             reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
+    guard = None
+    if spec.watch.checkpoint and not ho.from_scratch:  # what the supervisor handed and kept
+        with contextlib.suppress(TrainctlError, OSError):
+            guard = state.read_state(jdir).guard
     return StartResult(
+        guard=guard,
+        from_scratch=ho.from_scratch,
         name=spec.name,
         run=ho.run,
         main_pid=reply.main_pid,

@@ -103,7 +103,13 @@ def _refuse_cycle(name: str, deps: list[After], queued: dict[str, Entry], home: 
 
 
 def start_or_queue(
-    home: Path, spec: Spec, cfg: Config, request: GpuRequest | None, ask: QueueAsk
+    home: Path,
+    spec: Spec,
+    cfg: Config,
+    request: GpuRequest | None,
+    ask: QueueAsk,
+    *,
+    from_scratch: bool = False,
 ) -> StartResult | Queued:
     """Start now, or, with --queue/--after/--singleton, queue the job when it must wait.
 
@@ -119,7 +125,12 @@ def start_or_queue(
             raise JobConflictError(
                 f"job {spec.name} is already queued; `trainctl stop {spec.name}` dequeues it"
             )
-        return start_job(home, spec, cfg, request)
+        return start_job(home, spec, cfg, request, from_scratch=from_scratch)
+    if from_scratch:
+        raise ConfigError(
+            "--from-scratch starts now: it cannot wait in the queue (start it once the "
+            "GPUs are free, or queue it without --from-scratch)"
+        )
     if not here:
         raise ConfigError(
             "--queue, --after and --singleton are for local jobs (Slurm queues its own)"

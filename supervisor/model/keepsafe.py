@@ -1,4 +1,6 @@
-"""The checkpoint a deploy hands to new code, kept safe until that code has proven itself.
+"""A checkpoint kept safe while a run that might overwrite it proves itself: the one a
+deploy hands to new code, and the one every start hands (the checkpoint guard,
+supervisor/watch/guard.py).
 
 New code that starts over (its resume flag missing, a changed path) overwrites the
 checkpoint it was given: nanoGPT's ``ckpt.pt`` went from iteration 10,150 to 650 that
@@ -7,6 +9,10 @@ checkpoint is kept aside under ``<job>/deploys/<id>.kept/``:
 
 - a reflink (``FICLONE``: btrfs, XFS, bcachefs, OverlayFS over them), which costs no
   space and a few milliseconds whatever the size;
+- a hard link (:func:`link_tree`), free, where the trainer gives each save a new name (a
+  glob with wildcards): a link shares the inode, so it protects a checkpoint from being
+  deleted (HF's ``save_total_limit`` rotation) or replaced by rename, not from a rewrite
+  in place, which such a trainer does not do;
 - else a copy (``copy_file_range``: in-kernel, server-side on NFS 4.2), up to
   ``checkpoint_keep_max``;
 - else, when the checkpoint is rewritten in place (a glob without wildcards), a
@@ -27,12 +33,25 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Protocol
 
-from trainctl.launcher.results import Checkpoint
-from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.records import record
 
+from . import checkpoints
+
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+class Held(Protocol):
+    """A checkpoint as it was handed: its path and identity (a launcher ``Checkpoint``, a
+    ``Guard``, a ``Verdict``)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def mtime(self) -> float: ...
+    @property
+    def size(self) -> int: ...
 
 
 @record(frozen=True)
@@ -40,7 +59,7 @@ class Kept:
     """Where a checkpoint was kept aside, how, and what it cost."""
 
     path: str
-    how: str  # "reflink" | "copy"
+    how: str  # "reflink" | "link" | "copy"
     took_s: float
     size: int
 
@@ -85,7 +104,7 @@ def clone(src: str, dst: str) -> str:
     return "copy" if "copy" in hows else "reflink"
 
 
-def keep(ck: Checkpoint, where: Path) -> Kept:
+def keep(ck: Held, where: Path) -> Kept:
     """Keep ``ck`` aside under ``where`` (created 0700); its name is kept."""
     where.mkdir(mode=0o700, parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -94,13 +113,13 @@ def keep(ck: Checkpoint, where: Path) -> Kept:
     return Kept(str(dst), how, time.monotonic() - t0, ck.size)
 
 
-def changed_since(ck: Checkpoint) -> bool:
+def changed_since(ck: Held) -> bool:
     """The handed checkpoint's path no longer holds what was handed over."""
     v = checkpoints.judge(ck.path, look_again=False)
     return v is None or (v.mtime, v.size) != (ck.mtime, ck.size)
 
 
-def restore(kept: str, ck: Checkpoint) -> None:
+def restore(kept: str, ck: Held) -> None:
     """Put the kept copy back at the checkpoint's path: cloned beside it, then renamed
     over it (a directory: the changed one is renamed aside first, then removed)."""
     target = ck.path.rstrip("/")
@@ -134,6 +153,15 @@ def reject_behind(cwd: str, pattern: str, since: float, step: float, tag: str) -
             os.rename(path, where / os.path.basename(path.rstrip("/")))
             moved.append(path)
     return moved
+
+
+def link_tree(src: str, dst: str) -> None:
+    """Hard-link a checkpoint file, or every file of a checkpoint directory (symlinks
+    kept as links), to ``dst``; OSError (EXDEV, EPERM ...) when the file system will not."""
+    if not os.path.isdir(src):
+        os.link(src, dst)
+        return
+    shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
 
 
 def discard(kept: str | None) -> None:

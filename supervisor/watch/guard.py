@@ -1,0 +1,318 @@
+"""The checkpoint guard: no start of a job lets its checkpoint go back.
+
+Real trainers resume by their own flag or folder scan far more often than by
+``$TRAINCTL_RESUME_FROM``, and a run that starts over anyway (nanoGPT's
+``--init_from=scratch`` left in its command line, a plain start that handed nothing)
+rewrites ``ckpt.pt`` in place at its first save: iteration 1050 became 100 under a deploy,
+a rollback and a restart, and HF's ``save_total_limit`` rotation deleted the newest
+checkpoints of a run that started at step 0. So every start of a job whose ``checkpoint``
+glob has a complete checkpoint, whichever verb or policy started it (``start``,
+``restart``, ``deploy`` and its rollback, a policy restart, a GPU heal), goes through
+:func:`plan` in the new run's supervisor before main exists:
+
+1. the newest complete checkpoint is the job's high-water mark (its step, path and
+   identity; recorded in the run's state as ``guard``); unless the run is ``--from-scratch``
+   it is handed in ``$TRAINCTL_RESUME_FROM`` when the verb named none;
+2. it is kept aside (:func:`keep_aside`): a reflink where the file system has one, a hard
+   link where each save has a new name, else a copy up to ``checkpoint_keep_max``;
+3. the run's first reported step ($TRAINCTL_PROGRESS, or ``progress_regex`` in its log) is
+   watched (:class:`FirstStep`); one below the floor, less ``resume_tolerance``, stops the
+   run at once with SIGKILL (a trainer that saves on SIGTERM would save its started-over
+   state, and a save under way is not waited for), the kept copy goes back if the file was
+   changed, the run's own checkpoints behind the floor are moved aside, and the job ends
+   failed: ``started over at step 0; its checkpoint is at step 1050 (its command line says
+   --init_from=scratch)``. No restart follows: it would start over again.
+
+The floor is the handed checkpoint's step (a policy restart may hand the one before the
+newest, once, when the run failed right after resuming from the newest), else the mark's.
+A step the timed log estimates is a lower bound (the newest step logged before the file's
+mtime), which can only loosen the guard, never stop a run that resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from trainctl.supervisor.model import checkpoints, keepsafe
+from trainctl.supervisor.model.reports import Guard
+from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.state import log_path, progress_path
+from trainctl.supervisor.model.steps import number, progress_of, steps_path
+from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.records import replace
+
+from .logtimes import read_stamps
+
+KEPT_DIR = "kept"  # <job>/kept/run-N/: the copy the guard of run N kept aside
+STEP_TAIL = 256 << 10
+RUNS_BACK = 5  # the runs whose progress may date a checkpoint with no step in its name
+FIRST_STEP_READ = 64 << 10  # the head of a file read per look for the first step
+# a command line that starts over on purpose: the likely reason the guard names
+_SCRATCH = (
+    r"(?i)(?:^|[-_ /=])(?:from[-_]?scratch|init[-_]?from[= ]scratch|no[-_]?resume|fresh[-_]?start)"
+    r"|resume(?:_from_checkpoint)?[= ](?:false|0|no|none|off)\b"
+)
+
+
+def run_step_lookup(
+    jdir: Path, run: int, regex: str | None = None
+) -> Callable[[float], float | None]:
+    """Run ``run``'s progress step at a moment: the ``t`` of its $TRAINCTL_PROGRESS lines;
+    for a ``progress_regex``, the log's lines timed by its stamps (logtimes.py), else the
+    supervisor's samples; None before any."""
+    timed = checkpoints.step_lookup(
+        [progress_path(jdir, run), steps_path(log_path(jdir, run))], STEP_TAIL
+    )
+    if not regex:
+        return timed
+    logged = checkpoints.step_at(lambda: _log_steps(log_path(jdir, run), re.compile(regex)))
+
+    def at(moment: float) -> float | None:
+        step = logged(moment)
+        return step if step is not None else timed(moment)
+
+    return at
+
+
+def _log_steps(log: Path, rx: re.Pattern[str]) -> list[tuple[float, float]]:
+    """(time, step) of the log's last lines that ``rx`` matches, each timed by the stamp
+    of the look that first saw it (within 0.5 s)."""
+    stamps = read_stamps(log)
+    if not stamps.times:
+        return []
+    data, _ = read_end(log, STEP_TAIL)
+    try:
+        size = log.stat().st_size
+    except OSError:
+        return []
+    offset = size - len(data)
+    out = []
+    for raw in data.split(b"\n"):
+        offset += len(raw) + 1
+        nums = progress_of(raw.decode(errors="replace"), rx)
+        at = stamps.time_of(offset - 1)
+        if nums is not None and at is not None:
+            out.append((at, nums["step"]))
+    return out
+
+
+def step_before(jdir: Path, run: int, spec: Spec, mtime: float) -> float | None:
+    """The step of a checkpoint written at ``mtime`` with no step in its name: the newest
+    step reported before it by the newest of the last runs that reported one then."""
+    for r in range(run, max(0, run - RUNS_BACK), -1):
+        step = run_step_lookup(jdir, r, spec.watch.progress_regex)(mtime)
+        if step is not None:
+            return step
+    return None
+
+
+def _with_step(v: checkpoints.Verdict, jdir: Path, run: int, spec: Spec) -> Guard:
+    step, estimated = v.step, False
+    if step is None:
+        step, estimated = step_before(jdir, run, spec, v.mtime), True
+    return Guard(v.path, v.mtime, v.size, step, estimated and step is not None)
+
+
+def plan(jdir: Path, spec: Spec, run: int, handed: str | None) -> Guard | None:
+    """The guard of run ``run`` (nothing of the job runs now): the newest complete
+    checkpoint and its step, the checkpoint handed (``handed``, else that one) and the
+    step the run's first report must reach. None when the job has no glob or no complete
+    checkpoint."""
+    pattern = spec.watch.checkpoint
+    if not pattern:
+        return None
+    ones = checkpoints.complete_ones(spec.cwd, pattern, want=1, quiet=True)
+    if not ones:
+        return None
+    mark = _with_step(ones[0], jdir, run - 1, spec)
+    floor_of = mark
+    if handed is not None and os.path.realpath(handed) != os.path.realpath(mark.path):
+        v = checkpoints.judge(handed, look_again=False, quiet=True)
+        floor_of = _with_step(v, jdir, run - 1, spec) if v is not None and v.complete else mark
+    tol = spec.watch.resume_tolerance
+    floor = None if floor_of.step is None or tol is None else floor_of.step - tol
+    return replace(mark, handed=handed or mark.path, handed_step=floor_of.step, floor=floor)
+
+
+def same_checkpoint(v: checkpoints.Verdict, g: Guard | None, tolerance: float | None) -> bool:
+    """``v`` (the newest complete checkpoint after a run failed) is the one that run was
+    handed: by step where both are known (a file rewritten in place keeps its path, so a
+    path says nothing), else by identity (path, mtime and size)."""
+    if g is None or g.handed is None:
+        return False
+    if v.step is not None and g.handed_step is not None:
+        return v.step <= g.handed_step + (tolerance or 0.0)
+    if os.path.realpath(v.path) != os.path.realpath(g.handed):
+        return False
+    return g.handed != g.path or (v.mtime, v.size) == (g.mtime, g.size)
+
+
+def keep_aside(jdir: Path, run: int, spec: Spec, g: Guard) -> Guard:
+    """Keep the mark's checkpoint aside under ``<job>/kept/run-N/`` (reflink, a hard link
+    where each save has a new name, else a copy up to checkpoint_keep_max); the copies of
+    earlier runs go once this one is kept. Never raises: the guard says why none was kept."""
+    where = jdir / KEPT_DIR / f"run-{run}"
+    dst = where / os.path.basename(g.path.rstrip("/"))
+    try:
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        how = _keep(g, str(dst), spec)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(where)
+        return replace(g, not_kept=f"cannot keep {g.path} aside: {e.strerror or e}")
+    if how is None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(where)
+        cap = spec.watch.checkpoint_keep_max
+        return replace(g, not_kept=f"{g.size >> 20} MiB is over checkpoint_keep_max "
+                       f"({cap >> 20} MiB) and this file system has no reflinks")  # fmt: skip
+    _drop_older(jdir, run)
+    return replace(g, kept=str(dst), kept_how=how)
+
+
+def would_keep(g: Guard, spec: Spec) -> str:
+    """How :func:`keep_aside` would keep ``g`` (for a plan: nothing is touched)."""
+    if not keepsafe.rewritten_in_place(spec.watch.checkpoint):
+        return "hard link (a new name per save)"
+    cap = spec.watch.checkpoint_keep_max
+    if g.size > cap:
+        return (f"a reflink if the file system has them; else not kept ({g.size >> 20} MiB "
+                f"is over checkpoint_keep_max, {cap >> 20} MiB)")  # fmt: skip
+    return f"a reflink, else a copy ({g.size >> 20} MiB)"
+
+
+def scratch_flag(argv: tuple[str, ...] | list[str]) -> str | None:
+    """The argument of a command line that says it starts over, if one does."""
+    return next((a for a in argv if re.search(_SCRATCH, a)), None)
+
+
+def _keep(g: Guard, dst: str, spec: Spec) -> str | None:
+    """How ``g`` was kept at ``dst`` (None: it is too big to copy)."""
+    if not os.path.isdir(g.path):  # a reflink first: free, and safe from in-place writes
+        with contextlib.suppress(OSError):
+            if _reflink(g.path, dst):
+                return "reflink"
+    if not keepsafe.rewritten_in_place(spec.watch.checkpoint):
+        with contextlib.suppress(OSError):
+            keepsafe.link_tree(g.path, dst)
+            return "link"
+    if g.size > spec.watch.checkpoint_keep_max:
+        return None
+    return keepsafe.clone(g.path, dst)
+
+
+def _reflink(src: str, dst: str) -> bool:
+    """Clone ``src`` to ``dst`` by reflink only; False (and nothing left) where none."""
+    import fcntl  # noqa: PLC0415  (a start with a checkpoint only)
+
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        try:
+            fcntl.ioctl(fout.fileno(), keepsafe.FICLONE, fin.fileno())
+        except OSError:
+            ok = False
+        else:
+            ok = True
+    if not ok:
+        os.unlink(dst)
+        return False
+    shutil.copystat(src, dst)
+    return True
+
+
+def _drop_older(jdir: Path, run: int) -> None:
+    """Remove the copies earlier runs kept: one kept checkpoint per job at a time."""
+    with contextlib.suppress(OSError):
+        for d in (jdir / KEPT_DIR).iterdir():
+            if d.name != f"run-{run}":
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def likely_reason(argv: tuple[str, ...] | list[str], handed: str | None) -> str:
+    """Why a run probably started over, from its command line."""
+    flag = scratch_flag(argv)
+    if flag is not None:
+        return f"its command line says {flag}"
+    if handed:
+        return f"it did not resume from $TRAINCTL_RESUME_FROM={handed}"
+    return "it did not resume"
+
+
+def tripped_line(g: Guard, first: float, argv: tuple[str, ...] | list[str]) -> str:
+    """The cause of a run the guard stopped."""
+    why = likely_reason(argv, g.handed)
+    return f"started over at step {first:g}; its checkpoint is at {g.step_text()} ({why})"
+
+
+def below_floor(g: Guard | None, first: float) -> bool:
+    """The run's first step is below the guard's floor: it started over."""
+    return g is not None and g.floor is not None and first < g.floor
+
+
+def put_back(g: Guard, spec: Spec, since: float, tag: str) -> list[str]:
+    """After a run the guard stopped: move aside its own complete checkpoints behind the
+    mark (written since ``since``), and put the kept copy back if the mark's file was
+    changed or removed. Returns what was done, a line each."""
+    done = []
+    pattern = spec.watch.checkpoint
+    if pattern and g.step is not None:
+        moved = keepsafe.reject_behind(spec.cwd, pattern, since, g.step, tag)
+        if moved:
+            done.append(f"moved aside its checkpoints behind {g.step_text()}: {', '.join(moved)}")
+    if g.kept is not None and keepsafe.changed_since(g):
+        keepsafe.restore(g.kept, g)
+        done.append(f"put back {g.path} ({g.step_text()}) from the copy kept in {g.kept}")
+    return done
+
+
+class FirstStep:
+    """The first step a run reports, looked for in the head of its $TRAINCTL_PROGRESS and
+    (with a ``progress_regex``) its log; each look reads only what was added since."""
+
+    def __init__(self, jdir: Path, run: int, regex: str | None) -> None:
+        self._files: list[tuple[Path, re.Pattern[str] | None]] = [(progress_path(jdir, run), None)]
+        if regex:
+            self._files.append((log_path(jdir, run), re.compile(regex)))
+        self._seen = [0] * len(self._files)  # bytes of whole lines looked at, per file
+
+    def look(self) -> float | None:
+        """The run's first reported step, once it has reported one."""
+        for i, (path, rx) in enumerate(self._files):
+            step = self._look_in(i, path, rx)
+            if step is not None:
+                return step
+        return None
+
+    def _look_in(self, i: int, path: Path, rx: re.Pattern[str] | None) -> float | None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._seen[i])
+                data = f.read(FIRST_STEP_READ)
+        except OSError:
+            return None
+        whole = data[: data.rfind(b"\n") + 1]
+        self._seen[i] += len(whole)
+        for raw in whole.split(b"\n"):
+            step = _step_of(raw.decode(errors="replace"), rx)
+            if step is not None:
+                return step
+        return None
+
+
+def _step_of(line: str, rx: re.Pattern[str] | None) -> float | None:
+    if rx is not None:
+        nums = progress_of(line, rx)
+        return None if nums is None else nums["step"]
+    if '"step"' not in line:
+        return None
+    import json  # noqa: PLC0415  (the guard's look only)
+
+    with contextlib.suppress(ValueError):
+        doc = json.loads(line)
+        if isinstance(doc, dict):
+            return number(doc.get("step"))
+    return None

@@ -1,0 +1,241 @@
+"""The checkpoint guard (issue 54 §1, §2, §4, §5): no verb lets a checkpoint go back.
+
+The trainer here has nanoGPT's shape, the one real trainers have far more often than
+$TRAINCTL_RESUME_FROM: no signal handler, ``out/ckpt.pt`` rewritten in place (a zip, as
+torch.save writes it) every SAVE_EVERY steps, the step only inside the file, and resume
+by its own flag (``--init_from=resume``); ``--init_from=scratch`` left in the command
+line starts over. Each test shows the checkpoint's step never going down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import Harness, wait_for
+
+TRAINER = """\
+import json, os, signal, sys, time, zipfile
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:] if "=" in a)
+out = args["out_dir"]
+ckpt = os.path.join(out, "ckpt.pt")
+crash_at = int(args.get("crash_at", "0"))
+step = 0
+if args.get("init_from") == "resume" and os.path.exists(ckpt):
+    step = json.loads(zipfile.ZipFile(ckpt).read("archive/data.pkl"))["iter_num"]
+print(f"start step={step} resume_from={os.environ.get('TRAINCTL_RESUME_FROM')}", flush=True)
+
+
+def save(*_):
+    with zipfile.ZipFile(ckpt, "w") as z:
+        z.writestr("archive/data.pkl", json.dumps({"iter_num": step}) + " " * 20_000)
+
+
+def save_and_exit(*_):  # a trainer that saves on SIGTERM
+    save()
+    os._exit(0)
+
+
+if "--save_on_term" in sys.argv:
+    signal.signal(signal.SIGTERM, save_and_exit)
+first = True
+while True:
+    step += 1
+    time.sleep(0.05)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if first and "--early_save" in sys.argv:  # in place, before any guard can look
+        save()
+    first = False
+    if crash_at and step >= crash_at:
+        raise SystemExit(f"crashed at step {step}")
+    if step % 10 == 0:
+        save()
+"""
+
+
+def saved_step(out: Path) -> int:
+    data = zipfile.ZipFile(out / "ckpt.pt").read("archive/data.pkl")
+    return int(json.loads(data)["iter_num"])
+
+
+def last_step(h: Harness, name: str, run: int) -> int:
+    p = h.home / "jobs" / name / "logs" / f"run-{run}.progress.jsonl"
+    lines = p.read_text().splitlines() if p.exists() else []
+    return int(json.loads(lines[-1])["step"]) if lines else 0
+
+
+def log(h: Harness, name: str, run: int) -> str:
+    p = h.home / "jobs" / name / "logs" / f"run-{run}.log"
+    return p.read_text() if p.exists() else ""
+
+
+def bed(h: Harness, *flags: str, init: str = "scratch") -> tuple[Path, list[str]]:
+    """The trainer's folder and the start command of job ``gpt`` (not started)."""
+    d = h.tmp / "gpt"
+    (d / "out").mkdir(parents=True, exist_ok=True)
+    (d / "train.py").write_text(TRAINER)
+    argv = [
+        "start", "--name", "gpt", "--cwd", str(d), "--grace", "5",
+        "--set", "checkpoint=out/ckpt.pt",
+        "--", sys.executable, "train.py", "--out_dir=out", f"--init_from={init}", *flags,
+    ]  # fmt: skip
+    return d / "out", argv
+
+
+def first_run(h: Harness, argv: list[str], out: Path, saves: int = 2) -> int:
+    """Start run 1, let it save ``saves`` times, stop it; the checkpoint's step."""
+    h.tc(*argv, check=True)
+    wait_for(lambda: last_step(h, "gpt", 1) >= 10 * saves + 1, 30, "run 1 to save")
+    h.tc("stop", "gpt", check=True)
+    return saved_step(out)
+
+
+def ended(h: Harness, name: str = "gpt") -> dict:  # type: ignore[type-arg]
+    """The job's state once its run has ended (the guard's stop included)."""
+    wait_for(lambda: h.state(name)["phase"] in ("failed", "exited", "stopped"), 30, "the end")
+    return h.state(name)
+
+
+def test_a_start_that_starts_over_is_stopped_before_its_first_save(harness: Harness) -> None:
+    h = harness
+    out, argv = bed(h)
+    step = first_run(h, argv, out)
+    assert step >= 20
+    res = h.tc(*argv, "--no-wait")  # the same command again: --init_from=scratch
+    assert res.rc == 0, res
+    assert "resuming from" in res.out, res.out  # handed, and named
+    assert "guard: a first step below" in res.out, res.out
+    st = ended(h)
+    assert st["phase"] == "failed", st
+    cause = st["cause"]
+    assert cause["kind"] == "started-over", cause
+    assert cause["summary"].startswith("started over at step 1; its checkpoint is at step")
+    assert "(its command line says --init_from=scratch)" in cause["summary"]
+    assert saved_step(out) == step  # never went back
+    assert st["restart_history"] == []  # no restart would help: it would start over again
+    g = st["guard"]
+    assert g["kept"], g
+    assert str(h.home) in g["kept"]
+    assert g["kept"] in cause["summary"] or "was not changed" in cause["summary"]
+    # the run was handed the checkpoint in its environment
+    assert f"resume_from={out / 'ckpt.pt'}" in log(h, "gpt", 2)
+    status = h.tc("status", "gpt").out
+    assert "started over" in status, status
+
+
+def test_a_run_that_overwrote_its_checkpoint_gets_the_kept_copy_back(harness: Harness) -> None:
+    """The worst shape: the run saves in place at its first step, and on SIGTERM too."""
+    h = harness
+    out, argv = bed(h, "--early_save", "--save_on_term")
+    # run 1 alone: its own first step's save is not a problem (nothing to protect yet)
+    step = first_run(h, argv, out)
+    assert step >= 20
+    h.tc(*argv, "--no-wait", check=True)
+    st = ended(h)
+    assert st["cause"]["kind"] == "started-over", st["cause"]
+    assert saved_step(out) == step  # put back: it had been rewritten at step 1
+    assert "put back" in st["cause"]["summary"], st["cause"]
+    assert st["guard"]["kept"] in st["cause"]["summary"]
+    assert h.events("gpt", "guard_put_back")
+
+
+def test_restart_resumes_by_default_and_the_guard_lets_a_resumed_run_go_on(
+    harness: Harness,
+) -> None:
+    h = harness
+    out, argv = bed(h, init="resume")
+    step = first_run(h, argv, out)
+    plan = h.tc("restart", "gpt", "--dry-run", "--json", check=True).json()
+    assert plan["checkpoint"] == str(out / "ckpt.pt")
+    assert plan["checkpoint_step"] == step  # the step the run reported before it saved
+    assert plan["floor"] == step - 2
+    assert plan["warning"] is None
+    text = h.tc("restart", "gpt", "--dry-run", check=True).out
+    assert "kept aside: a reflink, else a copy" in text, text
+    assert h.state("gpt")["run"] == 1  # a dry run changes nothing
+    h.tc("restart", "gpt", "--health", "1s", check=True)
+    wait_for(lambda: last_step(h, "gpt", 2) > step + 12, 30, "run 2 to train and save")
+    st = h.state("gpt")
+    assert st["phase"] == "running", st
+    assert st["guard"]["first_step"] == step + 1
+    assert st["resumed_from"] == str(out / "ckpt.pt")
+    assert saved_step(out) > step
+    h.tc("stop", "gpt", check=True)
+
+
+def test_restart_of_a_scratch_command_says_so_and_trips(harness: Harness) -> None:
+    h = harness
+    out, argv = bed(h, "--save_on_term")
+    step = first_run(h, argv, out)
+    plan = h.tc("restart", "gpt", "--dry-run", check=True).out
+    assert "warning: its command line says --init_from=scratch" in plan, plan
+    res = h.tc("restart", "gpt", "--health", "5s")
+    assert res.rc == 1, res  # the health window saw it end
+    assert "started over" in res.out + res.err, res
+    assert saved_step(out) == step  # SIGKILL: its SIGTERM save never ran
+
+
+def test_from_scratch_starts_over_on_purpose_and_history_says_so(harness: Harness) -> None:
+    h = harness
+    out, argv = bed(h)
+    first_run(h, argv, out)
+    plan = h.tc("restart", "gpt", "--dry-run", "--from-scratch", "--json", check=True).json()
+    assert plan["from_scratch"] is True
+    assert plan["checkpoint"] is None
+    res = h.tc("restart", "gpt", "--from-scratch", "--health", "1s", check=True)
+    assert "from scratch" in res.out, res.out
+    wait_for(lambda: last_step(h, "gpt", 2) >= 12, 30, "run 2 to train from scratch")
+    st = h.state("gpt")
+    assert st["phase"] == "running"
+    assert st["from_scratch"] is True
+    assert st["guard"] is None
+    assert "resume_from=None" in log(h, "gpt", 2)
+    started = h.events("gpt", "started")
+    assert started[-1]["from_scratch"] is True
+    rows = h.tc("history", "gpt", "--json", check=True).json()
+    assert any("from scratch" in m for m in rows[-1]["marks"]), rows[-1]
+    h.tc("stop", "gpt", check=True)
+    assert saved_step(out) < 30
+
+
+def test_a_policy_restart_that_starts_over_ends_the_job(harness: Harness) -> None:
+    """restart = on-failure: run 1 crashes at step 25 (saved at 20); the policy's relaunch
+    has the same scratch flag and is stopped at its first step, with no further restart."""
+    h = harness
+    out, argv = bed(h, "--crash_at=25")
+    at = argv.index("--")
+    argv[at:at] = ["--set", "restart=on-failure", "--set", "max_restarts=5"]
+    h.tc(*argv, check=True)
+    st = ended(h)
+    assert st["run"] == 2, st  # one relaunch, stopped by the guard
+    assert st["cause"]["kind"] == "started-over", st["cause"]
+    assert saved_step(out) == 20
+
+
+def test_a_start_with_bad_tolerance_is_one_line(harness: Harness) -> None:
+    h = harness
+    _, argv = bed(h)
+    at = argv.index("--")
+    res = h.tc(*argv[:at], "--set", "resume_tolerance=-3", *argv[at:])
+    assert res.rc == 2, res
+    assert "resume_tolerance" in res.err
+    assert len(res.err.strip().splitlines()) == 1
+    assert not (h.home / "jobs" / "gpt").exists()
+
+
+def test_tolerance_off_lets_a_run_start_over(harness: Harness) -> None:
+    h = harness
+    out, argv = bed(h)
+    at = argv.index("--")
+    argv[at:at] = ["--set", "resume_tolerance=off"]
+    first_run(h, argv, out)
+    res = h.tc(*argv, "--no-wait", check=True)
+    assert "guard: off" in res.out, res.out
+    wait_for(lambda: last_step(h, "gpt", 2) >= 5, 30, "run 2 to go on")
+    assert h.state("gpt")["phase"] == "running"
+    h.tc("stop", "gpt", check=True)
+    assert os.path.exists(h.state("gpt")["guard"]["kept"])
