@@ -27,7 +27,7 @@ import anyio.lowlevel
 
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.gpu.verify import fresh_baselines
-from trainctl.supervisor.model.reports import Cause, Failure
+from trainctl.supervisor.model.reports import STARTED_OVER, Cause, Failure, StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import (
     RESUME_VAR,
@@ -263,22 +263,31 @@ class Owner:
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
             self.watchers.stamper.step()  # the times of the last lines (in the loop: one writer)
             note = None
-            if a.reason == lc.STARTED_OVER:  # before anything reads the checkpoint again
+            if a.reason == STARTED_OVER:  # before anything reads the checkpoint again
                 note = await anyio.to_thread.run_sync(self._put_back)
             ones = []
             if not self.core.life.user_stop:  # the breaker on progress needs the newest step
                 ones = await anyio.to_thread.run_sync(self._complete_checkpoints)
+        self.core.send(self._finished(report, cause, ones, note))
+
+    def _finished(
+        self,
+        report: StopReport,
+        cause: Cause | None,
+        ones: list[checkpoints.Verdict],
+        note: str | None,
+    ) -> lc.StopFinished:
+        """What the lifecycle is told of a finished stop: the newest complete checkpoint,
+        what the run was handed, what the guard did."""
         st, g = self.core.state, self.core.state.guard
-        self.core.send(
-            lc.StopFinished(
-                report,
-                cause,
-                ckpt_step=ones[0].step if ones else None,
-                resumed_from=st.resumed_from or self.core.spec.env.get(RESUME_VAR),
-                resumed_step=g.handed_step if g is not None else None,
-                guard_note=note,
-                no_checkpoint=bool(self.core.spec.watch.checkpoint) and not ones,
-            )
+        return lc.StopFinished(
+            report,
+            cause,
+            ckpt_step=ones[0].step if ones else None,
+            resumed_from=st.resumed_from or self.core.spec.env.get(RESUME_VAR),
+            resumed_step=g.handed_step if g is not None else None,
+            guard_note=note,
+            no_checkpoint=bool(self.core.spec.watch.checkpoint) and not ones,
         )
 
     def _put_back(self) -> str | None:

@@ -120,8 +120,12 @@ def plan_deploy(
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
     spec = state.read_spec(jdir)
     to_code, changes = _new_code(name, st, spec, cfg, reload=reload, force=force)
-    if state.is_locked(jdir, LOCK) and not (not dry_run and _end_probation(jdir, st.run)):
-        raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+    if state.is_locked(jdir, LOCK):
+        # a deploy on probation is ended by the next one (a dry run only says it would be)
+        probation = on_probation(jdir, st.run) is not None
+        if not probation or (not dry_run and not _end_probation(jdir, st.run)):
+            raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+    _refuse_blind(name, spec, jdir, st.run)
     can, cannot = at_options(spec, list(alive(scan(target_of(st))).values()))
     at = _when(name, spec, at, cannot)
     back = _rollback_target(jdir, spec, rollback)
@@ -188,6 +192,26 @@ def _resume_point(
         )
     _refuse_unprotected(name, spec, ck)
     return ck
+
+
+def _refuse_blind(name: str, spec: Spec, jdir: Path, run: int) -> None:
+    """A job that shows no progress (no checkpoint glob, no progress_regex, not a line in
+    its $TRAINCTL_PROGRESS) gives a gate nothing to pass on: refused in the plan, before
+    anything stops (it used to stop the run, fail "no progress within 5 s" and roll
+    back: two restarts for a gate that could never pass)."""
+    if spec.watch.checkpoint or spec.watch.progress_regex:
+        return
+    try:
+        reported = state.progress_path(jdir, run).stat().st_size > 0
+    except OSError:
+        reported = False
+    if not reported:
+        raise ConfigError(
+            f"job {name} reports no progress (no checkpoint glob, no progress_regex, nothing "
+            "in $TRAINCTL_PROGRESS): a deploy's gate could never pass; `trainctl restart "
+            f"{name}` brings in the code on disk (its --health watches the new run), or set "
+            "progress_regex or checkpoint in the spec"
+        )
 
 
 def _end_probation(jdir: Path, run: int) -> bool:
@@ -701,9 +725,39 @@ def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> D
                        f"the rollback to {old} failed too: {e}"))  # fmt: skip
         return d.report("failed", f"{gate.why}; the rollback failed: {e}", **more)
     summary = f"deploy of {new} failed: {gate.why}; rolled back to {old} (run {back.run})"
+    over = _guard_verdict(d, back.run)
+    if over is not None:  # the old code's command line starts over too (a scratch flag)
+        summary += f", which was stopped by the checkpoint guard: {over}"
+        _tell(d, Cause(kind="deploy_failed", summary=summary))
+        d.say("done", f"run {back.run} started over and was stopped: {over}")
+        return d.report("failed", summary, rollback_run=back.run, **more)
     _tell(d, Cause(kind="deploy_failed", summary=summary))
     d.say("done", f"run {back.run} runs the previous code ({old})")
     return d.report("rolled-back", summary, rollback_run=back.run, **more)
+
+
+GUARD_WAIT_S = 0.1
+
+
+def _guard_verdict(d: _Deploy, run: int) -> str | None:
+    """The rollback run is held to the checkpoint guard like any start (watch/guard.py):
+    wait for its verdict (its first step, or its end) within the gate's time; the guard's
+    cause when it stopped the run, else None."""
+
+    def verdict() -> tuple[str | None] | None:
+        st = state.read_state(d.jdir)
+        g = st.guard if st.run == run else None
+        if g is None or g.floor is None:
+            return (None,)  # nothing to guard, or a later run already
+        if g.tripped is not None:
+            ended = st.phase in state.TERMINAL and st.cause is not None
+            return (st.cause.summary,) if ended and st.cause else None
+        if g.first_step is not None or st.phase in state.TERMINAL:
+            return (None,)
+        return None
+
+    got = poll_until(verdict, d.plan.health_s, GUARD_WAIT_S)
+    return got[0] if got is not None else None
 
 
 def _put_back(d: _Deploy) -> None:

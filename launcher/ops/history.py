@@ -59,9 +59,9 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
 
 def _mark_deploy(rows: dict[int, HistoryRow], ev: events.Deploy) -> None:
     """A deploy marks the run it left, the run it started and the run it rolled back to."""
-    old, new = ev.from_commit or "?", ev.to_commit or "?"
+    old, new = _short(ev.from_commit), _short(ev.to_commit)
     for left, r, mark in (
-        (True, ev.from_run, f"deploy out: {old[:8]} -> {new[:8]}, {ev.outcome}"),
+        (True, ev.from_run, f"deploy out: {old} -> {new}, {ev.outcome}"),
         (False, ev.to_run, f"deploy in: {ev.outcome}"),
         (False, ev.rollback_run, f"rollback from run {ev.to_run}"),
     ):
@@ -69,6 +69,15 @@ def _mark_deploy(rows: dict[int, HistoryRow], ev: events.Deploy) -> None:
             was = rows.setdefault(r, HistoryRow(run=r))
             ck = ev.checkpoint if left else was.checkpoint
             rows[r] = replace(was, marks=[*was.marks, mark], checkpoint=ck)
+
+
+def _short(commit: str | None) -> str:
+    """A deploy's code, short: ``3adf61e1`` or, dirty, ``3adf61e1+5d41402a`` (the diff's
+    hash tells two dirty trees on one commit apart)."""
+    if not commit:
+        return "?"
+    head, plus, diff = commit.partition("+")
+    return head[:8] + (f"+{diff[:8]}" if plus else "")
 
 
 def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:

@@ -44,6 +44,7 @@ from trainctl.supervisor.model.spec import (
 from trainctl.supervisor.model.state import TRAINCTL_VARS, TRANSPORT_VARS, JobState
 from trainctl.supervisor.model.tail import tail_lines
 from trainctl.supervisor.records import replace
+from trainctl.supervisor.watch import guard
 from trainctl.supervisor.watch.drift import entry_script
 
 from .jobs import current_phase, existing_job, live_members
@@ -498,8 +499,6 @@ def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) 
 def plan_restart(home: Path, name: str, *, from_scratch: bool = False) -> RestartPlan:
     """What a restart of ``name`` would hand the new run, keep aside and guard (the same
     rule the new run's supervisor applies: watch/guard.py); nothing is touched."""
-    from trainctl.supervisor.watch import guard  # noqa: PLC0415  (restart --dry-run only)
-
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     spec = state.read_spec(jdir)

@@ -80,6 +80,9 @@ def deploy_report(r: DeployReport) -> None:
             )
         return
     sys.stderr.write(f"trainctl: {line}\n")
+    if r.kept:  # where the handed checkpoint is, whatever became of the original
+        back = "put back over the original, " if r.restored else ""
+        sys.stderr.write(f"  checkpoint {r.checkpoint}: {back}a copy is kept in {r.kept}\n")
     for text in r.last_lines[-10:]:
         sys.stderr.write(f"  | {clean(text)}\n")
 

@@ -12,9 +12,11 @@ from trainctl.launcher.ops.changes import spec_changes
 from trainctl.launcher.ops.jobs import existing_job
 from trainctl.launcher.ops.start import plan_restart, restart_job, watch_health
 from trainctl.launcher.ops.status import spec_file_touched
+from trainctl.launcher.results import StartResult, StopResult
+from trainctl.launcher.results.ops import Health
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
-from trainctl.supervisor.records import asdict
+from trainctl.supervisor.records import JsonObject, asdict
 
 from . import Invocation
 from .logs import follow_new_run
@@ -44,9 +46,7 @@ def run(
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     window = parse_seconds(health, "--health")
     if dry_run:
-        plan = plan_restart(inv.home, name, from_scratch=from_scratch)
-        render.emit_json(asdict(plan)) if as_json else render.restart_plan(plan)
-        return ExitCode.OK
+        return _dry_run(inv, name, from_scratch=from_scratch, as_json=as_json)
     if not reload:
         _note_spec_changes(inv, name)
     pre = prepare(inv, name, ckpt, quiet=as_json)
@@ -58,26 +58,40 @@ def run(
         render.start(started)
     seen = watch_health(inv.home, name, started.run, window) if window > 0 else None
     if as_json:
-        render.emit_json(
-            {
-                "checkpoint": pre.to_doc() or {},
-                "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report.to_doc()},
-                "start": {
-                    "run": started.run,
-                    "main_pid": started.main_pid,
-                    "log": started.log,
-                    "guard": None if started.guard is None else asdict(started.guard),
-                    "from_scratch": started.from_scratch,
-                },
-                "health": None if seen is None else {**asdict(seen), "ok": seen.ok},
-            }
-        )
+        render.emit_json(_doc(pre.to_doc() or {}, stopped, started, seen))
     elif seen is not None:
         render.health(name, started.run, seen)
     if seen is not None and not seen.ok:
         return ExitCode.FAILED
     if follow:
         follow_new_run(inv, name, Path(started.log))
+    return ExitCode.OK
+
+
+def _doc(
+    checkpoint: JsonObject, stopped: StopResult, started: StartResult, seen: Health | None
+) -> JsonObject:
+    """`restart --json`: the checkpoint asked for, the stop, the start (what it was handed
+    and guarded by), the health window."""
+    return {
+        "checkpoint": checkpoint,
+        "stop": {"via": stopped.via, "ok": stopped.ok, "report": stopped.report.to_doc()},
+        "start": {
+            "run": started.run,
+            "main_pid": started.main_pid,
+            "log": started.log,
+            "guard": None if started.guard is None else asdict(started.guard),
+            "from_scratch": started.from_scratch,
+        },
+        "health": None if seen is None else {**asdict(seen), "ok": seen.ok},
+    }
+
+
+def _dry_run(inv: Invocation, name: str, *, from_scratch: bool, as_json: bool) -> int:
+    """`restart --dry-run`: the checkpoint the new run would be handed, the copy kept
+    aside, the guard's floor; nothing changes."""
+    plan = plan_restart(inv.home, name, from_scratch=from_scratch)
+    render.emit_json(asdict(plan)) if as_json else render.restart_plan(plan)
     return ExitCode.OK
 
 

@@ -30,7 +30,13 @@ from enum import StrEnum
 from typing import Any
 
 from trainctl.supervisor.model import events
-from trainctl.supervisor.model.reports import Cause, Failure, RestartEntry, StopReport
+from trainctl.supervisor.model.reports import (
+    STARTED_OVER,
+    Cause,
+    Failure,
+    RestartEntry,
+    StopReport,
+)
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import Phase
 from trainctl.supervisor.records import field, record, replace
@@ -285,8 +291,6 @@ class Life:
     gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
     started_over: str | None = None  # the checkpoint guard stopped the run: why
 
-
-STARTED_OVER = "started over"  # the stop reason of a run the checkpoint guard stopped
 
 CANCELLED = StopReport(
     ok=True, already_stopped=True, reason="stop during restart backoff: restart cancelled"

@@ -40,6 +40,7 @@ from trainctl.supervisor.records import record
 from .steps import timed_steps
 from .tail import tail_lines
 
+COARSE_CLOCK_S = 0.01  # how far an mtime may lag time.time() (step_at)
 SETTLED_S = 2.0  # untouched this long: its size is as good as seen twice
 SECOND_LOOK_S = 0.25  # the pause between two looks at a file written moments ago
 MARKER = ".complete"
@@ -302,7 +303,10 @@ def step_at(
     def at(moment: float) -> float | None:
         if not loaded:
             loaded.append(sorted(load()))
-        before = [step for t, step in loaded[0] if t <= moment + 0.05]
+        # an mtime is stamped from the kernel's coarse clock (up to a jiffy, <= 10 ms, behind
+        # time.time()); more slack than that takes in the step logged just after the save
+        # (a trainer stepping every 50 ms read one high), which a guard must never do
+        before = [step for t, step in loaded[0] if t <= moment + COARSE_CLOCK_S]
         return before[-1] if before else None
 
     return at

@@ -79,6 +79,10 @@ class RestartEntry:
     # its path: "failed right after resuming from it" is judged by step, not by path)
 
 
+# the reason of the stop the checkpoint guard sends (lifecycle, tree/stop.py)
+STARTED_OVER = "started over"
+
+
 @record(frozen=True)
 class Guard:
     """The checkpoint guard of one run (supervisor/watch/guard.py): the job's checkpoint

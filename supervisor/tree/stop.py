@@ -18,7 +18,7 @@ from trainctl.supervisor.gpu.verify import EarlyLook, GpuPolicy, gpu_policy_of, 
 from trainctl.supervisor.linux import cgroup as cg
 from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.events import Event
-from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model.reports import STARTED_OVER, StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder, StopPolicy
 from trainctl.supervisor.model.state import GpuLease
 from trainctl.supervisor.records import asdict, replace
@@ -29,6 +29,20 @@ from .terminate import BeforeKill, Emit, Grace, stop_tree
 
 SAVE_WAIT_MAX_S = 60.0  # a save under way is waited for at most this long (and the grace)
 SAVE_POLL_S = 0.1
+
+
+def _policy_of(
+    spec: Spec, reason: str, grace_s: float | None, order: StopOrder | None
+) -> StopPolicy:
+    """The spec's stop policy with this stop's grace and order. The checkpoint guard's
+    stop sends SIGKILL: the run started over, and any save of it (a handler's on SIGTERM)
+    would overwrite the checkpoint it should have resumed from; no save is waited for."""
+    policy = replace(
+        spec.stop,
+        grace_s=spec.stop.grace_s if grace_s is None else grace_s,
+        order=spec.stop.order if order is None else str(order),
+    )
+    return replace(policy, signal="SIGKILL") if reason == STARTED_OVER else policy
 
 
 def run_stop(
@@ -55,16 +69,8 @@ def run_stop(
     gone: a look that was still starting when the stop began has its answer by then) and
     its open NVML (``gpu_backend``: the release check then initialises nothing).
     """
-    policy = replace(
-        spec.stop,
-        grace_s=spec.stop.grace_s if grace_s is None else grace_s,
-        order=spec.stop.order if order is None else str(order),
-    )
-    if reason == "started over":
-        # the checkpoint guard: the run started over and any save of it overwrites the
-        # checkpoint it should have resumed from; no save is waited for, no handler runs
-        policy = replace(policy, signal="SIGKILL")
-    quick = reason in ("main exited", "started over")
+    policy = _policy_of(spec, reason, grace_s, order)
+    quick = reason in ("main exited", STARTED_OVER)
     waited = None if quick else await_save(spec, policy.grace_s, emit)
     report = stop_and_verify(
         target,

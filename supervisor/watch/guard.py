@@ -32,6 +32,8 @@ mtime), which can only loosen the guard, never stop a run that resumed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -135,7 +137,7 @@ def plan(jdir: Path, spec: Spec, run: int, handed: str | None) -> Guard | None:
         v = checkpoints.judge(handed, look_again=False, quiet=True)
         floor_of = _with_step(v, jdir, run - 1, spec) if v is not None and v.complete else mark
     tol = spec.watch.resume_tolerance
-    floor = None if floor_of.step is None or tol is None else floor_of.step - tol
+    floor = None if floor_of.step is None or tol is None else max(0.0, floor_of.step - tol)
     return replace(mark, handed=handed or mark.path, handed_step=floor_of.step, floor=floor)
 
 
@@ -159,7 +161,9 @@ def keep_aside(jdir: Path, run: int, spec: Spec, g: Guard) -> Guard:
     where = jdir / KEPT_DIR / f"run-{run}"
     dst = where / os.path.basename(g.path.rstrip("/"))
     try:
-        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (where.parent, where):  # ours: 0700 whatever the umask
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)
         how = _keep(g, str(dst), spec)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -208,8 +212,6 @@ def _keep(g: Guard, dst: str, spec: Spec) -> str | None:
 
 def _reflink(src: str, dst: str) -> bool:
     """Clone ``src`` to ``dst`` by reflink only; False (and nothing left) where none."""
-    import fcntl  # noqa: PLC0415  (a start with a checkpoint only)
-
     with open(src, "rb") as fin, open(dst, "xb") as fout:
         try:
             fcntl.ioctl(fout.fileno(), keepsafe.FICLONE, fin.fileno())
@@ -309,8 +311,6 @@ def _step_of(line: str, rx: re.Pattern[str] | None) -> float | None:
         return None if nums is None else nums["step"]
     if '"step"' not in line:
         return None
-    import json  # noqa: PLC0415  (the guard's look only)
-
     with contextlib.suppress(ValueError):
         doc = json.loads(line)
         if isinstance(doc, dict):

@@ -4,7 +4,9 @@ A fixed stall timeout must be longer than the longest save, so a hung collective
 noticed after minutes (20 by custom). Learned instead: the supervisor looks at the run's
 activity (the newest write to its log or $TRAINCTL_PROGRESS) every 0.5 s, and at its
 newest checkpoint. A gap between two writes during which a checkpoint was written is a
-save (its length is learned too); any other gap is a step. The deadline is
+save (its length is learned too); a gap as long as the deadline then in force is a stall
+(a SIGSTOPped rank that came back), never learned, else each stall would raise the
+deadline (4.4 s -> 19.8 s -> 1m23s after two); any other gap is a step. The deadline is
 :data:`FACTOR` times the longest step gap seen, at least :data:`FLOOR_S`; no stall is
 called while a save is under way (a checkpoint written within :data:`SAVING_S`), nor
 before :data:`LEARN_GAPS` step gaps were seen.
@@ -32,6 +34,7 @@ class StallLearner:
     longest_step_s: float = 0.0
     longest_save_s: float = 0.0
     step_gaps: int = 0
+    stalls: int = 0  # gaps at least as long as the deadline: not learned
 
     def observe(self, activity: float, newest_ckpt: float) -> None:
         """Feed the newest write time of the run's log/progress and of its checkpoints."""
@@ -41,9 +44,13 @@ class StallLearner:
         gap = activity - last
         if last < newest_ckpt <= activity + SAVING_S:
             self.longest_save_s = max(self.longest_save_s, gap)
-        else:
-            self.longest_step_s = max(self.longest_step_s, gap)
-            self.step_gaps += 1
+            return
+        deadline = self.deadline_s
+        if deadline is not None and gap >= deadline:
+            self.stalls += 1
+            return
+        self.longest_step_s = max(self.longest_step_s, gap)
+        self.step_gaps += 1
 
     @property
     def deadline_s(self) -> float | None:

@@ -49,8 +49,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("verbs", {"verbs"}),
     ("entry", {"cli", "main", "__main__", "entry", "waiter", "deployer"}),
 ]
-MAX_FUNCTION_IMPORTS = 24  # among them: a queued job's waiter stays light until it
-# dispatches; the console script imports the CLI only after a plain stop's request is out;
+MAX_FUNCTION_IMPORTS = 25  # among them: a supervisor's boot loads the checkpoint guard
+# (glob, zip and safetensors judges, the kept copy) only for a job with a checkpoint glob;
+# a queued job's waiter stays light until it dispatches; the console script imports the
+# CLI only after a plain stop's request is out;
 # `list`, `gpus` and `top` load ssh and threads only for --all-hosts; records load
 # `dataclasses` only where code asks the dataclasses way (it replaced 20 module imports);
 # `status NAME` loads the queue's policy, a deploy's reports and the GPU health only for

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor.model import keepsafe
 from trainctl.launcher.results import Checkpoint
+from trainctl.supervisor.model import keepsafe
 
 
 def ckpt_of(path: Path) -> Checkpoint:

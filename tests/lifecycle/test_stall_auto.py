@@ -10,6 +10,7 @@ import sys
 import time
 
 from tests.conftest import Harness, wait_for
+from trainctl.supervisor.watch.stall import StallLearner
 
 # 0.1 s steps; every 20 steps a 5 s save that writes its file as it goes (as torch.save
 # does), then reports the next step. Runs until stopped.
@@ -68,3 +69,28 @@ def test_stall_timeout_takes_auto_or_a_duration(harness: Harness) -> None:
     res = h.tc("start", "--name", "x", "--set", "stall_timeout=sometimes", "--", "true")
     assert res.rc == 2
     assert len(res.err.strip().splitlines()) == 1
+
+
+def test_a_gap_called_a_stall_is_never_learned_as_a_step() -> None:
+    """Two SIGSTOPs of 9 s and 30 s in a run stepping every 0.5 s: the deadline stays
+    at 4x the step gap (it grew 4.4 s -> 19.8 s -> 1m23s when stalls were learned)."""
+    learner = StallLearner()
+    t = 1000.0
+    for _ in range(10):
+        t += 0.5
+        learner.observe(t, 0.0)
+    before = learner.deadline_s
+    assert before == 2.0  # FLOOR_S: 4 x 0.5 s
+    for hung in (9.0, 30.0):
+        t += hung
+        assert learner.stalled_for(t, 0.0) is not None  # it was called a stall
+        learner.observe(t, 0.0)  # the rank came back
+        for _ in range(3):
+            t += 0.5
+            learner.observe(t, 0.0)
+    assert learner.deadline_s == before
+    assert learner.stalls == 2
+    # a gap under the deadline is still a step: a slower phase of training is learned
+    t += 1.5
+    learner.observe(t, 0.0)
+    assert learner.deadline_s == 6.0

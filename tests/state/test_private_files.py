@@ -6,8 +6,9 @@ git snapshot of a dirty tree, progress, a rotated log and its times, hooks, a de
 stop that needs SIGKILL, so stacks are taken, a queued job) with the umask at 000, then
 walks the home: nothing may grant the group or others anything. A snapshot's own tree
 mirrors the user's files (their modes are the user's); the folder that holds it is ours.
-So does a checkpoint a deploy keeps aside (``deploys/ID.kept/``): a rollback puts it back
-as the user's file was, mode and all; its folder is ours (0700) and checked.
+So does a checkpoint a deploy keeps aside (``deploys/ID.kept/``), or a start's guard
+(``kept/run-N/``, a hard link may be the user's very file): a rollback puts it back as
+the user's file was, mode and all; its folder is ours (0700) and checked.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ def umask(mask: int) -> Iterator[None]:
 
 def _not_private(home: Path) -> list[str]:
     bad = []
-    mirrors = [*home.glob("jobs/*/snapshots/run-*"), *home.glob("jobs/*/deploys/*.kept")]
+    mirrors = [
+        *home.glob("jobs/*/snapshots/run-*"),
+        *home.glob("jobs/*/deploys/*.kept"),
+        *home.glob("jobs/*/kept/run-*"),
+    ]
     inside = {p for tree in mirrors for p in tree.rglob("*")}
     for path in [home, *home.rglob("*")]:
         if path in inside:
