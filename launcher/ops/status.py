@@ -177,6 +177,8 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         settings=None if spec is None else _settings(spec, training.checkpoint is not None),
         adopted=st.adopted,
         queue=None if queued is None else queued.view,
+        guard=st.guard,
+        from_scratch=st.from_scratch,
     )
 
 

@@ -366,6 +366,23 @@ def _checkpoint_lines(ck: CheckpointSeen) -> None:
         out(f"  ckpt {ck.partial}: partial ({ck.partial_why}); never resumed from")
 
 
+def _guard_line(s: Status) -> None:
+    """The checkpoint guard of the run: what it was handed, whether it resumed, the copy."""
+    g = s.guard
+    if s.from_scratch:
+        out("  guard off: started with --from-scratch")
+    if g is None or g.tripped is not None:  # a tripped guard is the run's cause
+        return
+    if g.first_step is not None:
+        verdict = f"first step {g.first_step:g}: resumed"
+    elif g.floor is not None:
+        verdict = f"its first step must reach {g.floor:g}"
+    else:
+        verdict = "not armed (the checkpoint's step is unknown)"
+    kept = f"; kept aside in {g.kept}" if g.kept else ""
+    out(f"  guard handed {g.handed} ({g.step_text()}), {verdict}{kept}")
+
+
 def _status_details(s: Status) -> None:
     """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
     if s.slurm:
@@ -396,6 +413,7 @@ def _status_details(s: Status) -> None:
         out(f"  mem  {memory_line(s.memory)}")
     if s.checkpoint:
         _checkpoint_lines(s.checkpoint)
+    _guard_line(s)
     if s.progress:
         out(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
     _changed_lines(s)

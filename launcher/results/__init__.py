@@ -412,6 +412,8 @@ class Status:
     adopted: Adoption | None = None  # `adopt`: how, containment, log source, when
     # queued (state "queued"), or the next run queued behind a live one (--singleton)
     queue: QueueView | None = None
+    guard: Guard | None = None  # the checkpoint guard: handed, kept aside, first step
+    from_scratch: bool = False  # the run was started with --from-scratch
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form."""

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from tests.conftest import Harness, wait_for
+from trainctl.launcher.ops.history import _short
 
 TRAINER = """\
 import json, os, signal, sys, time, zipfile
@@ -163,6 +164,9 @@ def test_restart_resumes_by_default_and_the_guard_lets_a_resumed_run_go_on(
     assert st["phase"] == "running", st
     assert st["guard"]["first_step"] == step + 1
     assert st["resumed_from"] == str(out / "ckpt.pt")
+    shown = h.tc("status", "gpt", check=True).out
+    assert f"guard handed {out / 'ckpt.pt'} (step ≈{step}), first step {step + 1}: resumed" in shown
+    assert "kept aside in" in shown
     assert saved_step(out) > step
     h.tc("stop", "gpt", check=True)
 
@@ -239,3 +243,29 @@ def test_tolerance_off_lets_a_run_start_over(harness: Harness) -> None:
     assert h.state("gpt")["phase"] == "running"
     h.tc("stop", "gpt", check=True)
     assert os.path.exists(h.state("gpt")["guard"]["kept"])
+
+
+def test_a_deploy_of_a_job_that_shows_no_progress_is_refused_before_anything_stops(
+    harness: Harness,
+) -> None:
+    """No checkpoint glob, no progress_regex, nothing in $TRAINCTL_PROGRESS: a gate could
+    never pass (it used to stop the run, fail "no progress within 5 s" and roll back)."""
+    h = harness
+    d = h.tmp / "blind"
+    d.mkdir()
+    (d / "run.py").write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
+    h.tc("start", "--name", "blind", "--cwd", str(d), "--", sys.executable, "run.py", check=True)
+    res = h.tc("deploy", "blind", "--force")
+    assert res.rc == 2, res
+    assert "reports no progress" in res.err
+    assert len(res.err.strip().splitlines()) == 1
+    st = h.state("blind")
+    assert (st["run"], st["phase"]) == (1, "running")
+    h.tc("stop", "blind", check=True)
+
+
+def test_history_tells_two_dirty_trees_on_one_commit_apart() -> None:
+    assert _short("3adf61e1a2b3+5d41402abc") == "3adf61e1+5d41402a"
+    assert _short("3adf61e1a2b3+9f00aa11") != _short("3adf61e1a2b3+5d41402a")
+    assert _short("3adf61e1a2b3") == "3adf61e1"
+    assert _short(None) == "?"

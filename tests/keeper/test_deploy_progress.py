@@ -156,6 +156,9 @@ def test_new_code_that_crashes_after_its_gate_is_rolled_back_in_probation(
     assert time.monotonic() - t0 < 60
     status = h.tc("status", "pb", check=True).out
     assert "probation" in status
+    # a dry run during the probation plans (a real deploy would end the probation)
+    dry = h.tc("deploy", "pb", "--force", "--dry-run")
+    assert dry.rc == 0, dry
     # ~3 s after its start it raises: the deployer rolls back by itself
     wait_for(lambda: h.state("pb")["run"] == 3, 60, "the rollback")
     wait_for(lambda: "v1 start" in log(h, "pb", 3), 20, "v1 again")
