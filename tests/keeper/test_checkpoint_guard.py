@@ -22,11 +22,13 @@ TRAINER = """\
 import json, os, signal, sys, time, zipfile
 args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:] if "=" in a)
 out = args["out_dir"]
-ckpt = os.path.join(out, "ckpt.pt")
+ckpt = os.path.join(out, args.get("ckpt", "ckpt.pt"))
 crash_at = int(args.get("crash_at", "0"))
+crash_after = int(args.get("crash_after", "0"))  # steps after its start (or resume)
 step = 0
 if args.get("init_from") == "resume" and os.path.exists(ckpt):
     step = json.loads(zipfile.ZipFile(ckpt).read("archive/data.pkl"))["iter_num"]
+began = step
 print(f"start step={step} resume_from={os.environ.get('TRAINCTL_RESUME_FROM')}", flush=True)
 
 
@@ -51,8 +53,11 @@ while True:
     if first and "--early_save" in sys.argv:  # in place, before any guard can look
         save()
     first = False
-    if crash_at and step >= crash_at:
+    if crash_at and step >= crash_at or crash_after and step >= began + crash_after:
         raise SystemExit(f"crashed at step {step}")
+    if step == 5 and "--early_keep" in sys.argv:  # one older checkpoint beside it
+        with zipfile.ZipFile(os.path.join(out, "first.ckpt"), "w") as z:
+            z.writestr("archive/data.pkl", json.dumps({"iter_num": step}))
     if step % 10 == 0:
         save()
 """
@@ -269,3 +274,46 @@ def test_history_tells_two_dirty_trees_on_one_commit_apart() -> None:
     assert _short("3adf61e1a2b3+9f00aa11") != _short("3adf61e1a2b3+5d41402a")
     assert _short("3adf61e1a2b3") == "3adf61e1"
     assert _short(None) == "?"
+
+
+def test_the_breaker_ends_a_job_that_keeps_failing_with_no_complete_checkpoint(
+    harness: Harness,
+) -> None:
+    """Killed in its very first save, a trainer's own resume picks the torn file and
+    crashes, again and again: with no complete checkpoint at all the breaker on progress
+    used to never fire (HF's get_last_checkpoint looped 7 times)."""
+    h = harness
+    d = h.tmp / "torn"
+    (d / "out").mkdir(parents=True)
+    (d / "out" / "ckpt.pt").write_bytes(b"PK\x03\x04" + b"torn" * 100)  # no end record
+    (d / "run.py").write_text("raise SystemExit('cannot load out/ckpt.pt: torn')\n")
+    h.tc(
+        "start", "--name", "torn", "--cwd", str(d), "--set", "checkpoint=out/ckpt.pt",
+        "--set", "restart=on-failure", "--set", "max_restarts=10",
+        "--set", "restart_backoff=0.2s", "--", sys.executable, "run.py",
+        check=True,
+    )  # fmt: skip
+    st = ended(h, "torn")
+    assert st["phase"] == "failed", st
+    cause = st["cause"]
+    assert cause["kind"] == "no-progress", cause
+    assert cause["summary"].startswith("no-progress: 3 restarts, no complete checkpoint")
+    assert st["run"] == 4  # three restarts, then the breaker
+
+
+def test_a_checkpoint_rewritten_in_place_is_judged_by_step_not_path(harness: Harness) -> None:
+    """Lightning's last.ckpt is rewritten in place: a run that resumed from it, saved it
+    again further on and then failed did not fail "right after resuming from it"; the
+    relaunch is handed last.ckpt again, not the older checkpoint before it."""
+    h = harness
+    out, argv = bed(h, "--ckpt=last.ckpt", "--crash_after=15", "--early_keep", init="resume")
+    argv[argv.index("checkpoint=out/ckpt.pt")] = "checkpoint=out/*.ckpt"
+    at = argv.index("--")
+    argv[at:at] = ["--set", "restart=on-failure", "--set", "max_restarts=2",
+                   "--set", "restart_backoff=0.2s"]  # fmt: skip
+    h.tc(*argv, check=True)
+    wait_for(lambda: h.state("gpt")["run"] >= 3, 60, "two relaunches")
+    wait_for(lambda: "start step=" in log(h, "gpt", 3), 30, "run 3 to start")
+    assert f"resume_from={out / 'last.ckpt'}" in log(h, "gpt", 3), log(h, "gpt", 3)
+    assert not h.events("gpt", "resume_skipped")
+    ended(h)
