@@ -173,6 +173,7 @@ def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:
         gpus=[g.index for g in ho.gpus],
         resumed_from=ho.resume_from,
         from_scratch=ho.from_scratch,
+        rolled_back=ho.rolled_back,
     )
 
 
@@ -391,6 +392,7 @@ def _record_starting(
         resumed_from=None if ho.from_scratch else ho.resume_from,
         from_scratch=ho.from_scratch,
         guard=kept,
+        rolled_back=ho.rolled_back,
         boot_id=current_boot_id(),
         unit=own_unit(),
         mounts_kept=ho.mounts_kept,

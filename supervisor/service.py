@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import signal
@@ -27,13 +28,15 @@ import anyio.lowlevel
 
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.gpu.verify import fresh_baselines
+from trainctl.supervisor.model.layout import DEPLOY_LOCK
 from trainctl.supervisor.model.reports import STARTED_OVER, Cause, Failure, StopReport
-from trainctl.supervisor.model.spec import Spec, StopOrder
+from trainctl.supervisor.model.spec import Spec, StopOrder, spec_from_doc
 from trainctl.supervisor.model.state import (
     RESUME_VAR,
     GpuLease,
     JobState,
     error_file,
+    is_locked,
     log_path,
 )
 from trainctl.supervisor.records import JsonObject, replace
@@ -52,7 +55,7 @@ from .life import causes
 from .life import lifecycle as lc
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
-from .model import checkpoints, control, events
+from .model import checkpoints, control, events, layout
 from .server import ControlServer
 from .watch import guard
 from .watchers import Watchers
@@ -110,7 +113,7 @@ class Owner:
             self.grace.shorten(a.seconds)
             self.core.log.info(events.GraceShortened(round(self.grace.left_s(), 3)))
         elif isinstance(a, lc.Relaunch):
-            tg.start_soon(self._relaunch, a.failure)
+            tg.start_soon(self._relaunch, a.failure, a.rollback)
         elif isinstance(a, lc.Reply):
             for token in a.tokens:
                 self._answer(token, a)
@@ -288,7 +291,26 @@ class Owner:
             resumed_step=g.handed_step if g is not None else None,
             guard_note=note,
             no_checkpoint=bool(self.core.spec.watch.checkpoint) and not ones,
+            rollback_ready=self._previous_spec() is not None,
         )
+
+    def _previous_spec(self) -> Spec | None:
+        """The spec of the run a deploy replaced, when this run is that deploy's new code,
+        its deployer is gone (its probation passed) and that code is still on disk: the way
+        back when the new code keeps failing. None otherwise."""
+        spec, jdir = self.core.spec, self.core.jdir
+        did = spec.env.get(layout.DEPLOY_VAR)
+        if not did or not layout.name_ok(did):
+            return None
+        path = jdir / layout.DEPLOYS / layout.PREVIOUS_SPEC.format(id=did)
+        try:
+            prev = spec_from_doc(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError, TrainctlError):
+            return None
+        if prev.cwd == spec.cwd or not os.path.isdir(prev.cwd) or is_locked(jdir, DEPLOY_LOCK):
+            return None  # already the old code; its snapshot pruned; the deployer decides
+        env = {k: v for k, v in prev.env.items() if k not in (layout.DEPLOY_VAR, RESUME_VAR)}
+        return replace(prev, env=env)
 
     def _put_back(self) -> str | None:
         """After the guard stopped a run that started over: its checkpoints behind the mark
@@ -402,8 +424,15 @@ class Owner:
             await anyio.sleep(seconds)
             self.core.send(lc.BackoffElapsed())
 
-    async def _relaunch(self, failure: Failure) -> None:
-        st = self.core.state
+    async def _relaunch(self, failure: Failure, rollback: str | None = None) -> None:
+        st, spec = self.core.state, self.core.spec
+        restarts, history = st.restarts + 1, self.core.life.history
+        if rollback is not None:  # the previous code, with a restart budget of its own
+            prev = await anyio.to_thread.run_sync(self._previous_spec)
+            if prev is None:
+                self.core.send(lc.Relaunched(error="the code the deploy replaced is gone"))
+                return
+            spec, restarts, history = prev, 0, ()
         failure = replace(failure, at=time.time())
         resume, skipped = await anyio.to_thread.run_sync(self._resume_target)
         if skipped is not None:
@@ -419,10 +448,11 @@ class Owner:
             run=st.run + 1,
             marker=ids.new_marker(),
             gpus=leases,
-            restarts=st.restarts + 1,
+            restarts=restarts,
             last_failure=failure,
-            restart_history=self.core.life.history,
+            restart_history=history,
             resume_from=resume,  # a complete checkpoint, never a partial one
+            rolled_back=rollback,
         )
         self.core.listener.close()  # the new supervisor binds the socket path itself
         home = self.core.jdir.parent.parent
@@ -432,7 +462,7 @@ class Owner:
                     launch_supervisor,
                     home,
                     self.core.jdir,
-                    self.core.spec,
+                    spec,
                     handover,
                     30.0,
                     self.core.lock_fd,

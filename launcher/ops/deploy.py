@@ -57,11 +57,12 @@ from trainctl.supervisor.errors import (
 )
 from trainctl.supervisor.life import hooks
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import events, keepsafe, state
+from trainctl.supervisor.model import events, keepsafe, layout, state
+from trainctl.supervisor.model.layout import PREVIOUS_SPEC
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
-from trainctl.supervisor.model.spec import Spec
+from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.model.tail import tail_lines
 from trainctl.supervisor.records import asdict, field, record, replace
@@ -84,7 +85,7 @@ from .start import reloaded_spec, restart_job
 from .stop import ask_checkpoint
 
 RESUME_VAR = state.RESUME_VAR
-DEPLOY_VAR = "TRAINCTL_DEPLOY"  # the deploy's id, in the new run's environment
+DEPLOY_VAR = layout.DEPLOY_VAR  # the deploy's id, in the new run's environment
 DEFAULT_HEALTH_S = 600.0
 DEFAULT_RESUME_TOLERANCE = 2.0  # steps: a trainer may report its save's step +-1
 DEFAULT_PROBATION_S = 1800.0
@@ -405,6 +406,10 @@ def _run(d: _Deploy) -> DeployReport:
         return ended
     d.say("stop", f"stopping run {p.from_run} (verified), then starting the new code")
     resume = d.checkpoint.path if d.checkpoint else None
+    if p.rollback_to is not None:  # the way back once this deployer is gone (service.py)
+        with contextlib.suppress(OSError, TrainctlError):
+            doc = spec_to_doc(d.previous)
+            state.write_json_atomic(deploys_dir(d.jdir) / PREVIOUS_SPEC.format(id=p.id), doc)
     try:
         _, started = restart_job(
             d.home, p.name, d.cfg, grace_s=p.grace_s, reload=p.reload, verb="deploy",

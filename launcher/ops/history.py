@@ -37,6 +37,8 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
                 marks = [*marks, "from scratch (--from-scratch)"]
             elif ev.resumed_from:
                 marks = [*marks, f"resumed from {ev.resumed_from}"]
+            if ev.rolled_back:
+                marks = [*marks, f"rolled back: {ev.rolled_back}"]
             rows[ev.run] = replace(row(ev.run), started_at=ev.ts, marks=marks)
         elif isinstance(ev, events.Code):
             code = ev.code

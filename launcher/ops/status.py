@@ -179,6 +179,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         queue=None if queued is None else queued.view,
         guard=st.guard,
         from_scratch=st.from_scratch,
+        rolled_back=st.rolled_back,
     )
 
 

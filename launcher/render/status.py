@@ -369,6 +369,8 @@ def _checkpoint_lines(ck: CheckpointSeen) -> None:
 def _guard_line(s: Status) -> None:
     """The checkpoint guard of the run: what it was handed, whether it resumed, the copy."""
     g = s.guard
+    if s.rolled_back:
+        out(f"  {term.paint('ROLLED BACK', 'yellow')} {clean(s.rolled_back)}")
     if s.from_scratch:
         out("  guard off: started with --from-scratch")
     if g is None or g.tripped is not None:  # a tripped guard is the run's cause

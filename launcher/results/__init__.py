@@ -414,6 +414,7 @@ class Status:
     queue: QueueView | None = None
     guard: Guard | None = None  # the checkpoint guard: handed, kept aside, first step
     from_scratch: bool = False  # the run was started with --from-scratch
+    rolled_back: str | None = None  # back on the code a deploy replaced: why
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form."""

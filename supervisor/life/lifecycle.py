@@ -133,6 +133,9 @@ class StopFinished:
     resumed_step: float | None = None  # ... its step
     guard_note: str | None = None  # what the guard did after the stop (put back, kept)
     no_checkpoint: bool = False  # the job names a checkpoint glob and has no complete one
+    # the run is a deploy's new code, its probation over (no deployer), and the code it
+    # replaced is still there: a policy end on it goes back to that code instead
+    rollback_ready: bool = False
 
 
 @record(frozen=True)
@@ -217,6 +220,7 @@ class Relaunch:
     """Hand the job (and supervisor.lock) to a new supervisor for the next run."""
 
     failure: Failure
+    rollback: str | None = None  # back to the code a deploy replaced: why, in a line
 
 
 @record(frozen=True)
@@ -290,6 +294,7 @@ class Life:
     now: float = 0.0  # the time of the event being handled (set by the caller)
     gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
     started_over: str | None = None  # the checkpoint guard stopped the run: why
+    rolling_back: str | None = None  # the relaunch goes back to a deploy's previous code
 
 
 CANCELLED = StopReport(
@@ -336,7 +341,7 @@ def _timer(life: Life, ev: Stalled | StartedOver | GpuLost | BackoffElapsed, spe
         failure = Failure(
             run=life.run, exit_code=life.main_code, reason=life.stop_reason, cause=cause
         )
-        return _to(life, Stage.RELAUNCHING), [Relaunch(failure)]
+        return _to(life, Stage.RELAUNCHING), [Relaunch(failure, life.rolling_back)]
     return life, []
 
 
@@ -462,8 +467,24 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     end = _Ending(
         report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from, ev.resumed_step
     )
+    if verdict.gave_up and ev.rollback_ready and not life.user_stop:
+        return _schedule_rollback(life, spec, end, leftover_log)
     life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
     return life, [*leftover_log, *actions]
+
+
+def _schedule_rollback(life: Life, spec: Spec, end: _Ending, leftover_log: list[Action]) -> Outcome:
+    """Probation that holds: a deploy's code the policy gave up on (its restarts
+    exhausted, a crash loop, no progress) is not the end of the job; the code it replaced
+    runs again, from the newest complete checkpoint, with a budget of its own (as Argo
+    Rollouts and Kubernetes' progress deadline go back to the last good revision)."""
+    verdict = end.verdict
+    line = f"{verdict.gave_up} on the deploy's new code ({verdict.why}): back to the previous code"
+    gave = causes.gave_up(str(verdict.gave_up), end.cause, life.restarts, line)
+    end = replace(end, cause=gave, verdict=replace(verdict, gave_up=None))
+    life, actions = _schedule_relaunch(replace(life, rolling_back=line), spec, end, wait_s=0.0)
+    return life, [*leftover_log, Log("deploy_rolled_back", {"run": life.run, "why": line}),
+                  *actions]  # fmt: skip
 
 
 def gpu_fault_of(life: Life) -> GpuLost | None:
@@ -510,7 +531,9 @@ def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause
     return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
 
 
-def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
+def _schedule_relaunch(
+    life: Life, spec: Spec, end: _Ending, wait_s: float | None = None
+) -> Outcome:
     """The policy relaunches: record the failure and the restart, then wait the backoff.
 
     Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
@@ -522,6 +545,7 @@ def _schedule_relaunch(life: Life, spec: Spec, end: _Ending) -> Outcome:
         if cause.kind == "gpu"
         else backoff_s(spec, count_in_window(spec, life.history, life.now))
     )
+    wait = wait if wait_s is None else wait_s
     failure = Failure(
         run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause
     )

@@ -60,6 +60,7 @@ class Started:
     gpus: list[int] = field(default_factory=list)
     resumed_from: str | None = None  # the checkpoint handed ($TRAINCTL_RESUME_FROM)
     from_scratch: bool = False  # `--from-scratch`: nothing handed, no guard
+    rolled_back: str | None = None  # back on the code a deploy replaced: why
     ts: float = 0.0
 
 

@@ -14,6 +14,12 @@ JOBS = "jobs"  # <home>/jobs/<name>/: one directory a job
 QUEUE = "queue"  # <home>/queue/<name>.json: a queued job's entry
 SOCK_NAME = "control.sock"  # <home>/jobs/<name>/control.sock: the supervisor's socket
 DEPLOY_LOCK = "deploy.lock"  # <home>/jobs/<name>/deploy.lock: held by a live deployer
+DEPLOYS = "deploys"  # <home>/jobs/<name>/deploys/<id>.*: a deploy's plan, steps, report
+DEPLOY_VAR = "TRAINCTL_DEPLOY"  # the deploy's id, in its new run's environment
+# <home>/jobs/<name>/deploys/<id>.previous.json: the spec of the run a deploy replaced,
+# written before its new code starts; the way back once the deployer is gone (the new
+# code's supervisor rolls back to it when the code keeps failing after its probation)
+PREVIOUS_SPEC = "{id}.previous.json"
 SUPERVISOR_MODULE = "trainctl.supervisor"  # python -m <this> --home HOME --name NAME ...
 
 NAME_MAX = 64

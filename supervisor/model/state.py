@@ -124,6 +124,8 @@ class JobState:
     resumed_from: str | None = None  # the checkpoint a restart handed this run
     from_scratch: bool = False  # started with --from-scratch: nothing handed, no guard
     guard: Guard | None = None  # the checkpoint guard of this run (watch/guard.py)
+    # this run went back to the code a deploy replaced, which kept failing: why
+    rolled_back: str | None = None
     stall_deadline_s: float | None = None  # stall_timeout = "auto": the deadline learned
     # each automatic restart so far (newest last, at most 50)
     restart_history: tuple[RestartEntry, ...] = ()

@@ -59,6 +59,8 @@ class Handover:
     # `--from-scratch`: start over on purpose: nothing is handed and no guard is armed
     # (watch/guard.py); otherwise every start hands the newest complete checkpoint
     from_scratch: bool = False
+    # a relaunch back to the code a deploy replaced (its new code kept failing): why
+    rolled_back: str | None = None
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form sent over the handshake socket."""

@@ -52,7 +52,7 @@ while True:
     time.sleep(0.05)
     with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
         f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
-    if MODE == "late-crash" and time.time() - t0 > 3:
+    if MODE in ("late-crash", "crash-later") and time.time() - t0 > 3:
         raise RuntimeError(f"v{VERSION}: eval blew up at step {step}")
     early = MODE == "scratch" and step == 2  # saves before the gate can see it: in place
     if (step % 10 == 0 and MODE != "late-crash") or early:
@@ -174,3 +174,39 @@ def test_new_code_that_crashes_after_its_gate_is_rolled_back_in_probation(
     assert "on probation: run 2 ended" in events
     assert "eval blew up" in events
     h.tc("stop", "pb", check=True)
+
+
+def test_new_code_that_keeps_failing_after_its_probation_goes_back_to_the_old_code(
+    harness: Harness,
+) -> None:
+    """Probation that holds (issue 54 §3): v2 resumes, saves, passes its probation, then
+    crashes ~3 s into every run. With restart = on-failure the policy relaunched v2 until
+    its restarts ran out and the job ended failed on it; now the run the policy gives up
+    on goes back to v1, from the newest complete checkpoint."""
+    h = harness
+    r = repo(h)
+    out = h.tmp / "out"
+    out.mkdir()
+    h.tc(
+        "start", "--name", "ph", "--cwd", str(r), "--grace", "5",
+        "--set", "snapshot=git", "--set", f"checkpoint={out}/ckpt.pt",
+        "--set", "restart=on-failure", "--set", "max_restarts=1",
+        "--set", "restart_backoff=0.2s",
+        "--", sys.executable, "train.py", str(out),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: progress(h, "ph", 1) >= 25, 30, "run 1 to save twice")
+    commit(r, 2, "crash-later")
+    res = h.tc("deploy", "ph", "--health", "30s", "--probation", "2s", timeout=120)
+    assert res.rc == 0, res
+    wait_for(lambda: "v1 start" in log(h, "ph", 4), 60, "v1 to come back as run 4")
+    st = h.state("ph")
+    assert st["rolled_back"].startswith("restarts-exhausted on the deploy's new code"), st
+    assert st["restarts"] == 0  # the old code's own budget
+    before = saved_step(out)
+    wait_for(lambda: progress(h, "ph", 4) > before + 10, 30, "v1 to train on")
+    assert saved_step(out) >= before
+    assert "ROLLED BACK" in h.tc("status", "ph", check=True).out
+    rows = h.tc("history", "ph", "--json", check=True).json()
+    assert any(m.startswith("rolled back: ") for m in rows[-1]["marks"]), rows[-1]
+    h.tc("stop", "ph", check=True)
