@@ -45,6 +45,7 @@ class StartRequest:
     t0: float  # monotonic time the command began (StartResult.elapsed_s counts from it)
     keep_cwd: bool = False  # run in spec.cwd as it is: no new snapshot (a deploy's rollback)
     from_scratch: bool = False  # `--from-scratch`: hand no checkpoint, arm no guard
+    rolled_back: str | None = None  # a deploy's rollback to the code it replaced: why
 
 
 @record(frozen=True)

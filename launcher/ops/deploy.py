@@ -724,6 +724,7 @@ def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> D
             respec=lambda _new: _resuming(d.previous, resume, p.id),
             # after the new code's stop: its own save on SIGTERM must not land on top
             after_stop=lambda: _put_back(d),
+            rolled_back=f"deploy {p.id} of {new} failed: {gate.why}",
         )  # fmt: skip
     except TrainctlError as e:
         _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "

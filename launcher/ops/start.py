@@ -342,8 +342,10 @@ def start_locked(
     *,
     keep_cwd: bool = False,
     from_scratch: bool = False,
+    rolled_back: str | None = None,
 ) -> StartResult:
-    """Start a run; the caller holds the job lock."""
+    """Start a run; the caller holds the job lock. ``rolled_back``: the run goes back to
+    the code a deploy replaced (a deploy's rollback), why."""
     t0 = time.monotonic()
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
@@ -353,8 +355,9 @@ def start_locked(
             f"--from-scratch is for local jobs; {spec.name} runs under {spec.backend}"
         )
     req = backends.StartRequest(
-        home, jdir, spec, cfg, gpus, prev, t0, keep_cwd=keep_cwd, from_scratch=from_scratch
-    )
+        home, jdir, spec, cfg, gpus, prev, t0,
+        keep_cwd=keep_cwd, from_scratch=from_scratch, rolled_back=rolled_back,
+    )  # fmt: skip
     return backends.backend(spec.backend).start(req)
 
 
@@ -435,6 +438,7 @@ def restart_job(
     keep_cwd: bool = False,
     after_stop: Callable[[], None] | None = None,
     from_scratch: bool = False,
+    rolled_back: str | None = None,
 ) -> tuple[StopResult, StartResult]:
     """Stop the job (verified), then start its recorded spec again (new code on disk).
 
@@ -463,8 +467,9 @@ def restart_job(
         env = {k: v for k, v in spec.env.items() if k not in drop}
         new = replace(spec, env=env)
         started = start_locked(
-            home, jdir, new, cfg, gpus, keep_cwd=keep_cwd, from_scratch=from_scratch
-        )
+            home, jdir, new, cfg, gpus,
+            keep_cwd=keep_cwd, from_scratch=from_scratch, rolled_back=rolled_back,
+        )  # fmt: skip
     return stopped, started
 
 

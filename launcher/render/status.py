@@ -278,7 +278,9 @@ def _changed_lines(s: Status) -> None:
         out(f"  code {s.code.line()}{more}")
     if s.probation:
         out(f"  probation {s.probation}")
-    if s.code_changed:
+    if s.code_changed and s.rolled_back:  # the code on disk is the code rolled back
+        out(f"  code on disk differs ({'; '.join(s.code_changed)}): the code rolled back")
+    elif s.code_changed:
         out(
             f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
             f"`trainctl deploy {s.name}` to run it"

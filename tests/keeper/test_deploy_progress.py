@@ -170,6 +170,11 @@ def test_new_code_that_crashes_after_its_gate_is_rolled_back_in_probation(
     wait_for(marked, 20, "the rollback in history")
     rows = h.tc("history", "pb", "--json", check=True).json()
     assert any("rolled-back" in m for m in rows[1]["marks"]), rows
+    shown = h.tc("status", "pb", check=True).out  # the run is the old code, and says why
+    assert "ROLLED BACK deploy " in shown, shown
+    assert "on probation: run 2 ended" in shown
+    assert "the code rolled back" in shown  # not "deploy it": it is the code that failed
+    assert "CODE CHANGED" not in shown
     events = (h.home / "jobs" / "pb" / "events.jsonl").read_text()
     assert "on probation: run 2 ended" in events
     assert "eval blew up" in events

@@ -29,7 +29,8 @@ def start_run(req: StartRequest) -> StartResult:
     if req.spec.snapshot.mode != "none" and not req.keep_cwd:  # its own copy of the code
         req = replace(req, spec=snapshot.make(req.jdir, req.spec, run))
     try:
-        started = _launch(req, Handover(run, marker, from_scratch=req.from_scratch))
+        ho = Handover(run, marker, from_scratch=req.from_scratch, rolled_back=req.rolled_back)
+        started = _launch(req, ho)
     except SpawnError as e:
         _undo_failed_start(req.jdir, req.spec, marker, str(e))
         raise
