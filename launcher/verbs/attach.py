@@ -23,6 +23,7 @@ from trainctl.launcher import render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.attach import Attached, attach, last_stop, still_served
 from trainctl.supervisor.errors import ConfigError
+from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.records import JsonObject, record
 from trainctl.supervisor.tree import terminal as wire
 
@@ -232,11 +233,23 @@ def run(
     return _report(inv.home, name, outcome)
 
 
+SERVED_ON_S = 0.3  # how long a supervisor must still live after our connection closed
+
+
+def _served_on(home: Path, name: str) -> bool:
+    """The supervisor closed our connection and lives on: it dropped this viewer. A
+    SIGKILLed supervisor closes its sockets a moment before its supervisor.lock (both in
+    the kernel's exit, socket first), so one look can see a dying one as alive: it must
+    stay alive for SERVED_ON_S."""
+    gone = poll_until(lambda: None if still_served(home, name) else True, SERVED_ON_S, 0.02)
+    return gone is None
+
+
 def _report(home: Path, name: str, outcome: Outcome) -> int:
     if outcome.how == "detached":
         _say(f"detached from {name}; it keeps running (trainctl attach {name} to come back)")
         return ExitCode.OK
-    if outcome.how == "lost" and still_served(home, name):
+    if outcome.how == "lost" and _served_on(home, name):
         outcome = Outcome("dropped")  # the supervisor closed on us, and lives: we lagged
     if outcome.how == "dropped":
         _say(

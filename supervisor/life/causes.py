@@ -119,9 +119,39 @@ def tracebacks(tail: str) -> list[tuple[str, int | None]]:
         if not line.startswith("Traceback (most recent call last):"):
             continue
         final = _final_line(lines, i + 1)
+        if final is not None:
+            final = unshuffled(final)
         if final is not None and not any(e in final for e in _LAUNCHER_ERRORS):
             found.append((final[:REASON_CHARS], int(m.group(1)) if m else None))
     return found
+
+
+def unshuffled(line: str) -> str:
+    """One rank's words from a line two ranks wrote at once: unbuffered stderr writes an
+    exception's parts one by one, so two ranks failing together interleave them
+    (``ImportErrorImportError: : broken deploybroken deploy``). A line made wholly of
+    parts each written twice in a row is taken once; any other line is left as it is."""
+    n = len(line)
+    if n < 4 or n % 2 or n > 2 * REASON_CHARS:
+        return line
+    # cut[i]: where the last doubled part of line[:i] begins (-1: line[:i] is not made so)
+    cut = [-1] * (n + 1)
+    cut[0] = 0
+    for i in range(2, n + 1, 2):
+        for j in range(i - 2, -1, -2):
+            m = (i + j) // 2
+            if cut[j] >= 0 and line[j:m] == line[m:i]:
+                cut[i] = j
+                break
+    if cut[n] < 0:
+        return line
+    parts, i = [], n
+    while i > 0:
+        j = cut[i]
+        parts.append(line[j : (i + j) // 2])
+        i = j
+    once = "".join(reversed(parts))
+    return once if _BARE_ERROR.match(once) else line
 
 
 def root_traceback(
@@ -287,8 +317,8 @@ def _class_in_tail(
 def _with_reason(summary: str, r: Reason) -> str:
     if r.text:
         summary += f": {r.text}"
-    if r.rank is not None:
-        summary += f" (rank {r.rank})"
+    if r.rank is not None and not re.search(rf"(?i)\brank {r.rank}\b", r.text or ""):
+        summary += f" (rank {r.rank})"  # unless its text names it ("rank 1 killed by ...")
     if r.klass and (not r.text or r.klass not in r.text.lower()):
         summary += f" [{r.klass}]"
     return summary

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import TRAINCTL, Harness, wait_for
+from tests.conftest import TRAINCTL, Harness, kill_verified, wait_for
 from tests.helpers import Pane, one_line_error
 from trainctl.launcher.ops.attach import read_reply_line
 from trainctl.launcher.verbs.attach import DetachMatcher, parse_detach_keys
@@ -315,3 +315,22 @@ def test_a_viewer_that_falls_behind_is_told_so_and_how_to_come_back(harness: Har
     assert b"trainctl attach lag to come back" in err
     assert h.tc("status", "lag").rc == 0  # the job runs on
     assert h.tc("stop", "lag").rc == 0
+
+
+def test_a_viewer_whose_supervisor_is_killed_is_told_it_is_gone(harness: Harness) -> None:
+    """Issue 54 §11: a --tty job's supervisor SIGKILLed under a viewer. Its socket closes
+    a moment before its lock goes, so the viewer took it for alive and said it had fallen
+    behind ("... keeps running: trainctl attach to come back"), which was false."""
+    h = harness
+    start_tty(h, "gone", ECHO)
+    wait_for(lambda: "ready" in log_of(h, "gone"), 20, "the job")
+    st = h.state("gone")
+    sup = st["supervisor"]
+    viewer = _attach_proc(h, "gone", "--read-only")
+    time.sleep(0.5)
+    kill_verified(sup["pid"], sup["start_ticks"])  # the supervisor this test started
+    _, err = viewer.communicate(timeout=30)
+    assert viewer.returncode == 4, err[-500:]
+    assert b"supervisor was lost" in err
+    assert b"fell too far behind" not in err
+    h.tc("stop", "gone", check=True)  # the job itself: stopped from the state file

@@ -11,7 +11,13 @@ import pytest
 
 from tests.conftest import Harness, alive, kill_verified, wait_for
 from tests.helpers import one_line_error
-from trainctl.supervisor.life.causes import job_reason
+from trainctl.supervisor.life.causes import (
+    Reason,
+    ended_on_its_own,
+    job_reason,
+    tracebacks,
+    unshuffled,
+)
 
 FAILS = textwrap.dedent(
     """
@@ -312,3 +318,28 @@ def test_a_watchdog_line_that_names_its_rank_only_in_its_text(tmp_path: Path) ->
     r = job_reason(log, None, 0.0, {})
     assert r.klass == "nccl-timeout", r
     assert r.rank == 1, r
+
+
+def test_two_ranks_failing_at_once_give_one_ranks_words() -> None:
+    """Unbuffered stderr writes an exception's parts one by one: two ranks failing
+    together interleaved them into one line, and the cause read
+    ``exit code 1: ImportErrorImportError: : broken deploybroken deploy (rank 0)``."""
+    tail = (
+        "Traceback (most recent call last):\n"
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n'
+        '  File "train.py", line 3, in <module>\n'
+        "ImportErrorImportError: : broken deploybroken deploy\n"
+    )
+    assert tracebacks(tail)[-1][0] == "ImportError: broken deploy"
+    assert unshuffled("RuntimeError: xRuntimeError: x") == "RuntimeError: x"
+    for line in ("ValueError: bad", "KeyError: 'aabb'", "ok ok", "aabb"):
+        assert unshuffled(line) == line  # only an exception line made wholly of pairs
+
+
+def test_a_cause_names_its_rank_once() -> None:
+    text = "rank 1 killed by SIGKILL (exit code -9)"
+    cause = ended_on_its_own(137, None, Reason(text=text, rank=1))
+    assert cause.summary.count("rank 1") == 1, cause.summary
+    other = ended_on_its_own(1, None, Reason(text="RuntimeError: boom", rank=3))
+    assert other.summary.endswith("(rank 3)"), other.summary
