@@ -891,6 +891,16 @@ def prune(c: Invocation, older_than: str, dry_run: bool, as_json: bool) -> int:
 )
 @click.option("--tmux-socket", metavar="PATH", help="The tmux server's socket (tmux -S).")
 @click.option("--gpu", metavar="INDEX[,INDEX...]", help="Every process holding those GPUs.")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A spec key for the adopted run (repeatable), e.g. --set checkpoint=out/ckpt.pt "
+    "--set progress_regex='iter (?P<step>\\d+)' --set grace=2m: then `stop --at "
+    "next-checkpoint`, the checkpoint guard and progress work for it. Not argv, cwd or env "
+    "(read from the process), nor name, backend, gpus or tty.",
+)
 @click.option("--dry-run", is_flag=True, help="Show the members that would be adopted; stop.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (needed off a terminal).")
 @json_opt
@@ -902,6 +912,7 @@ def adopt(
     tmux: str | None,
     tmux_socket: str | None,
     gpu: str | None,
+    sets: tuple[str, ...],
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -923,6 +934,7 @@ def adopt(
             tmux=tmux,
             tmux_socket=tmux_socket,
             gpu=gpu,
+            sets=sets,
             dry_run=dry_run,
             yes=yes,
             as_json=as_json,

@@ -18,7 +18,7 @@ from pathlib import Path
 from trainctl.launcher.config import Config
 from trainctl.launcher.gpus import gpu_views
 from trainctl.launcher.results.ops import AdoptResult, Found, Plan
-from trainctl.launcher.specfile import SpecDraft
+from trainctl.launcher.specfile import SpecDraft, parse_sets
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import ConfigError, GpuError
 from trainctl.supervisor.linux import procfs
@@ -312,7 +312,26 @@ def proc_command(pid: int) -> tuple[list[str], str, dict[str, str]]:
     return argv, cwd, env
 
 
-def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
+# what an adopted run's spec takes from its main process, or cannot change
+_NOT_SET = ("name", "argv", "cwd", "env", "backend", "gpus", "tty", "share", "force")
+
+
+def adopt_sets(sets: tuple[str, ...]) -> SpecDraft:
+    """`adopt --set KEY=VALUE ...`, checked (each key and value, as `start --set`)."""
+    draft = parse_sets(sets)
+    given = [k for k in draft.given() if k in _NOT_SET]
+    if given:
+        raise ConfigError(
+            f"adopt --set {given[0]}: an adopted run's argv, cwd and env are read from its "
+            "process, and its name, backend, gpus and tty are fixed; set the others "
+            "(checkpoint, progress_regex, grace, restart ...)"
+        )
+    return draft
+
+
+def adopt_job(
+    home: Path, name: str, plan: Plan, cfg: Config, sets: SpecDraft | None = None
+) -> AdoptResult:
     """Hand the planned members to a new supervisor as run N of job ``name``.
 
     The spec is read from main's /proc (argv, cwd, environment: CUDA_VISIBLE_DEVICES
@@ -322,7 +341,7 @@ def adopt_job(home: Path, name: str, plan: Plan, cfg: Config) -> AdoptResult:
     argv, cwd, env = proc_command(plan.main.pid)
     if not argv:
         raise ConfigError(f"pid {plan.main.pid}: no command line (it exited?); nothing changed")
-    draft = SpecDraft(name=name, argv=argv, cwd=cwd, env=env)
+    draft = (sets or SpecDraft()).merged(SpecDraft(name=name, argv=argv, cwd=cwd, env=env))
     spec = replace(resolve_spec(draft, cfg), env=env)
     state.ensure_home(home)
     jdir = state.check_not_symlink(state.job_dir(home, name))

@@ -7,6 +7,7 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm
 from trainctl.launcher.ops.adopt import (
     adopt_job,
+    adopt_sets,
     plan_gpu,
     plan_lost,
     plan_pid,
@@ -29,12 +30,18 @@ def run(
     tmux: str | None = None,
     tmux_socket: str | None = None,
     gpu: str | None = None,
+    sets: tuple[str, ...] = (),
     dry_run: bool = False,
     yes: bool = False,
     as_json: bool = False,
 ) -> int:
     """Show the members found, then (unless --dry-run) hand them to a new supervisor."""
+    given = adopt_sets(sets)  # checked before anything is looked at
     plan, lost = _planned(inv, name, pid, tmux, tmux_socket, gpu)
+    if lost is not None and sets:
+        raise ConfigError(
+            f"adopt {name} alone keeps the job's recorded spec; --set is for --pid, --tmux or --gpu"
+        )
     if dry_run:
         if as_json:
             render.emit_json({"dry_run": True, **plan.to_doc()})
@@ -48,7 +55,7 @@ def run(
     if lost is not None:
         res = readopt_job(inv.home, name, plan, lost, inv.cfg)
     else:
-        res = adopt_job(inv.home, name, plan, inv.cfg)
+        res = adopt_job(inv.home, name, plan, inv.cfg, given)
     if as_json:
         found = plan.to_doc()
         found["processes"] = found.pop("members")  # `members` is the count, as in status

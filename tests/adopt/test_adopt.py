@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -507,3 +508,56 @@ def test_an_adopted_runs_log_keeps_the_lines_written_just_before_it_exits(
     assert out.read_text().splitlines()[-1] == "leaving with code 3"
     assert h.tc("logs", "ex").out.splitlines()[-1] == "leaving with code 3"
     proc.wait(10)
+
+
+NANOGPT_SHAPE = """
+import json, os, sys, time, zipfile
+os.makedirs("out", exist_ok=True)
+it = 0
+while True:
+    if it % 10 == 0 and it > 0:  # its own schedule, in place, no handler (nanoGPT's shape)
+        with zipfile.ZipFile("out/ckpt.pt", "w") as z:
+            z.writestr("archive/data.pkl", json.dumps({"iter_num": it}))
+    print(f"iter {it}: loss {1.0 / (it + 1):.4f}", flush=True)
+    it += 1
+    time.sleep(0.05)
+"""
+
+
+def test_an_adopted_nohup_run_gets_its_checkpoint_and_progress_by_set(harness: Harness) -> None:
+    """Issue 54 §9: a nanoGPT run started with nohup had no `--at next-checkpoint` once
+    adopted (no glob, no step); `adopt --set` gives it both."""
+    h = harness
+    d = h.tmp / "gpt"
+    d.mkdir()
+    (d / "train.py").write_text(NANOGPT_SHAPE)
+    log = d / "nohup.out"
+    with open(log, "wb") as f:
+        job = subprocess.Popen(["nohup", sys.executable, "train.py"], env=h.env, stdout=f,
+                               stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
+    try:
+        wait_for((d / "out" / "ckpt.pt").exists, 20, "its first save")
+        bad = h.tc("adopt", "g", "--pid", str(job.pid), "--yes", "--set", "cwd=/tmp")
+        assert bad.rc == 2, bad
+        assert "adopt --set cwd" in bad.err
+        assert len(bad.err.strip().splitlines()) == 1
+        assert not (h.home / "jobs" / "g").exists()  # refused before anything changed
+        h.tc(
+            "adopt", "g", "--pid", str(job.pid), "--yes",
+            "--set", "checkpoint=out/ckpt.pt",
+            "--set", r"progress_regex=iter (?P<step>\d+): loss (?P<loss>[\d.]+)",
+            check=True,
+        )  # fmt: skip
+        plan = h.tc("stop", "g", "--dry-run", "--json", check=True).json()
+        assert "next-checkpoint" in plan["can_at"], plan
+        wait_for(lambda: "step" in h.tc("status", "g").out, 20, "a step in status")
+        res = h.tc("stop", "g", "--at", "next-checkpoint", timeout=60)
+        assert res.rc == 0, res
+        saved = json.loads(zipfile.ZipFile(d / "out" / "ckpt.pt").read("archive/data.pkl"))
+        last = max(int(x.split()[1].rstrip(":")) for x in log.read_text().splitlines()
+                   if x.startswith("iter "))  # fmt: skip
+        assert last - saved["iter_num"] <= 5, (last, saved)  # a plain stop: up to 10
+    finally:
+        for pid, start in _tree(h, job.pid).items():
+            kill_verified(pid, start)
+        job.wait(10)
