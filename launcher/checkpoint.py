@@ -21,10 +21,9 @@ from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import log_path, progress_path
-from trainctl.supervisor.model.steps import number, progress_of, steps_path
-from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.model.steps import number, progress_of
 from trainctl.supervisor.records import replace
-from trainctl.supervisor.watch.logtimes import read_stamps
+from trainctl.supervisor.watch.guard import run_step_lookup
 
 from .results import Checkpoint
 
@@ -34,43 +33,8 @@ _STEP_TAIL = 256 << 10
 
 
 def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[float], float | None]:
-    """The run's progress step at a moment (``t`` of its $TRAINCTL_PROGRESS lines; for a
-    ``progress_regex``, the log's lines timed by its stamps (supervisor/watch/logtimes.py), else
-    the supervisor's samples); None before any."""
-    timed = checkpoints.step_lookup(
-        [progress_path(jdir, run), steps_path(log_path(jdir, run))], _STEP_TAIL
-    )
-    if not regex:
-        return timed
-    logged = checkpoints.step_at(lambda: _log_steps(log_path(jdir, run), re.compile(regex)))
-
-    def at(moment: float) -> float | None:
-        step = logged(moment)
-        return step if step is not None else timed(moment)
-
-    return at
-
-
-def _log_steps(log: Path, rx: re.Pattern[str]) -> list[tuple[float, float]]:
-    """(time, step) of the log's last lines that ``rx`` matches, each timed by the stamp
-    of the look that first saw it (within 0.5 s)."""
-    stamps = read_stamps(log)
-    if not stamps.times:
-        return []
-    data, _ = read_end(log, _STEP_TAIL)
-    try:
-        size = log.stat().st_size
-    except OSError:
-        return []
-    offset = size - len(data)
-    out = []
-    for raw in data.split(b"\n"):
-        offset += len(raw) + 1
-        nums = progress_of(raw.decode(errors="replace"), rx)
-        at = stamps.time_of(offset - 1)
-        if nums is not None and at is not None:
-            out.append((at, nums["step"]))
-    return out
+    """The run's progress step at a moment (the one rule: supervisor/watch/guard.py)."""
+    return run_step_lookup(jdir, run, regex)
 
 
 def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:

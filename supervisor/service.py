@@ -265,6 +265,7 @@ class Owner:
                 memory.remove(self.core.memory_group(), self.core.target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
             self.watchers.stamper.step()  # the times of the last lines (in the loop: one writer)
+            self.watchers.stamp_steps()
             note = None
             if a.reason == STARTED_OVER:  # before anything reads the checkpoint again
                 note = await anyio.to_thread.run_sync(self._put_back)
@@ -454,20 +455,17 @@ class Owner:
             resume_from=resume,  # a complete checkpoint, never a partial one
             rolled_back=rollback,
         )
+        await self._hand_over(spec, handover, skipped)
+
+    async def _hand_over(self, spec: Spec, handover: Handover, skipped: str | None) -> None:
+        """Start the next run's supervisor, handing it the lock; tell the owner how it went."""
         self.core.listener.close()  # the new supervisor binds the socket path itself
         home = self.core.jdir.parent.parent
+        launch = functools.partial(
+            launch_supervisor, home, self.core.jdir, spec, handover, 30.0, self.core.lock_fd
+        )
         try:
-            reply = await anyio.to_thread.run_sync(
-                functools.partial(
-                    launch_supervisor,
-                    home,
-                    self.core.jdir,
-                    spec,
-                    handover,
-                    30.0,
-                    self.core.lock_fd,
-                )
-            )
+            reply = await anyio.to_thread.run_sync(launch)
         except TrainctlError as e:
             self.core.send(lc.Relaunched(error=str(e)))
             return
@@ -476,7 +474,7 @@ class Owner:
             run=handover.run,
             main_pid=reply.main_pid,
             restarts=handover.restarts,
-            resume_from=resume,
+            resume_from=handover.resume_from,
             skipped=skipped,
         )
         self.core.send(lc.Relaunched())

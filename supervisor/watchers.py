@@ -12,7 +12,6 @@ import contextlib
 import functools
 import glob
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,12 +35,13 @@ from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
 from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
+from trainctl.supervisor.watch.steplines import STEP_LOOK_S, StepStamper
 
 from .errors import GpuError, TrainctlError
 from .gpu import health, xid
 from .life import lifecycle as lc
 from .linux import memory, procfs
-from .model import events, steps
+from .model import events
 from .tree import handoff
 from .watch import logs, samples
 
@@ -55,10 +55,6 @@ FULL_SCAN_S = 60.0
 
 # How often, at most, the checkpoint's age is looked at (on_checkpoint_stale).
 STALE_CHECK_S = 30.0
-
-
-# How often, at most, the newest step of a log-reported progress is sampled for the ETA.
-STEP_SAMPLE_S = 15.0
 
 
 EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doubling)
@@ -101,7 +97,8 @@ class Watchers:
         self.gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
         self.stamper = LogStamper(log_path(run.jdir, run.state.run))  # when the log grew
         self.sampled_step: tuple[int, float] | None = None  # (run, step): for the ETA, hooks
-        self._sampled_at = 0.0  # progress samples for the ETA (see supervisor/model/steps.py)
+        self._stamper: StepStamper | None = None  # untimed progress lines, timed (steplines)
+        self._stamper_run = 0
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
         self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
         self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
@@ -114,6 +111,7 @@ class Watchers:
         tg.start_soon(self._watch_gpus)
         tg.start_soon(self._watch_log)
         tg.start_soon(self._record_samples)
+        tg.start_soon(self._stamp_steps_often)
         g = self.run.state.guard
         if g is not None and g.floor is not None:
             tg.start_soon(self._guard_first_step)
@@ -168,7 +166,6 @@ class Watchers:
             pause = min(pause * 2, self.run.spec.watch.snapshot_interval_s)
             self.run.reap()
             self._rebind("the socket file was gone")
-            self._sample_steps()
             if self.run.stage is not lc.Stage.RUNNING:
                 continue
             self.watch_oom()
@@ -578,22 +575,20 @@ class Watchers:
         self.run.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
         self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
 
-    def _sample_steps(self) -> None:
-        """Record (time, newest step) now and then, for an ETA over a recent window."""
-        regex = self.run.spec.watch.progress_regex
-        if not regex or self.run.stage is not lc.Stage.RUNNING:
-            return
-        now = time.time()
-        every = self.run.spec.watch.snapshot_interval_s
-        if now - self._sampled_at < max(min(STEP_SAMPLE_S, 5 * every), every):
-            return
-        log = log_path(self.run.jdir, self.run.state.run)
-        written = mtime(log)
-        if written <= self._sampled_at:
-            return  # nothing new since the last sample
-        self._sampled_at = now
-        step = steps.newest_step(log, re.compile(regex))
-        if step is not None and (self.run.state.run, step) != self.sampled_step:
-            self.sampled_step = (self.run.state.run, step)
-            with contextlib.suppress(OSError, TrainctlError):  # a full disk costs the ETA only
-                steps.append_sample(log, written, step)
+    async def _stamp_steps_often(self) -> None:
+        """The stamper's looks, every STEP_LOOK_S while the run lives (an fstat each)."""
+        while self.run.stage is lc.Stage.RUNNING:
+            self.stamp_steps()
+            await anyio.sleep(STEP_LOOK_S)
+
+    def stamp_steps(self) -> None:
+        """Time the run's untimed progress lines by this look (steplines.py): the ETA,
+        hooks, goodput and a checkpoint's step read them (also once the run ended: the
+        lines written just before its end)."""
+        run = self.run.state.run
+        if self._stamper is None or self._stamper_run != run:
+            regex = self.run.spec.watch.progress_regex
+            self._stamper, self._stamper_run = StepStamper(self.run.jdir, run, regex), run
+        step = self._stamper.look(time.time())
+        if step is not None:
+            self.sampled_step = (run, step)

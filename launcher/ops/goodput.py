@@ -6,21 +6,29 @@ cause; stalls; deploys; the queue's wait) and each run's progress (its
 ``$TRAINCTL_PROGRESS`` lines with their ``t``, or the supervisor's timed samples of a
 ``progress_regex`` step).
 
-Per run, with its progress points (time, step):
+Per run, with its progress points (time, step): a $TRAINCTL_PROGRESS line's own ``t``, or
+the time the supervisor first saw a line that has none (a ``progress_regex`` line, a
+``{"step": N}`` line), stamped as it reads them (supervisor/watch/steplines.py: within
+half a second, two points a look at most):
 
-- its *typical step* is the median gap between consecutive steps (over all runs);
-- **productive** time is the time in which steps advanced: each gap up to 3 typical steps
-  whole, a longer one as one typical step, less the steps that were redone afterwards;
-- a gap longer than 3 typical steps is a **checkpoint save stall**, or **stalled** when the
-  stall watchdog marked the run stalled meanwhile;
+- its *typical step* is the median time per step between consecutive points (over all
+  runs): a point may be many steps on from the one before;
+- **productive** time is the time in which steps advanced: each gap up to 3 times the
+  typical time of its steps whole, a longer one as that typical time, less the steps
+  that were redone afterwards;
+- a longer gap is a **checkpoint save stall**, or **stalled** when the stall watchdog
+  marked the run stalled meanwhile;
 - **start-up** (the first run, or one that did not resume) and **restore** (a run that
-  resumed) are the time from its start to its first step, less one typical step;
+  resumed) are the time from its start to its first step;
 - **steps redone**: at each interruption, the steps since the checkpoint the next run
   resumed from (its first step - 1), plus the time from the last step to the end; the
   last run, stopped, is measured against the newest complete checkpoint;
 - **down** is the time between a run's end and the next run's start (a restart backoff, a
   person's reaction), **deploys** that time when a deploy started the next run, **queued**
   the time the queue held the job for its GPUs;
+- **stopped by you**: the time between a stop you asked for and the next start is not
+  lost, and not in the denominator: goodput is productive time over the time the job was
+  meant to run (``stopped_s`` apart);
 - **gpu faults**: what a run's end on a GPU fault (cause kind ``gpu``: a GPU fell off the
   bus or needs a reset) cost, its steps redone, the time down and the next run's restore
   together: the hardware's share of the lost time, apart from the code's.
@@ -55,6 +63,7 @@ BUCKETS = (
     "deploys",
     "gpu_faults",
 )
+STOPPED = "stopped"  # between a stop you asked for and the next start (not in BUCKETS)
 NEEDS_PROGRESS = ("productive_s", "goodput", "startup", "restore", "checkpoint_save",
                   "steps_redone", "steps_lost")  # fmt: skip
 
@@ -121,16 +130,16 @@ def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
 
 
 def _typical(jdir: Path, runs: dict[int, _Run]) -> float | None:
-    """Read each run's progress; the median gap between steps over all runs."""
+    """Read each run's progress; the median time per step over all runs."""
     for r in runs.values():
         r.points = _points(jdir, r.run)
-    gaps = [
-        b[0] - a[0]
+    per_step = [
+        (b[0] - a[0]) / (b[1] - a[1])
         for r in runs.values()
         for a, b in itertools.pairwise(r.points)
         if b[1] > a[1] and b[0] > a[0]
     ]
-    return statistics.median(gaps) if gaps else None
+    return statistics.median(per_step) if per_step else None
 
 
 def _overlaps(a: float, b: float, periods: list[tuple[float, float]]) -> bool:
@@ -150,16 +159,18 @@ def report(home: Path, name: str) -> Goodput:
     now = time.time()
     first = ordered[0].start - queued
     last_end = now if live else max((r.end or r.start) for r in ordered)
-    lost = dict.fromkeys(BUCKETS, 0.0)
+    lost = dict.fromkeys((*BUCKETS, STOPPED), 0.0)
     lost["queued"] = queued
     productive, steps_lost, interruptions = _walk(jdir, st, ordered, typical, stalls, lost, live)
     wall = max(0.0, last_end - first)
+    stopped = lost.pop(STOPPED)
+    meant = wall - stopped  # the time the job was meant to run
     has_progress = typical is not None
     return Goodput(
         name=name,
         wall_s=round(wall, 3),
         productive_s=round(max(0.0, productive), 3) if has_progress else None,
-        goodput=round(max(0.0, productive) / wall, 4) if has_progress and wall > 0 else None,
+        goodput=round(max(0.0, productive) / meant, 4) if has_progress and meant > 0 else None,
         lost_s={k: round(v, 3) for k, v in lost.items()},
         steps_lost=steps_lost if has_progress else None,
         interruptions=interruptions,
@@ -167,6 +178,7 @@ def report(home: Path, name: str) -> Goodput:
         typical_step_s=None if typical is None else round(typical, 4),
         needs_progress=[] if has_progress else list(NEEDS_PROGRESS),
         running=live,
+        stopped_s=round(stopped, 3),
     )
 
 
@@ -192,7 +204,7 @@ def _walk(
         _start_cost(r, i, typical, lost, after_gpu_fault=i > 0 and ordered[i - 1].gpu_fault)
         if nxt is not None:
             gap = max(0.0, nxt.start - (end or nxt.start))
-            lost["deploys" if nxt.by_deploy else "gpu_faults" if r.gpu_fault else "down"] += gap
+            lost[_gap_bucket(r, nxt)] += gap
         # the run that picked up its work: the next one that resumed (a run that started
         # over, rolled back by a deploy, did not: the one after it did)
         resumer = next((x for x in ordered[i + 1 :] if x.points and x.points[0][1] > 1), nxt)
@@ -207,6 +219,15 @@ def _walk(
     return productive, steps_lost, interruptions
 
 
+def _gap_bucket(r: _Run, nxt: _Run) -> str:
+    """Where the time between run ``r``'s end and the next run's start goes."""
+    if nxt.by_deploy:
+        return "deploys"
+    if r.gpu_fault:
+        return "gpu_faults"
+    return STOPPED if r.stopped else "down"
+
+
 def _steps_time(r: _Run, typical: float | None, stalls: list[tuple[float, float]],
                 lost: dict[str, float]) -> float:  # fmt: skip
     """Time in which run ``r``'s steps advanced; its long gaps go to save stalls/stalled."""
@@ -214,12 +235,12 @@ def _steps_time(r: _Run, typical: float | None, stalls: list[tuple[float, float]
         return 0.0
     advancing = 0.0
     for a, b in itertools.pairwise(r.points):
-        gap = b[0] - a[0]
-        if gap <= SLOW * typical:
+        gap, usual = b[0] - a[0], typical * max(1.0, b[1] - a[1])
+        if gap <= SLOW * usual:
             advancing += gap
             continue
-        advancing += typical
-        lost["stalled" if _overlaps(a[0], b[0], stalls) else "checkpoint_save"] += gap - typical
+        advancing += usual
+        lost["stalled" if _overlaps(a[0], b[0], stalls) else "checkpoint_save"] += gap - usual
     return advancing
 
 
@@ -227,12 +248,13 @@ def _start_cost(
     r: _Run, i: int, typical: float | None, lost: dict[str, float], *, after_gpu_fault: bool
 ) -> None:
     """Start-up (a first run, or one that did not resume) or restore (one that resumed):
-    from its start to its first step, less the step itself; a GPU fault's, after one."""
+    from its start to its first step (the time until then is the run's getting going,
+    whatever of its first step it holds); a GPU fault's, after one."""
     if not r.points or typical is None:
         return
     resumed = i > 0 and r.points[0][1] > 1 + 1e-9
     bucket = "gpu_faults" if after_gpu_fault else "restore" if resumed else "startup"
-    lost[bucket] += max(0.0, r.points[0][0] - r.start - typical)
+    lost[bucket] += max(0.0, r.points[0][0] - r.start)
 
 
 def _interruption(
@@ -242,7 +264,7 @@ def _interruption(
     down = max(0.0, nxt.start - end) if nxt else 0.0
     restore = 0.0
     if nxt is not None and nxt.points:
-        restore = max(0.0, nxt.points[0][0] - nxt.start - (typical or 0.0))
+        restore = max(0.0, nxt.points[0][0] - nxt.start)
     return Interruption(
         run=r.run,
         at=end,

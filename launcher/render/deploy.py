@@ -97,6 +97,8 @@ def goodput(g: Goodput) -> None:
             f"{g.name}: goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} "
             f"of {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
         )
+    if g.stopped_s >= 0.05:  # not lost: out of the goodput's denominator
+        out(f"  stopped   by you {duration(g.stopped_s)} (not counted against it)")
     lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]
     steps = "" if not g.steps_lost else f" ({g.steps_lost:g} steps redone)"
     out(f"  lost      {', '.join(lost) or 'nothing'}{steps}")

@@ -327,6 +327,9 @@ class Goodput:
     typical_step_s: float | None = None
     needs_progress: list[str] = field(default_factory=list)  # figures that need progress
     running: bool = False
+    # the time between a stop you asked for and the next start: its own line, outside the
+    # goodput's denominator (wall_s counts it; goodput is productive / (wall - this))
+    stopped_s: float = 0.0
 
     def to_doc(self) -> JsonObject:
         """The JSON form (`report --json`, MCP)."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -44,11 +43,12 @@ from trainctl.supervisor.model import checkpoints, keepsafe
 from trainctl.supervisor.model.reports import Guard
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import log_path, progress_path
-from trainctl.supervisor.model.steps import number, progress_of, steps_path
+from trainctl.supervisor.model.steps import progress_of, steps_path
 from trainctl.supervisor.model.tail import read_end
 from trainctl.supervisor.records import replace
 
 from .logtimes import read_stamps
+from .steplines import StepReader
 
 KEPT_DIR = "kept"  # <job>/kept/run-N/: the copy the guard of run N kept aside
 STEP_TAIL = 256 << 10
@@ -64,9 +64,11 @@ _SCRATCH = (
 def run_step_lookup(
     jdir: Path, run: int, regex: str | None = None
 ) -> Callable[[float], float | None]:
-    """Run ``run``'s progress step at a moment: the ``t`` of its $TRAINCTL_PROGRESS lines;
-    for a ``progress_regex``, the log's lines timed by its stamps (logtimes.py), else the
-    supervisor's samples; None before any."""
+    """Run ``run``'s progress step at a moment: the newest step before it, from the ``t``
+    of its $TRAINCTL_PROGRESS lines and the lines the supervisor stamped (steplines.py),
+    and, for a ``progress_regex``, the log's lines timed by its stamps (logtimes.py): each
+    is a lower bound (a line is timed no earlier than it was written), so the larger one
+    is the nearer; None before any."""
     timed = checkpoints.step_lookup(
         [progress_path(jdir, run), steps_path(log_path(jdir, run))], STEP_TAIL
     )
@@ -75,8 +77,8 @@ def run_step_lookup(
     logged = checkpoints.step_at(lambda: _log_steps(log_path(jdir, run), re.compile(regex)))
 
     def at(moment: float) -> float | None:
-        step = logged(moment)
-        return step if step is not None else timed(moment)
+        found = [s for s in (timed(moment), logged(moment)) if s is not None]
+        return max(found) if found else None
 
     return at
 
@@ -272,47 +274,13 @@ def put_back(g: Guard, spec: Spec, since: float, tag: str) -> list[str]:
 
 
 class FirstStep:
-    """The first step a run reports, looked for in the head of its $TRAINCTL_PROGRESS and
-    (with a ``progress_regex``) its log; each look reads only what was added since."""
+    """The first step a run reports (steplines.py), looked for in the head of its
+    $TRAINCTL_PROGRESS and, with a ``progress_regex``, its log."""
 
     def __init__(self, jdir: Path, run: int, regex: str | None) -> None:
-        self._files: list[tuple[Path, re.Pattern[str] | None]] = [(progress_path(jdir, run), None)]
-        if regex:
-            self._files.append((log_path(jdir, run), re.compile(regex)))
-        self._seen = [0] * len(self._files)  # bytes of whole lines looked at, per file
+        self._reader = StepReader(jdir, run, regex)
 
     def look(self) -> float | None:
         """The run's first reported step, once it has reported one."""
-        for i, (path, rx) in enumerate(self._files):
-            step = self._look_in(i, path, rx)
-            if step is not None:
-                return step
-        return None
-
-    def _look_in(self, i: int, path: Path, rx: re.Pattern[str] | None) -> float | None:
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._seen[i])
-                data = f.read(FIRST_STEP_READ)
-        except OSError:
-            return None
-        whole = data[: data.rfind(b"\n") + 1]
-        self._seen[i] += len(whole)
-        for raw in whole.split(b"\n"):
-            step = _step_of(raw.decode(errors="replace"), rx)
-            if step is not None:
-                return step
-        return None
-
-
-def _step_of(line: str, rx: re.Pattern[str] | None) -> float | None:
-    if rx is not None:
-        nums = progress_of(line, rx)
-        return None if nums is None else nums["step"]
-    if '"step"' not in line:
-        return None
-    with contextlib.suppress(ValueError):
-        doc = json.loads(line)
-        if isinstance(doc, dict):
-            return number(doc.get("step"))
-    return None
+        steps = self._reader.look(FIRST_STEP_READ)
+        return steps[0][1] if steps else None
