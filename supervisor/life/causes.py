@@ -317,8 +317,8 @@ def _class_in_tail(
 def _with_reason(summary: str, r: Reason) -> str:
     if r.text:
         summary += f": {r.text}"
-    if r.rank is not None and not re.search(rf"(?i)\brank {r.rank}\b", r.text or ""):
-        summary += f" (rank {r.rank})"  # unless its text names it ("rank 1 killed by ...")
+    if r.rank is not None and not (r.text or "").startswith(f"rank {r.rank} "):
+        summary += f" (rank {r.rank})"  # unless its text begins with it: "rank 1 killed by"
     if r.klass and (not r.text or r.klass not in r.text.lower()):
         summary += f" [{r.klass}]"
     return summary

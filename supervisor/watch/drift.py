@@ -139,9 +139,15 @@ def code_version(spec: Spec, diff_to: Path | None = None) -> CodeRecord | None:
         snapshot=None if spec.snapshot.mode == "none" else spec.snapshot.mode,
         tree_sha=tree_sha(spec) if spec.snapshot.mode == "copy" else None,
     )
-    head = _git(spec.cwd, "rev-parse", "HEAD")
+    tree = spec.cwd
+    head = _git(tree, "rev-parse", "HEAD")
+    if head is None and spec.snapshot.mode == "copy" and spec.source:
+        # a copy has no .git: the commit it was copied from is its source's (moments ago,
+        # at the start), and so is the diff it carried over
+        tree = spec.source
+        head = _git(tree, "rev-parse", "HEAD")
     if head is not None:
-        diff = _git(spec.cwd, "diff", "HEAD") or ""
+        diff = _git(tree, "diff", "HEAD") or ""
         # untracked files are in no commit, so never in a git snapshot: named from the source
         where = spec.source or spec.cwd
         others = (_git(where, "ls-files", "--others", "--exclude-standard") or "").split("\n")

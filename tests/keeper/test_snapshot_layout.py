@@ -97,6 +97,10 @@ def test_a_copy_snapshot_counts_every_file_as_code(harness: Harness) -> None:
     assert "v1 vocab=4" in log(h, "cp", 1)  # data/ left out of the copy, linked to
     first = h.tc("status", "cp", "--json", check=True).json()
     assert first["code"]["tree_sha"]
+    head = subprocess.run(
+        ["git", "-C", str(r), "rev-parse", "HEAD"], capture_output=True, check=True, text=True
+    ).stdout.strip()
+    assert first["code"]["git_head"] == head  # the commit it was copied from (issue 54 §12)
     (r / "helper.py").write_text("VERSION = 2\n")  # an imported module, not the entry
     changed = h.tc("status", "cp", check=True).out
     assert "CODE CHANGED" in changed
