@@ -69,8 +69,12 @@ def rewritten_in_place(pattern: str | None) -> bool:
     return bool(pattern) and not globmod.has_magic(pattern or "")
 
 
-def _clone_file(src: str, dst: str) -> str:
-    """Clone ``src`` to a new ``dst``: a reflink where the file system has them."""
+COPY_CHUNK = 64 << 20  # a copy with a deadline looks at the clock this often
+
+
+def _clone_file(src: str, dst: str, deadline: float | None = None) -> str:
+    """Clone ``src`` to a new ``dst``: a reflink where the file system has them, else a
+    copy, which raises TimeoutError once past ``deadline`` (time.monotonic())."""
     with open(src, "rb") as fin, open(dst, "xb") as fout:
         try:
             fcntl.ioctl(fout.fileno(), FICLONE, fin.fileno())
@@ -80,8 +84,11 @@ def _clone_file(src: str, dst: str) -> str:
             shutil.copystat(src, dst)
             return "reflink"
         left = os.fstat(fin.fileno()).st_size
+        chunk = 1 << 30 if deadline is None else COPY_CHUNK
         while left > 0:
-            n = os.copy_file_range(fin.fileno(), fout.fileno(), min(left, 1 << 30))
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"copying {src} took too long")
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), min(left, chunk))
             if n == 0:
                 break
             left -= n
@@ -89,15 +96,16 @@ def _clone_file(src: str, dst: str) -> str:
     return "copy"
 
 
-def clone(src: str, dst: str) -> str:
+def clone(src: str, dst: str, deadline: float | None = None) -> str:
     """Clone a checkpoint file or directory tree (symlinks kept as links, never followed
-    out of the tree); return how ("reflink" if every file was one, else "copy")."""
+    out of the tree); return how ("reflink" if every file was one, else "copy").
+    ``deadline`` (time.monotonic()): a copy past it raises TimeoutError."""
     if not os.path.isdir(src):
-        return _clone_file(src, dst)
+        return _clone_file(src, dst, deadline)
     hows: set[str] = set()
 
     def copy(s: str, d: str) -> str:
-        hows.add(_clone_file(s, d))
+        hows.add(_clone_file(s, d, deadline))
         return d
 
     shutil.copytree(src, dst, symlinks=True, copy_function=copy)

@@ -36,6 +36,7 @@ import fcntl
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +52,10 @@ from .logtimes import read_stamps
 from .steplines import StepReader
 
 KEPT_DIR = "kept"  # <job>/kept/run-N/: the copy the guard of run N kept aside
+# the longest a start copies its checkpoint aside (a reflink or a link is instant): the
+# CLI waits for the supervisor's answer (ready_timeout, 15 s), and ext4 copies ~0.3-0.5
+# GiB/s here; the guard still stops a run that starts over, with or without the copy
+KEEP_COPY_S = 5.0
 STEP_TAIL = 256 << 10
 RUNS_BACK = 5  # the runs whose progress may date a checkpoint with no step in its name
 FIRST_STEP_READ = 64 << 10  # the head of a file read per look for the first step
@@ -171,12 +176,16 @@ def keep_aside(jdir: Path, run: int, spec: Spec, g: Guard) -> Guard:
         with contextlib.suppress(OSError):
             shutil.rmtree(where)
         return replace(g, not_kept=f"cannot keep {g.path} aside: {e.strerror or e}")
-    if how is None:
+    if how is None or how == "too slow":
         with contextlib.suppress(OSError):
             shutil.rmtree(where)
         cap = spec.watch.checkpoint_keep_max
-        return replace(g, not_kept=f"{g.size >> 20} MiB is over checkpoint_keep_max "
-                       f"({cap >> 20} MiB) and this file system has no reflinks")  # fmt: skip
+        why = (
+            f"copying {g.size >> 20} MiB took over {KEEP_COPY_S:g} s (a start waits no longer)"
+            if how
+            else f"{g.size >> 20} MiB is over checkpoint_keep_max ({cap >> 20} MiB)"
+        )
+        return replace(g, not_kept=f"{why}, and this file system has no reflinks")
     _drop_older(jdir, run)
     return replace(g, kept=str(dst), kept_how=how)
 
@@ -209,7 +218,10 @@ def _keep(g: Guard, dst: str, spec: Spec) -> str | None:
             return "link"
     if g.size > spec.watch.checkpoint_keep_max:
         return None
-    return keepsafe.clone(g.path, dst)
+    try:
+        return keepsafe.clone(g.path, dst, time.monotonic() + KEEP_COPY_S)
+    except TimeoutError:
+        return "too slow"
 
 
 def _reflink(src: str, dst: str) -> bool:

@@ -12,11 +12,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 from tests.conftest import Harness, wait_for
 from trainctl.launcher.ops.history import _short
+from trainctl.supervisor.model import keepsafe
+from trainctl.supervisor.model.reports import Guard
+from trainctl.supervisor.model.spec import Spec, Watch
+from trainctl.supervisor.records import replace
+from trainctl.supervisor.watch import guard
 
 TRAINER = """\
 import json, os, signal, sys, time, zipfile
@@ -317,3 +323,49 @@ def test_a_checkpoint_rewritten_in_place_is_judged_by_step_not_path(harness: Har
     assert f"resume_from={out / 'last.ckpt'}" in log(h, "gpt", 3), log(h, "gpt", 3)
     assert not h.events("gpt", "resume_skipped")
     ended(h)
+
+
+def test_a_copy_aside_is_bounded_in_time_and_size(tmp_path: Path) -> None:
+    """The supervisor answers the CLI within ready_timeout: a start copies its
+    checkpoint aside for at most KEEP_COPY_S, and not at all over checkpoint_keep_max
+    (a reflink or a hard link costs nothing and is always taken)."""
+    src = tmp_path / "ckpt.pt"
+    src.write_bytes(b"x" * (3 << 20))
+    try:
+        how = keepsafe.clone(str(src), str(tmp_path / "late"), time.monotonic() - 1.0)
+    except TimeoutError:
+        how = "timed out"
+    assert how in ("reflink", "timed out")  # a copy past its deadline never completes
+    spec = Spec(name="g", argv=("true",), cwd=str(tmp_path), env={},
+                watch=Watch(checkpoint="ckpt.pt", checkpoint_keep_max=1 << 20))  # fmt: skip
+    (tmp_path / "job").mkdir()
+    g = guard.plan(tmp_path / "job", spec, 2, None)
+    assert g is not None
+    assert g.path == str(src)
+    kept = guard.keep_aside(tmp_path / "job", 2, spec, g)
+    if kept.kept_how != "reflink":
+        assert kept.kept is None
+        assert kept.not_kept is not None
+        assert "over checkpoint_keep_max" in kept.not_kept
+        assert not (tmp_path / "job" / "kept" / "run-2").exists()
+
+
+def test_the_guard_floor_and_its_words() -> None:
+    g = Guard("/o/ckpt.pt", 1.0, 10, step=1050.0, estimated=True, handed="/o/ckpt.pt",
+              handed_step=1050.0, floor=1048.0)  # fmt: skip
+    assert guard.below_floor(g, 0.0)
+    assert guard.below_floor(g, 1047.0)
+    assert not guard.below_floor(g, 1048.0)
+    assert not guard.below_floor(replace(g, floor=None), 0.0)  # not armed
+    line = guard.tripped_line(g, 0, ["python", "train.py", "--init_from=scratch"])
+    assert line == (
+        "started over at step 0; its checkpoint is at step ≈1050 "
+        "(its command line says --init_from=scratch)"
+    )
+    for flag in ("--from-scratch", "--no_resume", "--resume=false", "resume_from_checkpoint=None"):
+        assert guard.scratch_flag(["x", flag]) == flag
+    for flag in ("--init_from=resume", "--resume", "--scratch_dir=/tmp", "--lr=3e-4"):
+        assert guard.scratch_flag(["x", flag]) is None
+    assert "did not resume from $TRAINCTL_RESUME_FROM=/o/ckpt.pt" in guard.tripped_line(
+        g, 3, ["python", "train.py"]
+    )
