@@ -38,7 +38,10 @@ def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[flo
 
 
 def _record(v: checkpoints.Verdict, spec: Spec) -> Checkpoint:
-    return Checkpoint(user_path(spec, v.path), v.mtime, v.size, step=v.step, why=v.why)
+    return Checkpoint(
+        user_path(spec, v.path), v.mtime, v.size, step=v.step, why=v.why,
+        step_estimated=v.step_estimated,
+    )  # fmt: skip
 
 
 def user_path(spec: Spec, path: str) -> str:
@@ -138,7 +141,8 @@ def with_step(
     """``ck`` with its step from the run's progress when its name carries none."""
     if ck is None or ck.step is not None:
         return ck
-    return replace(ck, step=step_lookup(jdir, run, regex)(ck.mtime))
+    step = step_lookup(jdir, run, regex)(ck.mtime)
+    return replace(ck, step=step, step_estimated=step is not None)
 
 
 def first_step(jdir: Path, run: int, spec: Spec) -> float | None:

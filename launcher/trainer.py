@@ -85,13 +85,16 @@ def report(step: int, **metrics: Any) -> None:
         f.write(line + "\n")
 
 
-def mark_complete(path: str) -> None:
-    """Say that the checkpoint at ``path`` (a file or a folder) is complete: an empty
+def mark_complete(path: str, step: int | None = None) -> None:
+    """Say that the checkpoint at ``path`` (a file or a folder) is complete:
     ``<path>.complete`` beside a file, or ``.complete`` inside a folder. Call it after
-    the checkpoint is written; trainctl then never takes a half-written one for it."""
+    the checkpoint is written; trainctl then never takes a half-written one for it.
+    ``step``: the step it holds, written into the marker (``{"step": N}``): trainctl then
+    knows it exactly, where a name without it leaves an estimate from the log."""
     target = os.path.join(path, ".complete") if os.path.isdir(path) else path + ".complete"
-    with open(target, "w"):
-        pass
+    with open(target, "w") as f:
+        if step is not None:
+            f.write(json.dumps({"step": step}))
 
 
 def run_number() -> int:

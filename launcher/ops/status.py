@@ -328,6 +328,7 @@ def _training_view(jdir: Path, st: state.JobState, spec: Spec | None, *, live: b
             ck.step if ck else None,
             partial=partial.path if partial else None,
             partial_why=partial.why if partial else None,
+            step_estimated=bool(ck and ck.step_estimated),
         )
     code, spec_keys = _changes(st, spec, live=live)
     prog = read_progress(jdir, st, spec)

@@ -361,7 +361,8 @@ def _stall_lines(s: Status) -> None:
 
 
 def _checkpoint_lines(ck: CheckpointSeen) -> None:
-    at = "" if ck.step is None else f"step {ck.step:g}, "
+    about = "≈" if ck.step_estimated else ""
+    at = "" if ck.step is None else f"step {about}{ck.step:g}, "
     if ck.path:
         out(f"  ckpt {ck.path} ({at}{age(ck.age_s)} old, complete)")
     if ck.partial:

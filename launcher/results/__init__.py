@@ -77,6 +77,7 @@ class Checkpoint:
     size: int
     step: float | None = None  # from its name, else the progress step when it was written
     why: str = ""  # what says it is complete (or not): "DCP .metadata", "size held", ...
+    step_estimated: bool = False  # the step is the progress lookup's (shown with ≈)
 
     @property
     def age_s(self) -> float:
@@ -198,6 +199,7 @@ class CheckpointSeen:
     step: float | None = None  # the step it holds (its name, else progress when written)
     partial: str | None = None  # a newer checkpoint that is not complete (never resumed)
     partial_why: str | None = None  # what says so: "zip without its end record", ...
+    step_estimated: bool = False  # ``step`` is the progress lookup's lower bound (≈)
 
 
 @record(frozen=True)

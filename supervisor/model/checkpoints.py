@@ -20,9 +20,13 @@ by what its format says about being finished, in this order:
 - anything else: complete when its size and mtime held across two looks (one look is
   enough when nothing touched it for :data:`SETTLED_S`).
 
-The step of a checkpoint comes from its name (``step_000120``, ``checkpoint-120``,
-``iter_120``, ``epoch=3-step=1200``, ``global_step120``) or, failing that, from the newest
-progress step at the moment it was written (the caller gives that lookup).
+The step of a checkpoint comes from the trainer's own record where it is cheap to read:
+its name (``step_000120``, ``checkpoint-120``, ``iter_120``, ``epoch=3-step=1200``,
+``global_step120``), a completion marker that says it (``{"step": 120}``, as
+``trainer.mark_complete(path, step=120)`` writes it), an HF folder's
+``trainer_state.json`` ``global_step``; failing those, from the newest progress step
+at the moment it was written (the caller gives that lookup), which is then marked
+``step_estimated`` (shown with ``≈``: a lower bound).
 """
 
 from __future__ import annotations
@@ -68,6 +72,28 @@ class Verdict:
     mtime: float
     size: int
     step: float | None = None
+    step_estimated: bool = False  # the step is the progress lookup's, not the trainer's
+
+
+def _own_step(path: str, is_dir: bool) -> float | None:
+    """The step the trainer recorded itself: its name, its marker, HF's trainer_state."""
+    step = step_of_name(path)
+    if step is not None:
+        return step
+    records = [(path.rstrip("/") + MARKER, "step")]
+    if is_dir:  # a marker inside; an HF folder named otherwise than checkpoint-N
+        records = [(os.path.join(path, MARKER), "step"),
+                   (os.path.join(path, "trainer_state.json"), "global_step")]  # fmt: skip
+    for doc_path, key in records:
+        try:
+            with open(doc_path, "rb") as f:
+                doc = json.loads(f.read(1 << 20) or b"null")
+        except (OSError, ValueError):
+            continue
+        value = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def step_of_name(path: str) -> float | None:
@@ -200,6 +226,7 @@ def judge(
         size, mtime = _tree_size_mtime(path) if is_dir else (st.st_size, st.st_mtime)
     except OSError:
         return Verdict(path, False, "unreadable", st.st_mtime, 0, step_of_name(path))
+    own = _own_step(path, is_dir)
     decided = _by_format(path, is_dir, size, mtime)
     if decided is None:
         settled = quiet or (now or time.time()) - mtime >= SETTLED_S
@@ -211,7 +238,7 @@ def judge(
                 return None
             settled = again == (size, mtime)
         decided = (settled, "size held" if settled else "still being written")
-    return Verdict(path, decided[0], decided[1], mtime, size, step_of_name(path))
+    return Verdict(path, decided[0], decided[1], mtime, size, own)
 
 
 def _size_mtime(path: str) -> tuple[int, float]:
@@ -259,7 +286,8 @@ def newest(
         if v is None:
             continue
         if v.step is None and step_at is not None:
-            v = Verdict(v.path, v.complete, v.why, v.mtime, v.size, step_at(v.mtime))
+            at = step_at(v.mtime)
+            v = Verdict(v.path, v.complete, v.why, v.mtime, v.size, at, at is not None)
         if v.complete:
             return Newest(v, partial)
         if partial is None:
@@ -285,7 +313,8 @@ def complete_ones(
         if v is None or not v.complete:
             continue
         if v.step is None and step_at is not None:
-            v = Verdict(v.path, v.complete, v.why, v.mtime, v.size, step_at(v.mtime))
+            at = step_at(v.mtime)
+            v = Verdict(v.path, v.complete, v.why, v.mtime, v.size, at, at is not None)
         out.append(v)
         if len(out) >= want:
             break

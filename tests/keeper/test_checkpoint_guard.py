@@ -178,6 +178,7 @@ def test_restart_resumes_by_default_and_the_guard_lets_a_resumed_run_go_on(
     shown = h.tc("status", "gpt", check=True).out
     assert f"guard handed {out / 'ckpt.pt'} (step ≈{step}), first step {step + 1}: resumed" in shown
     assert "kept aside in" in shown
+    assert f"ckpt {out / 'ckpt.pt'} (step ≈" in shown  # its step is the log's estimate
     assert saved_step(out) > step
     h.tc("stop", "gpt", check=True)
 

@@ -183,3 +183,30 @@ def test_an_unreadable_or_looping_tree_is_named_not_followed(tmp_path: Path) -> 
     gone = tmp_path / "dangling.pt"
     gone.symlink_to(tmp_path / "nothing")
     assert judge(str(gone)) is None
+
+
+def test_the_trainers_own_record_of_the_step_is_exact_and_an_estimate_says_so(
+    tmp_path: Path,
+) -> None:
+    """Issue 54 §6: the step from the trainer's own record where it is cheap (a marker
+    that says it, HF's trainer_state.json of a folder named otherwise), else the
+    progress lookup's, marked estimated (shown with ≈)."""
+    marked = tmp_path / "latest.pt"
+    marked.write_bytes(b"weights")
+    time.sleep(0.01)
+    (tmp_path / "latest.pt.complete").write_text(json.dumps({"step": 1050}))
+    v = judge(str(marked))
+    assert v is not None
+    assert (v.complete, v.step, v.step_estimated) == (True, 1050.0, False)
+    best = tmp_path / "best"
+    best.mkdir()
+    (best / "model.safetensors").write_bytes(b"")
+    (best / "trainer_state.json").write_text(json.dumps({"global_step": 172}))
+    hf = judge(str(best))
+    assert hf is not None
+    assert hf.step == 172.0
+    plain = tmp_path / "ckpt.pt"
+    with zipfile.ZipFile(plain, "w") as z:
+        z.writestr("archive/data.pkl", "x")
+    [got] = checkpoints.complete_ones(str(tmp_path), "ckpt.pt", lambda _t: 99.0, want=1)
+    assert (got.step, got.step_estimated) == (99.0, True)
