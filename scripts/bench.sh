@@ -3,13 +3,17 @@
 # side-by-side `supervisorctl status` figure). Arguments go to bench_stop.py;
 # `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--goodput`
 # trainctl against plain torchrun under one fault schedule (scripts/bench_goodput.py), `--heal`
-# a GPU fault to the healed run's first step (scripts/bench_heal.py), `--web` the web
+# a GPU fault to the healed run's first step (scripts/bench_heal.py), `--guard` the checkpoint
+# guard's cost to a start and its trip (scripts/bench_guard.py), `--web` the web
 # page's and the samples' (scripts/bench_web.py), `--fleet` the
 # --all-hosts one (tests/remote/bench_fleet.py, on the remote tests' sshd).
 set -euo pipefail
 . "$(dirname "$0")/_venv.sh"
 if [ "${1:-}" = "--deploy" ]; then
   exec python "$ROOT/scripts/bench_deploy.py"
+fi
+if [ "${1:-}" = "--guard" ]; then  # what the checkpoint guard costs a start, how fast it trips
+  exec python "$ROOT/scripts/bench_guard.py"
 fi
 if [ "${1:-}" = "--heal" ]; then  # a GPU fault to the healed run's first step (C NVML double)
   exec python "$ROOT/scripts/bench_heal.py"
