@@ -370,3 +370,60 @@ def test_the_guard_floor_and_its_words() -> None:
     assert "did not resume from $TRAINCTL_RESUME_FROM=/o/ckpt.pt" in guard.tripped_line(
         g, 3, ["python", "train.py"]
     )
+
+
+def test_a_deploy_whose_command_line_starts_over_never_takes_the_checkpoint_back(
+    harness: Harness,
+) -> None:
+    """The issue's first shape: nanoGPT with `--init_from=scratch` in its command line,
+    deployed with snapshot = "none" (no way back). The gate used to fail and leave the
+    started-over run rewriting ckpt.pt (1050 -> 100 -> 350); now its own supervisor stops
+    it at its first step, the job ends failed saying why, and the deploy names the copy."""
+    h = harness
+    out, argv = bed(h, "--save_on_term")
+    h.tc(*argv, check=True)
+    wait_for(lambda: last_step(h, "gpt", 1) >= 25, 30, "run 1 to save twice")
+    train = h.tmp / "gpt" / "train.py"
+    train.write_text(train.read_text() + "# v2\n")
+    res = h.tc("deploy", "gpt", "--at", "now", "--health", "20s", "--json", timeout=120)
+    assert res.rc == 1, res
+    rep = json.loads(res.out)
+    handed = rep["checkpoint_step"]
+    assert rep["outcome"] == "failed", rep
+    assert "started over at step 1" in rep["cause"], rep
+    assert "not rolled back" in rep["summary"]
+    assert rep["kept"], rep  # named
+    st = ended(h)
+    assert (st["run"], st["phase"], st["cause"]["kind"]) == (2, "failed", "started-over")
+    assert saved_step(out) >= handed  # never went back
+    text = h.tc("deploy", "gpt", "--dry-run")  # the job is not running: one line
+    assert text.rc == 1, text
+
+
+def test_a_rollback_whose_command_line_starts_over_too_is_stopped_and_said(
+    harness: Harness,
+) -> None:
+    """snapshot = "copy": the rollback run has the same scratch flag; it used to go
+    unguarded and overwrite the checkpoint again, history saying "rolled-back"."""
+    h = harness
+    out, argv = bed(h)
+    # a copy snapshot runs elsewhere: the checkpoint folder is given absolute (docs/deploy.md)
+    argv[argv.index("checkpoint=out/ckpt.pt")] = f"checkpoint={out}/ckpt.pt"
+    argv[argv.index("--out_dir=out")] = f"--out_dir={out}"
+    at = argv.index("--")
+    argv[at:at] = ["--set", "snapshot=copy"]
+    h.tc(*argv, check=True)
+    wait_for(lambda: last_step(h, "gpt", 1) >= 25, 30, "run 1 to save twice")
+    train = h.tmp / "gpt" / "train.py"
+    train.write_text(train.read_text() + "# v2\n")
+    res = h.tc("deploy", "gpt", "--at", "now", "--health", "20s", "--json", timeout=120)
+    assert res.rc == 1, res
+    rep = json.loads(res.out)
+    assert rep["outcome"] == "failed", rep
+    assert "which was stopped by the checkpoint guard: started over" in rep["summary"], rep
+    assert rep["rollback_run"] == 3
+    st = ended(h)
+    assert (st["run"], st["cause"]["kind"]) == (3, "started-over")
+    assert saved_step(out) >= rep["checkpoint_step"]
+    rows = h.tc("history", "gpt", "--json", check=True).json()
+    assert "rolled-back" not in json.dumps(rows[0]["marks"]), rows[0]
