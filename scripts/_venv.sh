@@ -34,7 +34,8 @@ fi
 # PyTorch for the real-framework tests, but only its CPU build from this machine's disk
 # (--no-index): from PyPI, torch==2.13.0 is a CUDA build of several GB.
 torch_stamp="$VENV/.installed-torch"
-if [ "$extras" = test ] && [ ! -f "$torch_stamp" ]; then
+# (again when pyproject.toml changed: the extra also brings transformers and lightning)
+if [ "$extras" = test ] && { [ ! -f "$torch_stamp" ] || [ "$ROOT/pyproject.toml" -nt "$torch_stamp" ]; }; then
   if "$VENV/bin/python" -m pip install -q --no-index --no-deps "torch==2.13.0" >/dev/null 2>&1
   then
     _pip -e "$ROOT[torch]" --config-settings editable_mode=strict  # its deps; torch is there

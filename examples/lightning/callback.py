@@ -1,13 +1,17 @@
 """PyTorch Lightning under trainctl: save on the checkpoint signal, stop cleanly on
-SIGTERM, resume from the checkpoint trainctl hands over.
+SIGTERM, report the step and the loss, resume from the checkpoint trainctl hands over.
 
     trainer = L.Trainer(callbacks=[TrainctlCallback("out")], ...)
-    trainer.fit(model, ckpt_path=trainctl_trainer.resume_from())
+    trainer.fit(model, ckpt_path=trainctl_trainer.resume_from() or ...)
 
-Lightning installs its own SIGTERM handling under SLURM only; elsewhere this callback's
-flags are the way. Spec: checkpoint = "out/*.ckpt" (a torch.save zip: complete with its
-end record; the step from `epoch=3-step=1200` in its name). Not run in CI (lightning is
-not a test dependency); examples/torchrun_ddp, which CI runs, exercises the same flags.
+Lightning 2.6 registers a SIGTERM handler of its own in every `fit` (not only under
+SLURM): it makes the fit raise `SIGTERMException` at the next batch's end, with no
+checkpoint saved and a traceback for an exit. This callback's handlers, installed when
+the fit starts (after Lightning's), replace it: a stop finishes the step, saves
+`epoch=E-step=S.ckpt`, and ends the fit cleanly. Spec: checkpoint = "out/*.ckpt" (a
+torch.save zip: complete with its end record; the step from its name, or the log's for
+`last.ckpt`). Run in CI on a tiny model (train.py;
+tests/frameworks/test_recipes_hf_lightning.py).
 """
 
 import os
@@ -27,7 +31,8 @@ class TrainctlCallback(L.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
         step = trainer.global_step
         if trainer.is_global_zero:
-            trainctl_trainer.report(step=step)
+            loss = outputs.get("loss") if isinstance(outputs, dict) else None
+            trainctl_trainer.report(step=step, **({} if loss is None else {"loss": float(loss)}))
         asked = trainctl_trainer.checkpoint_requested()
         stop = trainctl_trainer.should_stop()
         if asked or stop:
