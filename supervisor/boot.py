@@ -37,6 +37,7 @@ from trainctl.supervisor.model.state import (
     log_path,
     open_in,
     progress_path,
+    read_state,
     write_bytes_atomic,
     write_json_atomic,
     write_state,
@@ -151,12 +152,21 @@ def _guarded(jdir: Path, spec: Spec, ho: Handover) -> tuple[Handover, Guard | No
 
     handed = ho.resume_from or spec.env.get(RESUME_VAR)
     try:
-        g = guard.plan(jdir, spec, ho.run, handed)
+        g = guard.plan(jdir, spec, ho.run, handed, _last_started(jdir, ho.run))
     except OSError:
         return ho, None
     if g is None:
         return ho, None
     return replace(ho, resume_from=g.handed), guard.keep_aside(jdir, ho.run, spec, g)
+
+
+def _last_started(jdir: Path, run: int) -> float | None:
+    """When run ``run - 1`` began, from the state this start is about to replace."""
+    try:
+        prev = read_state(jdir)
+    except (OSError, TrainctlError):
+        return None
+    return prev.started_at if prev.run == run - 1 else None
 
 
 def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:

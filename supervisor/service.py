@@ -337,11 +337,11 @@ class Owner:
         pattern = self.core.spec.watch.checkpoint
         if not pattern:
             return []
-        run = self.core.state.run
+        run, started = self.core.state.run, self.core.state.started_at
         jdir, spec = self.core.jdir, self.core.spec
 
         def step_at(mtime: float) -> float | None:
-            return guard.step_before(jdir, run, spec, mtime)
+            return guard.step_before(jdir, run, spec, mtime, started)
 
         try:
             # called once the run's every process is gone: what is there is final (a

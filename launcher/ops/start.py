@@ -511,7 +511,7 @@ def plan_restart(home: Path, name: str, *, from_scratch: bool = False) -> Restar
                        from_scratch=from_scratch)  # fmt: skip
     if from_scratch or not spec.watch.checkpoint:
         return plan
-    g = guard.plan(jdir, spec, st.run + 1, None)
+    g = guard.plan(jdir, spec, st.run + 1, None, st.started_at)
     if g is None:
         return plan
     flag = guard.scratch_flag(spec.argv)

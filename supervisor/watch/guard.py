@@ -44,8 +44,8 @@ from trainctl.supervisor.model import checkpoints, keepsafe
 from trainctl.supervisor.model.reports import Guard
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import log_path, progress_path
-from trainctl.supervisor.model.steps import progress_of, steps_path
-from trainctl.supervisor.model.tail import read_end
+from trainctl.supervisor.model.steps import progress_of, steps_path, timed_steps
+from trainctl.supervisor.model.tail import read_end, tail_lines
 from trainctl.supervisor.records import replace
 
 from .logtimes import read_stamps
@@ -66,26 +66,24 @@ _SCRATCH = (
 )
 
 
+def run_points(jdir: Path, run: int, regex: str | None = None) -> list[tuple[float, float]]:
+    """(time, step) of what run ``run`` reported, oldest first: the ``t`` of its
+    $TRAINCTL_PROGRESS lines, the lines the supervisor stamped (steplines.py) and, for a
+    ``progress_regex``, the log's lines timed by its stamps (logtimes.py). Each time is a
+    bound from above (a line is never timed before it was written)."""
+    files = [progress_path(jdir, run), steps_path(log_path(jdir, run))]
+    points = [p for f in files for p in timed_steps(tail_lines(f, STEP_TAIL))]
+    if regex:
+        points += _log_steps(log_path(jdir, run), re.compile(regex))
+    return sorted(points)
+
+
 def run_step_lookup(
     jdir: Path, run: int, regex: str | None = None
 ) -> Callable[[float], float | None]:
-    """Run ``run``'s progress step at a moment: the newest step before it, from the ``t``
-    of its $TRAINCTL_PROGRESS lines and the lines the supervisor stamped (steplines.py),
-    and, for a ``progress_regex``, the log's lines timed by its stamps (logtimes.py): each
-    is a lower bound (a line is timed no earlier than it was written), so the larger one
-    is the nearer; None before any."""
-    timed = checkpoints.step_lookup(
-        [progress_path(jdir, run), steps_path(log_path(jdir, run))], STEP_TAIL
-    )
-    if not regex:
-        return timed
-    logged = checkpoints.step_at(lambda: _log_steps(log_path(jdir, run), re.compile(regex)))
-
-    def at(moment: float) -> float | None:
-        found = [s for s in (timed(moment), logged(moment)) if s is not None]
-        return max(found) if found else None
-
-    return at
+    """Run ``run``'s progress step at a moment: the newest step it reported before it
+    (a lower bound); None before any. Its lines are read on the first look only."""
+    return checkpoints.step_at(lambda: run_points(jdir, run, regex))
 
 
 def _log_steps(log: Path, rx: re.Pattern[str]) -> list[tuple[float, float]]:
@@ -110,39 +108,57 @@ def _log_steps(log: Path, rx: re.Pattern[str]) -> list[tuple[float, float]]:
     return out
 
 
-def step_before(jdir: Path, run: int, spec: Spec, mtime: float) -> float | None:
-    """The step of a checkpoint written at ``mtime`` with no step in its name: the newest
-    step reported before it by the newest of the last runs that reported one then."""
+def step_before(
+    jdir: Path, run: int, spec: Spec, mtime: float, run_started: float | None = None
+) -> float | None:
+    """The step of a checkpoint written at ``mtime`` with no step of its own: the newest
+    step reported before it by the run that wrote it. ``run_started``: when run ``run``
+    began; a file written since was written by it, and only its own steps date it: one
+    it wrote before its first report (nanoGPT saves again at the iteration it resumed
+    at) holds less than its first step, never the steps an earlier run reached after its
+    last save (they were lost; taking them was a guard stopping a run that resumed).
+    Else the newest of the last runs that reported a step by then."""
     for r in range(run, max(0, run - RUNS_BACK), -1):
-        step = run_step_lookup(jdir, r, spec.watch.progress_regex)(mtime)
-        if step is not None:
-            return step
+        points = run_points(jdir, r, spec.watch.progress_regex)
+        before = [s for t, s in points if t <= mtime + checkpoints.COARSE_CLOCK_S]
+        if r == run and run_started is not None and mtime >= run_started:
+            if before:
+                return before[-1]
+            after = [s for t, s in points if t > mtime]
+            return max(0.0, after[0] - 1) if after else None
+        if before:
+            return before[-1]
     return None
 
 
-def _with_step(v: checkpoints.Verdict, jdir: Path, run: int, spec: Spec) -> Guard:
+def _with_step(
+    v: checkpoints.Verdict, jdir: Path, run: int, spec: Spec, started: float | None
+) -> Guard:
     step, estimated = v.step, False
     if step is None:
-        step, estimated = step_before(jdir, run, spec, v.mtime), True
+        step, estimated = step_before(jdir, run, spec, v.mtime, started), True
     return Guard(v.path, v.mtime, v.size, step, estimated and step is not None)
 
 
-def plan(jdir: Path, spec: Spec, run: int, handed: str | None) -> Guard | None:
+def plan(
+    jdir: Path, spec: Spec, run: int, handed: str | None, last_started: float | None = None
+) -> Guard | None:
     """The guard of run ``run`` (nothing of the job runs now): the newest complete
     checkpoint and its step, the checkpoint handed (``handed``, else that one) and the
-    step the run's first report must reach. None when the job has no glob or no complete
-    checkpoint."""
+    step the run's first report must reach. ``last_started``: when run ``run - 1`` began
+    (see :func:`step_before`). None when the job has no glob or no complete checkpoint."""
     pattern = spec.watch.checkpoint
     if not pattern:
         return None
     ones = checkpoints.complete_ones(spec.cwd, pattern, want=1, quiet=True)
     if not ones:
         return None
-    mark = _with_step(ones[0], jdir, run - 1, spec)
+    mark = _with_step(ones[0], jdir, run - 1, spec, last_started)
     floor_of = mark
     if handed is not None and os.path.realpath(handed) != os.path.realpath(mark.path):
         v = checkpoints.judge(handed, look_again=False, quiet=True)
-        floor_of = _with_step(v, jdir, run - 1, spec) if v is not None and v.complete else mark
+        good = v is not None and v.complete
+        floor_of = _with_step(v, jdir, run - 1, spec, last_started) if v and good else mark
     tol = spec.watch.resume_tolerance
     floor = None if floor_of.step is None or tol is None else max(0.0, floor_of.step - tol)
     return replace(mark, handed=handed or mark.path, handed_step=floor_of.step, floor=floor)

@@ -427,3 +427,26 @@ def test_a_rollback_whose_command_line_starts_over_too_is_stopped_and_said(
     assert saved_step(out) >= rep["checkpoint_step"]
     rows = h.tc("history", "gpt", "--json", check=True).json()
     assert "rolled-back" not in json.dumps(rows[0]["marks"]), rows[0]
+
+
+def test_a_checkpoint_written_before_its_runs_first_step_is_dated_by_that_run(
+    tmp_path: Path,
+) -> None:
+    """Seen with torchrun: run 1 reached step 84 and was killed (its last save: 80); run
+    2 resumed at 80 and, as nanoGPT does, saved again at once, before its first line,
+    then failed. The checkpoint was dated by run 1's steps (84), and the guard stopped
+    run 3, which had resumed correctly at 80. Only the run that wrote it dates it."""
+    jdir = tmp_path / "job"
+    (jdir / "logs").mkdir(parents=True)
+
+    def progress(run: int, points: list[tuple[float, int]]) -> None:
+        lines = [json.dumps({"step": s, "t": t}) for t, s in points]
+        (jdir / "logs" / f"run-{run}.progress.jsonl").write_text("\n".join(lines) + "\n")
+
+    progress(1, [(100.0 + i / 10, i) for i in range(85)])  # steps 0..84, until t=108.4
+    progress(2, [(200.0 + i / 10, 80 + i) for i in range(5)])  # resumed: 80..84 from t=200
+    spec = Spec(name="g", argv=("true",), cwd=str(tmp_path), env={})
+    written = 199.5  # run 2 began at 195 and saved before its first line
+    assert guard.step_before(jdir, 2, spec, written, run_started=195.0) == 79.0
+    assert guard.step_before(jdir, 2, spec, 150.0, run_started=195.0) == 84.0  # run 1's
+    assert guard.step_before(jdir, 2, spec, 200.25, run_started=195.0) == 82.0
