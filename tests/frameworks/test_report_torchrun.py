@@ -102,6 +102,10 @@ def test_report_agrees_with_the_logs_own_times_over_a_rank_kill(harness: Harness
     assert abs(g["lost_s"]["startup"] - (one[0][0] - starts[1])) <= 0.6, g["lost_s"]
     assert abs(g["lost_s"]["restore"] - (two[0][0] - starts[2])) <= 0.6, g["lost_s"]
     [cut] = [i for i in g["interruptions"] if i["run"] == 1]
-    assert "rank 1 killed by SIGKILL" in cut["cause"], cut
-    assert cut["cause"].count("rank 1") == 1, cut  # named once
+    # torchrun names the rank it saw fail first: rank 1's SIGKILL, or (now and then)
+    # rank 0's SIGABRT from gloo once its peer was gone
+    assert re.search(r"rank (\d) killed by SIG(KILL|ABRT)", cut["cause"]), cut
+    rank = re.search(r"rank (\d)", cut["cause"])
+    assert rank is not None
+    assert cut["cause"].count(f"rank {rank[1]}") == 1, cut  # named once
     assert abs(cut["steps_lost"] - (one[-1][1] - (two[0][1] - 1))) <= 1, (cut, one[-1], two[0])
