@@ -106,3 +106,30 @@ def test_report_agrees_with_the_logs_own_times_over_a_stop_and_a_start(
     shown = h.tc("report", "gpt", check=True).out
     assert "stopped   by you" in shown, shown
     assert Path(d / "out" / "ckpt.pt").exists()
+
+
+UNTIMED = """\
+import json, os, time
+step = 0
+while True:
+    step += 1
+    time.sleep(0.05)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:  # as the README says: no "t"
+        f.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+"""
+
+
+def test_progress_lines_without_a_time_are_timed_as_they_are_written(harness: Harness) -> None:
+    """$TRAINCTL_PROGRESS lines without `t` (as people write them) gave `report` "no
+    progress reported" while `status` showed the steps; the supervisor now times them."""
+    h = harness
+    h.tc("start", "--name", "nt", "--", sys.executable, "-c", UNTIMED, check=True)
+    progress = h.home / "jobs" / "nt" / "logs" / "run-1.progress.jsonl"
+    wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 40, 30)
+    h.tc("stop", "nt", check=True)
+    g = h.tc("report", "nt", "--json", check=True).json()
+    assert g["goodput"] is not None, g
+    assert g["needs_progress"] == []
+    assert abs(g["typical_step_s"] - 0.05) <= 0.01, g
+    stamped = (h.home / "jobs" / "nt" / "logs" / "run-1.steps.jsonl").read_text().splitlines()
+    assert len(stamped) >= 20  # timed as they came (a look every 50 ms), not sampled
