@@ -131,8 +131,10 @@ class Watchers:
             if g is None:
                 return
             if not guard.below_floor(g, step):
-                self.run.observe(guard=replace(g, first_step=step))
-                self.run.log.info("guard_passed", first_step=step, floor=g.floor)
+                # it resumed: a copy (up to checkpoint_keep_max of disk) has done its work
+                passed = await anyio.to_thread.run_sync(guard.passed, g, step)
+                self.run.observe(guard=passed)
+                self.run.log.info("guard_passed", first_step=step, floor=g.floor, kept=g.kept)
                 return
             line = guard.tripped_line(g, step, spec.argv)
             self.run.observe(guard=replace(g, first_step=step, tripped=line))

@@ -280,6 +280,16 @@ def tripped_line(g: Guard, first: float, argv: tuple[str, ...] | list[str]) -> s
     return f"started over at step {first:g}; its checkpoint is at {g.step_text()} ({why})"
 
 
+def passed(g: Guard, first: float) -> Guard:
+    """The run resumed (its first step ``first`` reached the floor): a copy it made is
+    dropped (a reflink or a link costs nothing; a copy is disk); the guard's record."""
+    if g.kept is None or g.kept_how in ("reflink", "link"):
+        return replace(g, first_step=first)
+    with contextlib.suppress(OSError):
+        shutil.rmtree(Path(g.kept).parent)
+    return replace(g, first_step=first, kept=None, not_kept=f"dropped: it resumed ({g.kept})")
+
+
 def below_floor(g: Guard | None, first: float) -> bool:
     """The run's first step is below the guard's floor: it started over."""
     return g is not None and g.floor is not None and first < g.floor

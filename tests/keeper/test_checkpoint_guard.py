@@ -177,7 +177,10 @@ def test_restart_resumes_by_default_and_the_guard_lets_a_resumed_run_go_on(
     assert st["resumed_from"] == str(out / "ckpt.pt")
     shown = h.tc("status", "gpt", check=True).out
     assert f"guard handed {out / 'ckpt.pt'} (step ≈{step}), first step {step + 1}: resumed" in shown
-    assert "kept aside in" in shown
+    # it resumed: the copy kept aside (this ext4 has no reflinks: a copy) is dropped
+    assert st["guard"]["kept"] is None
+    assert st["guard"]["not_kept"].startswith("dropped: it resumed")
+    assert not (h.home / "jobs" / "gpt" / "kept" / "run-2").exists()
     assert f"ckpt {out / 'ckpt.pt'} (step ≈" in shown  # its step is the log's estimate
     assert saved_step(out) > step
     h.tc("stop", "gpt", check=True)
