@@ -146,11 +146,16 @@ def _guarded(jdir: Path, spec: Spec, ho: Handover) -> tuple[Handover, Guard | No
     """The run's checkpoint guard (watch/guard.py), its copy kept aside: every start of a
     job with a complete checkpoint hands it (unless --from-scratch) and guards it. Never
     fails the start: a folder that cannot be read costs the run its guard, not its start."""
-    if ho.from_scratch or not spec.watch.checkpoint:
+    if ho.from_scratch:
+        return ho, None
+    # what the verb handed (a relaunch's pick, a deploy's or a restart's in the spec): the
+    # run gets it even when the guard cannot be planned
+    handed = ho.resume_from or spec.env.get(RESUME_VAR)
+    ho = replace(ho, resume_from=handed)
+    if not spec.watch.checkpoint:
         return ho, None
     from trainctl.supervisor.watch import guard  # noqa: PLC0415  (jobs with a glob only)
 
-    handed = ho.resume_from or spec.env.get(RESUME_VAR)
     try:
         g = guard.plan(jdir, spec, ho.run, handed, _last_started(jdir, ho.run))
     except OSError:
