@@ -361,8 +361,8 @@ class Owner:
         # by step (or identity), not by path: Lightning's last.ckpt, rewritten in place
         # by a run that made progress, is not the checkpoint the run failed on
         failed_on_it = guard.same_checkpoint(newest, g, self.core.spec.watch.resume_tolerance)
-        tried = {(h.resumed_from, h.resumed_step) for h in self.core.life.history}
-        if failed_on_it and len(ones) > 1 and (ones[1].path, ones[1].step) not in tried:
+        tried = {h.resumed_from for h in self.core.life.history}  # the one before: once
+        if failed_on_it and len(ones) > 1 and ones[1].path not in tried:
             return ones[1].path, newest.path
         return newest.path, None
 
