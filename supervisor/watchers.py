@@ -35,7 +35,12 @@ from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
 from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
-from trainctl.supervisor.watch.steplines import STEP_LOOK_S, StepStamper
+from trainctl.supervisor.watch.steplines import (
+    STEP_FIRST_S,
+    STEP_LOOK_S,
+    STEP_QUIET_S,
+    StepStamper,
+)
 
 from .errors import GpuError, TrainctlError
 from .gpu import health, xid
@@ -578,10 +583,13 @@ class Watchers:
         self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
 
     async def _stamp_steps_often(self) -> None:
-        """The stamper's looks, every STEP_LOOK_S while the run lives (an fstat each)."""
+        """The stamper's looks while the run lives: every STEP_LOOK_S until its first step
+        (for STEP_FIRST_S at most), then every STEP_QUIET_S (steplines.py says why)."""
+        began = time.monotonic()
         while self.run.stage is lc.Stage.RUNNING:
             self.stamp_steps()
-            await anyio.sleep(STEP_LOOK_S)
+            waiting = self.sampled_step is None and time.monotonic() - began < STEP_FIRST_S
+            await anyio.sleep(STEP_LOOK_S if waiting else STEP_QUIET_S)
 
     def stamp_steps(self) -> None:
         """Time the run's untimed progress lines by this look (steplines.py): the ETA,

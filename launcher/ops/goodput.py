@@ -282,7 +282,24 @@ def _final_ck(jdir: Path, st: state.JobState, r: _Run, nxt: _Run | None) -> floa
         ck = newest_checkpoint(state.read_spec(jdir), jdir, r.run)
     except TrainctlError:
         return None
-    return None if ck is None else ck.step
+    if ck is None or not ck.step_estimated:
+        return None if ck is None else ck.step
+    return _interpolated(r.points, ck.mtime, ck.step)
+
+
+def _interpolated(points: list[tuple[float, float]], at: float, low: float | None) -> float | None:
+    """The step at ``at`` between the two points around it, at their pace: a checkpoint's
+    step, where the newest point before it (``low``, the guard's lower bound) may be a
+    look's worth of steps behind (points are stamped every half second). For accounting
+    only: never above the point after it."""
+    after = next((p for p in points if p[0] > at), None)
+    before = [p for p in points if p[0] <= at]
+    if after is None or not before or low is None:
+        return low
+    (t1, s1), (t2, s2) = before[-1], after
+    if t2 <= t1 or s2 <= s1:
+        return low
+    return max(low, float(int(s1 + (at - t1) / (t2 - t1) * (s2 - s1))))
 
 
 def _redone(

@@ -132,4 +132,4 @@ def test_progress_lines_without_a_time_are_timed_as_they_are_written(harness: Ha
     assert g["needs_progress"] == []
     assert abs(g["typical_step_s"] - 0.05) <= 0.01, g
     stamped = (h.home / "jobs" / "nt" / "logs" / "run-1.steps.jsonl").read_text().splitlines()
-    assert len(stamped) >= 20  # timed as they came (a look every 50 ms), not sampled
+    assert len(stamped) >= 4  # timed as they came (by mtime, a look every 0.5 s), not sampled
