@@ -33,7 +33,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from trainctl.supervisor.records import record
 
@@ -72,15 +72,32 @@ def rewritten_in_place(pattern: str | None) -> bool:
 COPY_CHUNK = 64 << 20  # a copy with a deadline looks at the clock this often
 
 
+def _reflinked(fin: BinaryIO, fout: BinaryIO) -> bool:
+    """``fout`` now shares ``fin``'s extents (FICLONE); False where the file system cannot."""
+    try:
+        fcntl.ioctl(fout.fileno(), FICLONE, fin.fileno())
+    except OSError:
+        return False
+    return True
+
+
+def reflink(src: str, dst: str) -> bool:
+    """Clone the file ``src`` to a new ``dst`` by reflink only; False, and no ``dst``,
+    where the file system has none."""
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        done = _reflinked(fin, fout)
+    if not done:
+        os.unlink(dst)
+        return False
+    shutil.copystat(src, dst)
+    return True
+
+
 def _clone_file(src: str, dst: str, deadline: float | None = None) -> str:
     """Clone ``src`` to a new ``dst``: a reflink where the file system has them, else a
     copy, which raises TimeoutError once past ``deadline`` (time.monotonic())."""
     with open(src, "rb") as fin, open(dst, "xb") as fout:
-        try:
-            fcntl.ioctl(fout.fileno(), FICLONE, fin.fileno())
-        except OSError:
-            pass
-        else:
+        if _reflinked(fin, fout):
             shutil.copystat(src, dst)
             return "reflink"
         left = os.fstat(fin.fileno()).st_size

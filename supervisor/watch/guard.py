@@ -32,7 +32,6 @@ mtime), which can only loosen the guard, never stop a run that resumed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -188,19 +187,19 @@ def keep_aside(jdir: Path, run: int, spec: Spec, g: Guard) -> Guard:
             d.mkdir(mode=0o700, exist_ok=True)
             os.chmod(d, 0o700)
         how = _keep(g, str(dst), spec)
+    except TimeoutError:  # an OSError too: first
+        how = None
+        why = f"copying {g.size >> 20} MiB took over {KEEP_COPY_S:g} s (a start waits no longer)"
     except OSError as e:
         with contextlib.suppress(OSError):
             shutil.rmtree(where)
         return replace(g, not_kept=f"cannot keep {g.path} aside: {e.strerror or e}")
-    if how is None or how == "too slow":
+    else:
+        cap = spec.watch.checkpoint_keep_max
+        why = f"{g.size >> 20} MiB is over checkpoint_keep_max ({cap >> 20} MiB)"
+    if how is None:
         with contextlib.suppress(OSError):
             shutil.rmtree(where)
-        cap = spec.watch.checkpoint_keep_max
-        why = (
-            f"copying {g.size >> 20} MiB took over {KEEP_COPY_S:g} s (a start waits no longer)"
-            if how
-            else f"{g.size >> 20} MiB is over checkpoint_keep_max ({cap >> 20} MiB)"
-        )
         return replace(g, not_kept=f"{why}, and this file system has no reflinks")
     _drop_older(jdir, run)
     return replace(g, kept=str(dst), kept_how=how)
@@ -223,10 +222,11 @@ def scratch_flag(argv: tuple[str, ...] | list[str]) -> str | None:
 
 
 def _keep(g: Guard, dst: str, spec: Spec) -> str | None:
-    """How ``g`` was kept at ``dst`` (None: it is too big to copy)."""
+    """How ``g`` was kept at ``dst`` (None: it is too big to copy; TimeoutError: the
+    copy took over KEEP_COPY_S)."""
     if not os.path.isdir(g.path):  # a reflink first: free, and safe from in-place writes
         with contextlib.suppress(OSError):
-            if _reflink(g.path, dst):
+            if keepsafe.reflink(g.path, dst):
                 return "reflink"
     if not keepsafe.rewritten_in_place(spec.watch.checkpoint):
         with contextlib.suppress(OSError):
@@ -234,26 +234,7 @@ def _keep(g: Guard, dst: str, spec: Spec) -> str | None:
             return "link"
     if g.size > spec.watch.checkpoint_keep_max:
         return None
-    try:
-        return keepsafe.clone(g.path, dst, time.monotonic() + KEEP_COPY_S)
-    except TimeoutError:
-        return "too slow"
-
-
-def _reflink(src: str, dst: str) -> bool:
-    """Clone ``src`` to ``dst`` by reflink only; False (and nothing left) where none."""
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        try:
-            fcntl.ioctl(fout.fileno(), keepsafe.FICLONE, fin.fileno())
-        except OSError:
-            ok = False
-        else:
-            ok = True
-    if not ok:
-        os.unlink(dst)
-        return False
-    shutil.copystat(src, dst)
-    return True
+    return keepsafe.clone(g.path, dst, time.monotonic() + KEEP_COPY_S)
 
 
 def _drop_older(jdir: Path, run: int) -> None:
