@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +18,9 @@ from trainctl.supervisor.errors import ProcessTreeError
 from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.spec import Spec
-from trainctl.supervisor.model.state import log_path, progress_path
-from trainctl.supervisor.model.steps import number, progress_of
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.watch.guard import run_step_lookup
+from trainctl.supervisor.watch.steplines import StepReader
 
 from .results import Checkpoint
 
@@ -146,17 +143,7 @@ def with_step(
 
 
 def first_step(jdir: Path, run: int, spec: Spec) -> float | None:
-    """The first step run ``run`` reported ($TRAINCTL_PROGRESS, else progress_regex)."""
-    with contextlib.suppress(OSError), open(progress_path(jdir, run), "rb") as f:
-        for raw in f.read(_STEP_TAIL).split(b"\n"):
-            with contextlib.suppress(ValueError):
-                doc = json.loads(raw)
-                if isinstance(doc, dict) and (step := number(doc.get("step"))) is not None:
-                    return step
-    if spec.watch.progress_regex:
-        rx = re.compile(spec.watch.progress_regex)
-        with contextlib.suppress(OSError), open(log_path(jdir, run), "rb") as f:
-            for line in f.read(_STEP_TAIL).decode(errors="replace").splitlines():
-                if (nums := progress_of(line, rx)) is not None:
-                    return nums["step"]
-    return None
+    """The first step run ``run`` reported ($TRAINCTL_PROGRESS, else progress_regex), in
+    the head of its files: the reader the checkpoint guard uses (steplines.py)."""
+    steps = StepReader(jdir, run, spec.watch.progress_regex).look(_STEP_TAIL)
+    return steps[0][1] if steps else None

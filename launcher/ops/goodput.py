@@ -6,10 +6,10 @@ cause; stalls; deploys; the queue's wait) and each run's progress (its
 ``$TRAINCTL_PROGRESS`` lines with their ``t``, or the supervisor's timed samples of a
 ``progress_regex`` step).
 
-Per run, with its progress points (time, step): a $TRAINCTL_PROGRESS line's own ``t``, or
-the time the supervisor first saw a line that has none (a ``progress_regex`` line, a
-``{"step": N}`` line), stamped as it reads them (supervisor/watch/steplines.py: within
-half a second, two points a look at most):
+Per run, with its progress points (time, step): a $TRAINCTL_PROGRESS line's own ``t``, or,
+for a line that has none (a ``progress_regex`` line, a ``{"step": N}`` line), its file's
+mtime when the supervisor's look found it (supervisor/watch/steplines.py: the newest line
+of each look, one point a look):
 
 - its *typical step* is the median time per step between consecutive points (over all
   runs): a point may be many steps on from the one before;

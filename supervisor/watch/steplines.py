@@ -1,13 +1,14 @@
 """A run's progress lines, read as they are written: the steps its $TRAINCTL_PROGRESS and
 (with a ``progress_regex``) its log gained since the last look.
 
-Two readers use it. The checkpoint guard (guard.py) wants the run's first step within a
-tenth of a second. The stamper (:class:`StepStamper`) times the lines that carry no time
-of their own (a ``progress_regex`` line; a ``{"step": N}`` line without ``t``, as people
-write them) by the look that first saw them, and appends them to
-``logs/run-N.steps.jsonl``: goodput, the ETA and a checkpoint's step then read every
-step's time to within a look (STAMP_S), where a sample every 15 s gave ``report`` a
-start-up of 0.9 s against 5.7 s measured and no progress at all for a run under 30 s.
+Three readers use it. The checkpoint guard (guard.py) wants the run's first step within a
+tenth of a second, the deploy's gate its first step (launcher/checkpoint.py). The stamper
+(:class:`StepStamper`) times the lines that carry no time of their own (a
+``progress_regex`` line; a ``{"step": N}`` line without ``t``, as people write them) by
+their file's mtime when a look finds them, and appends them to ``logs/run-N.steps.jsonl``:
+goodput, the ETA and a checkpoint's step then read those times, where a sample every 15 s
+gave ``report`` a start-up of 0.9 s against 5.7 s measured and no progress at all for a
+run under 30 s.
 """
 
 from __future__ import annotations
