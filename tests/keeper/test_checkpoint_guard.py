@@ -375,6 +375,20 @@ def test_the_guard_floor_and_its_words() -> None:
     )
 
 
+def deploy_a_change(h: Harness, argv: list[str]) -> dict:  # type: ignore[type-arg]
+    """Start job gpt, let it save twice, change its code, deploy it (`--at now`): the
+    deploy's report (it must fail: the new code's command line starts over)."""
+    h.tc(*argv, check=True)
+    wait_for(lambda: last_step(h, "gpt", 1) >= 25, 30, "run 1 to save twice")
+    train = h.tmp / "gpt" / "train.py"
+    train.write_text(train.read_text() + "# v2\n")
+    res = h.tc("deploy", "gpt", "--at", "now", "--health", "20s", "--json", timeout=120)
+    assert res.rc == 1, res
+    rep = json.loads(res.out)
+    assert isinstance(rep, dict)
+    return rep
+
+
 def test_a_deploy_whose_command_line_starts_over_never_takes_the_checkpoint_back(
     harness: Harness,
 ) -> None:
@@ -384,13 +398,7 @@ def test_a_deploy_whose_command_line_starts_over_never_takes_the_checkpoint_back
     it at its first step, the job ends failed saying why, and the deploy names the copy."""
     h = harness
     out, argv = bed(h, "--save_on_term")
-    h.tc(*argv, check=True)
-    wait_for(lambda: last_step(h, "gpt", 1) >= 25, 30, "run 1 to save twice")
-    train = h.tmp / "gpt" / "train.py"
-    train.write_text(train.read_text() + "# v2\n")
-    res = h.tc("deploy", "gpt", "--at", "now", "--health", "20s", "--json", timeout=120)
-    assert res.rc == 1, res
-    rep = json.loads(res.out)
+    rep = deploy_a_change(h, argv)
     handed = rep["checkpoint_step"]
     assert rep["outcome"] == "failed", rep
     assert "started over at step 1" in rep["cause"], rep
@@ -415,13 +423,7 @@ def test_a_rollback_whose_command_line_starts_over_too_is_stopped_and_said(
     argv[argv.index("--out_dir=out")] = f"--out_dir={out}"
     at = argv.index("--")
     argv[at:at] = ["--set", "snapshot=copy"]
-    h.tc(*argv, check=True)
-    wait_for(lambda: last_step(h, "gpt", 1) >= 25, 30, "run 1 to save twice")
-    train = h.tmp / "gpt" / "train.py"
-    train.write_text(train.read_text() + "# v2\n")
-    res = h.tc("deploy", "gpt", "--at", "now", "--health", "20s", "--json", timeout=120)
-    assert res.rc == 1, res
-    rep = json.loads(res.out)
+    rep = deploy_a_change(h, argv)
     assert rep["outcome"] == "failed", rep
     assert "which was stopped by the checkpoint guard: started over" in rep["summary"], rep
     assert rep["rollback_run"] == 3
