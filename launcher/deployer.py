@@ -2,8 +2,9 @@
 
 Started, detached (a session of its own, stdio on /dev/null), by `trainctl deploy`, which
 only follows the files it writes (launcher/ops/deploy.py says what it does). It exits 0
-when the new code passed its gate, 1 otherwise; its report is in the job's
-``deploys/ID.report.json`` either way.
+once the new code runs (its own supervisor holds it to the gate and probation and writes
+the report, ``deploys/ID.report.json``), 1 when the deploy ended before (its report
+written here).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def main(argv: list[str]) -> int:
         return 2
     home, name, did = Path(argv[0]), argv[1], argv[2]
     report = execute(home, name, did, load_config())
-    return 0 if report.ok else 1
+    return 0 if report is None or report.ok else 1
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from trainctl.supervisor.linux.systemd import own_unit
 from trainctl.supervisor.model.events import append_event
-from trainctl.supervisor.model.reports import Guard
+from trainctl.supervisor.model.layout import DEPLOY_VAR, name_ok
+from trainctl.supervisor.model.reports import Guard, Trial
 from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
@@ -106,6 +107,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     if ho.adopt is not None:
         return adopt(jdir, spec, ho, leaf)
     ho, kept = _guarded(jdir, spec, ho)
+    trial = _trial_of(jdir, spec, ho)
     cgroup = cg.create_job_cgroup(leaf) if spec.isolation.cgroup else None
     before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
     mem: Path | None = None
@@ -113,7 +115,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     try:
         if spec.memory.wanted:
             mem = memory.place(spec.memory.max_bytes, spec.memory.high_bytes, leaf, cgroup)
-        starting = _record_starting(jdir, spec, ho, cgroup, mem, kept)
+        starting = _record_starting(jdir, spec, ho, cgroup, mem, kept, trial)
         procs_fds += [cg.open_procs_fd(g) for g in (cgroup, memory.separate(mem, cgroup)) if g]
     except (OSError, SpawnError):
         _close_all(procs_fds)
@@ -163,6 +165,18 @@ def _guarded(jdir: Path, spec: Spec, ho: Handover) -> tuple[Handover, Guard | No
     if g is None:
         return ho, None
     return replace(ho, resume_from=g.handed), guard.keep_aside(jdir, ho.run, spec, g)
+
+
+def _trial_of(jdir: Path, spec: Spec, ho: Handover) -> Trial | None:
+    """A deploy's new code: the trial its deployer left for it (model/deploys.py), claimed
+    by this run; its supervisor judges the gate and probation. A rollback run, or a later
+    run of the same code, has none."""
+    did = spec.env.get(DEPLOY_VAR)
+    if not did or not name_ok(did) or ho.rolled_back is not None:
+        return None
+    from trainctl.supervisor.model import deploys  # noqa: PLC0415  (a deploy's new code only)
+
+    return deploys.claim_trial(jdir, did, ho.run, time.time())
 
 
 def _last_started(jdir: Path, run: int) -> float | None:
@@ -385,6 +399,7 @@ def _record_starting(
     cgroup: Path | None,
     mem: Path | None,
     kept: Guard | None = None,
+    trial: Trial | None = None,
 ) -> JobState:
     """Write spec.json and a `starting` state for the run before its main process exists."""
     me = procfs.read_stat(os.getpid())
@@ -407,6 +422,7 @@ def _record_starting(
         resumed_from=None if ho.from_scratch else ho.resume_from,
         from_scratch=ho.from_scratch,
         guard=kept,
+        trial=trial,
         rolled_back=ho.rolled_back,
         boot_id=current_boot_id(),
         unit=own_unit(),

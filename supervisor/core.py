@@ -119,7 +119,15 @@ class RunCore:
         self.spawned, self.cgroup = spawned, cgroup
         self.log = _configure_events(jdir, spec.name)
         self.lock_fd = lock_fd
-        self.life = lc.Life(restarts=state.restarts, run=state.run, history=state.restart_history)
+        t = state.trial  # a deploy's new code: held to its gate, then its probation
+        self.life = lc.Life(
+            restarts=state.restarts,
+            run=state.run,
+            history=state.restart_history,
+            trial=t.stage if t is not None else None,
+            trial_rollback=t is not None and t.rollback,
+            trial_of=f"deploy {t.id} of {t.to_commit or '?'}" if t is not None else "the deploy",
+        )
         self.main_status: int | None = None
         self.main_reaped = anyio.Event()
         self.events_tx, self.events_rx = anyio.create_memory_object_stream[lc.Event](64)

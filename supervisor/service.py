@@ -28,7 +28,6 @@ import anyio.lowlevel
 
 from trainctl.supervisor.gpu import health
 from trainctl.supervisor.gpu.verify import fresh_baselines
-from trainctl.supervisor.model.layout import DEPLOY_LOCK
 from trainctl.supervisor.model.reports import STARTED_OVER, Cause, Failure, StopReport
 from trainctl.supervisor.model.spec import Spec, StopOrder, spec_from_doc
 from trainctl.supervisor.model.state import (
@@ -36,7 +35,6 @@ from trainctl.supervisor.model.state import (
     GpuLease,
     JobState,
     error_file,
-    is_locked,
     log_path,
 )
 from trainctl.supervisor.records import JsonObject, replace
@@ -53,15 +51,19 @@ from .core import RunCore
 from .errors import TrainctlError
 from .life import causes
 from .life import lifecycle as lc
+from .life.judge import DeployJudge, release_held
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
-from .model import checkpoints, control, events, layout
+from .model import checkpoints, control, deploys, events, layout
+from .model.deploys import DeployReport
 from .server import ControlServer
 from .watch import guard
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
 REAP_BATCH_S = 0.01
+GUARD_HELD_S = 0.1  # a rollback run's look for its guard's verdict (see _release_rollback)
+HELD_MAX_S = 600.0  # ... and the longest it holds its deploy's report for that verdict
 
 
 class Owner:
@@ -78,6 +80,8 @@ class Owner:
         self._reap_on_signal: anyio.CancelScope | None = None
         self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
         self._terminal: Terminal | None = None  # `--tty`: main's pty (see run)
+        self.judge = DeployJudge(core.jdir, core.spec.cwd, self.fire)
+        self._held_back: DeployReport | None = None  # a rollback run: its deploy's report
 
     def fire(self, event: str, cause: Cause, *, notify: bool = True) -> None:
         """A hook, with the newest step the watchers sampled."""
@@ -117,8 +121,25 @@ class Owner:
         elif isinstance(a, lc.Reply):
             for token in a.tokens:
                 self._answer(token, a)
-        elif isinstance(a, lc.Hook):
+        elif isinstance(a, lc.Hook | lc.Judge):
+            self._tell(a)
+
+    def _tell(self, a: lc.Hook | lc.Judge) -> None:
+        """A hook; or a deploy's verdict, written (life/judge.py), and the run's trial
+        record moved on."""
+        if isinstance(a, lc.Hook):
             self.fire(a.event, a.cause, notify=a.notify)
+            return
+        t = self.core.state.trial
+        if t is None:
+            return
+        try:
+            now = self.judge.judged(a, t)
+        except (OSError, TrainctlError) as e:  # a verdict's files must not cost the run
+            self.core.log.warning("deploy_verdict_unwritten", error=str(e), outcome=a.outcome)
+            now = None if a.outcome in ("passed", "ended", "failed") else t
+        if now != t:
+            self._write(lc.Record(put=(("trial", now),)))
 
     def _write(self, a: lc.Persist | lc.Record) -> None:
         """The owner's writes: a phase move, or what a watcher observed (phase unchanged,
@@ -308,10 +329,54 @@ class Owner:
             prev = spec_from_doc(json.loads(path.read_text()), str(path))
         except (OSError, ValueError, TrainctlError):
             return None
-        if prev.cwd == spec.cwd or not os.path.isdir(prev.cwd) or is_locked(jdir, DEPLOY_LOCK):
-            return None  # already the old code; its snapshot pruned; the deployer decides
+        if prev.cwd == spec.cwd or not os.path.isdir(prev.cwd):
+            return None  # already the old code; its snapshot pruned
         env = {k: v for k, v in prev.env.items() if k not in (layout.DEPLOY_VAR, RESUME_VAR)}
         return replace(prev, env=env)
+
+    def _hold_rollback(self, prev: Spec, run: int) -> None:
+        """A deploy's trial failed: before the old code runs again, put back what the new
+        code overwrote, then hold the deploy's report for run ``run`` (life/judge.py)."""
+        held, t = self.judge.held, self.core.state.trial
+        if held is None or t is None:
+            return
+        restored, done = deploys.put_back(t, t.cwd or prev.cwd)
+        for line in done:
+            deploys.say(self.core.jdir, t.id, "rollback", line)
+        self.judge.held = held = replace(held, restored=restored, rollback_run=run)
+        try:
+            deploys.hold_rollback(self.core.jdir, held)
+        except (OSError, TrainctlError) as e:
+            self.core.log.warning("deploy_report_unwritten", error=str(e))
+
+    async def _release_rollback(self) -> None:
+        """The rollback run of a deploy: its report is final once the checkpoint guard
+        judged this run (its first step, or it had no floor); if the guard stops it, the
+        report says so once the stop is over (:meth:`_released_at_end`)."""
+        jdir, run = self.core.jdir, self.core.state.run
+        self._held_back = await anyio.to_thread.run_sync(deploys.pending_rollback, jdir, run)
+        until = time.monotonic() + HELD_MAX_S
+        while self._held_back is not None and self.core.stage is lc.Stage.RUNNING:
+            if time.monotonic() > until:
+                break  # no first step in all that time: it runs; the report says so
+            g = self.core.state.guard
+            if g is not None and g.tripped is not None:
+                return  # said once the run has ended
+            if g is None or g.floor is None or g.first_step is not None:
+                break
+            await anyio.sleep(GUARD_HELD_S)
+        if self.core.stage is lc.Stage.RUNNING and self._held_back is not None:
+            held, self._held_back = self._held_back, None
+            await anyio.to_thread.run_sync(release_held, jdir, held, None)
+
+    def _released_at_end(self) -> None:
+        held, self._held_back = self._held_back, None
+        if held is None:
+            return
+        st = self.core.state
+        tripped = st.guard is not None and st.guard.tripped is not None
+        over = (st.cause.summary if st.cause else None) if tripped else None
+        release_held(self.core.jdir, held, over)
 
     def _put_back(self) -> str | None:
         """After the guard stopped a run that started over: its checkpoints behind the mark
@@ -350,10 +415,14 @@ class Owner:
         except OSError:
             return []
 
-    def _resume_target(self) -> tuple[str | None, str | None]:
+    def _resume_target(self, *, rollback: bool = False) -> tuple[str | None, str | None]:
         """(the checkpoint the next run is handed, the one skipped): the newest complete
         one; the one before it, once, when the failed run was handed the newest and failed
-        before it saved anything newer (a checkpoint it cannot resume from)."""
+        before it saved anything newer (a checkpoint it cannot resume from). A rollback
+        from a deploy's failed trial: the checkpoint the deploy handed over (docs/deploy.md)."""
+        t = self.core.state.trial
+        if rollback and t is not None and t.checkpoint and os.path.exists(t.checkpoint):
+            return t.checkpoint, None
         ones = self._complete_checkpoints()
         if not ones:
             return None, None
@@ -434,8 +503,10 @@ class Owner:
                 self.core.send(lc.Relaunched(error="the code the deploy replaced is gone"))
                 return
             spec, restarts, history = prev, 0, ()
+            await anyio.to_thread.run_sync(self._hold_rollback, prev, st.run + 1)
         failure = replace(failure, at=time.time())
-        resume, skipped = await anyio.to_thread.run_sync(self._resume_target)
+        target = functools.partial(self._resume_target, rollback=rollback is not None)
+        resume, skipped = await anyio.to_thread.run_sync(target)
         if skipped is not None:
             self.core.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
                              why="the run failed right after resuming from it")  # fmt: skip
@@ -542,7 +613,10 @@ class Owner:
                 tg.start_soon(self._copy_log, Path(source))
             if self.core.state.restarts == 0 and self.core.state.adopted is None:
                 self.fire("start", self._started(), notify=False)
+            if self.core.state.rolled_back is not None:
+                tg.start_soon(self._release_rollback)
             await self._own_lifecycle(tg)
+            self._released_at_end()
             if self._terminal is not None:
                 self._terminal.finish(self._end_of_run())
             if self.core.life.stage is not lc.Stage.HANDED_OVER:

@@ -30,7 +30,7 @@ from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
 from trainctl.supervisor.tree.stacks import stacks_writer
-from trainctl.supervisor.watch import guard
+from trainctl.supervisor.watch import guard, trial
 from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
@@ -120,6 +120,34 @@ class Watchers:
         g = self.run.state.guard
         if g is not None and g.floor is not None:
             tg.start_soon(self._guard_first_step)
+        if self.run.state.trial is not None:
+            tg.start_soon(self._judge_trial)
+
+    async def _judge_trial(self) -> None:
+        """A deploy's new code, held to its gate, then its probation (watch/trial.py):
+        each verdict goes to the lifecycle, which decides what follows (one controller)."""
+        jdir, spec, st = self.run.jdir, self.run.spec, self.run.state
+        step_at = functools.partial(
+            guard.step_before, jdir, st.run, spec, run_started=st.started_at
+        )
+        watch = trial.TrialWatch(jdir, spec, st, step_at)
+        sent: str | None = None  # the stage a verdict was sent for
+        while self.run.stage is lc.Stage.RUNNING:
+            await anyio.sleep(trial.TRIAL_LOOK_S)
+            t = self.run.state.trial
+            if t is None or self.run.stage is not lc.Stage.RUNNING:
+                return
+            if t.stage == sent:
+                continue  # the owner has not moved the trial on yet
+            stalled = self.run.state.stalled_since is not None
+            verdict = await anyio.to_thread.run_sync(watch.look, t, time.time(), stalled)
+            if watch.first is not None and t.first_step is None:
+                self.run.observe(trial=replace(t, first_step=watch.first))
+            if isinstance(verdict, trial.TrialPassed):
+                self.run.send(lc.TrialPassed(verdict.why, verdict.step))
+            elif verdict is not None:
+                self.run.send(lc.TrialFailed(verdict.why, verdict.lines))
+            sent = t.stage if verdict is not None else None
 
     async def _guard_first_step(self) -> None:
         """The checkpoint guard: the run's first reported step, looked for every

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -38,16 +37,14 @@ from pathlib import Path
 
 from trainctl.launcher import backends, snapshot
 from trainctl.launcher.checkpoint import (
-    first_step,
     newest_checkpoint,
     wait_new_checkpoint,
     wait_next_save,
     with_step,
 )
 from trainctl.launcher.config import Config
-from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results import Checkpoint
-from trainctl.launcher.results.ops import DeployPlan, DeployReport, DeployStep
+from trainctl.launcher.results.ops import DeployPlan
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
@@ -56,15 +53,14 @@ from trainctl.supervisor.errors import (
     TrainctlError,
 )
 from trainctl.supervisor.life import hooks
-from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import events, keepsafe, layout, state
+from trainctl.supervisor.model import deploys, keepsafe, layout, state
+from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model.layout import PREVIOUS_SPEC
-from trainctl.supervisor.model.reports import Cause
+from trainctl.supervisor.model.reports import GATE, Cause, Trial
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.sections import CodeRecord
 from trainctl.supervisor.model.spec import Spec, spec_to_doc
 from trainctl.supervisor.model.state import JobState, Phase
-from trainctl.supervisor.model.tail import tail_lines
 from trainctl.supervisor.records import asdict, field, record, replace
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
 from trainctl.supervisor.watch.drift import code_version, drift
@@ -74,10 +70,7 @@ from .deployfiles import (
     LOCK,
     cancel_path,
     deploys_dir,
-    on_probation,
     plan_path,
-    report_path,
-    steps_path,
 )
 from .jobs import current_phase, existing_job, live_members
 from .plan import at_options
@@ -122,10 +115,12 @@ def plan_deploy(
     spec = state.read_spec(jdir)
     to_code, changes = _new_code(name, st, spec, cfg, reload=reload, force=force)
     if state.is_locked(jdir, LOCK):
-        # a deploy on probation is ended by the next one (a dry run only says it would be)
-        probation = on_probation(jdir, st.run) is not None
-        if not probation or (not dry_run and not _end_probation(jdir, st.run)):
-            raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+        raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
+    if st.trial is not None and st.trial.stage == GATE and not dry_run:
+        # on probation, a new deploy ends the probation (its stop); at the gate it waits
+        raise JobConflictError(
+            f"deploy {st.trial.id} of {name} is at its gate (run {st.run}); wait for its verdict"
+        )
     _refuse_blind(name, spec, jdir, st.run)
     can, cannot = at_options(spec, list(alive(scan(target_of(st))).values()))
     at = _when(name, spec, at, cannot)
@@ -213,16 +208,6 @@ def _refuse_blind(name: str, spec: Spec, jdir: Path, run: int) -> None:
             f"{name}` brings in the code on disk (its --health watches the new run), or set "
             "progress_regex or checkpoint in the spec"
         )
-
-
-def _end_probation(jdir: Path, run: int) -> bool:
-    """A new deploy ends the probation of the last one (the run it holds is about to be
-    replaced): its deployer is asked to let go; True once it has."""
-    rep = on_probation(jdir, run)
-    if rep is None:
-        return False
-    cancel_path(jdir, rep.id).touch()
-    return poll_until(lambda: None if state.is_locked(jdir, LOCK) else True, 5.0, 0.05) is True
 
 
 def _when(name: str, spec: Spec, at: str | None, cannot: dict[str, str]) -> str:
@@ -343,34 +328,25 @@ class _Deploy:
 
     def say(self, step: str, line: str, left_s: float | None = None) -> None:
         self.step = step
-        doc = asdict(DeployStep(step, line, time.time(), left_s))
-        with contextlib.suppress(OSError, TrainctlError):
-            fd = state.open_append(steps_path(self.jdir, self.plan.id))
-            with os.fdopen(fd, "a") as f:
-                f.write(json.dumps(doc) + "\n")
+        deploys.say(self.jdir, self.plan.id, step, line, left_s)
 
-    def report(self, outcome: str, summary: str, **more: object) -> DeployReport:
+    def report_doc(self, outcome: str, summary: str, **more: object) -> DeployReport:
+        """The deploy's report as it stands (not written)."""
         p = self.plan
-        rep = DeployReport(
-            id=p.id,
-            name=p.name,
-            outcome=outcome,
-            step=self.step,
-            summary=summary,
-            from_run=p.from_run,
-            from_commit=_commit(p.from_code),
-            to_commit=_commit(p.to_code),
+        return DeployReport(
+            id=p.id, name=p.name, outcome=outcome, step=self.step, summary=summary,
+            from_run=p.from_run, from_commit=_commit(p.from_code), to_commit=_commit(p.to_code),
             checkpoint=self.checkpoint.path if self.checkpoint else None,
             checkpoint_step=self.checkpoint.step if self.checkpoint else None,
-            kept=self.kept.path if self.kept else None,
-            restored=self.restored,
-            started_at=self.started_at,
-            ended_at=time.time(),
+            kept=self.kept.path if self.kept else None, restored=self.restored,
+            started_at=self.started_at, ended_at=time.time(),
             **more,  # type: ignore[arg-type]
-        )
-        state.write_json_atomic(report_path(self.jdir, p.id), rep.to_doc())
-        with contextlib.suppress(OSError):
-            events.append_event(self.jdir, rep.event(), **rep.to_doc())
+        )  # fmt: skip
+
+    def report(self, outcome: str, summary: str, **more: object) -> DeployReport:
+        """Write the deploy's report (the verb's answer) and its event."""
+        rep = self.report_doc(outcome, summary, **more)
+        deploys.write_report(self.jdir, rep)
         return rep
 
 
@@ -386,8 +362,9 @@ def _commit(code: CodeRecord | None) -> str | None:
     return sha[:12] if sha else None
 
 
-def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:
-    """Run deploy ``did`` of job ``name`` to its end; the report is also on disk."""
+def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport | None:
+    """Run deploy ``did`` of job ``name`` until the new code runs (None: its supervisor
+    judges it and writes the report) or the deploy ended here (its report, also on disk)."""
     jdir = existing_job(home, name)
     doc = json.loads(plan_path(jdir, did).read_text())
     plan = build_document(DeployPlan, doc, str(plan_path(jdir, did)))
@@ -399,17 +376,20 @@ def execute(home: Path, name: str, did: str, cfg: Config) -> DeployReport:
         return d.report("refused", str(e))
 
 
-def _run(d: _Deploy) -> DeployReport:
+def _run(d: _Deploy) -> DeployReport | None:
+    """Steps 1-3; then the new run's supervisor holds the new code to its gate and
+    probation and writes the report (None here: handed over)."""
     p = d.plan
     ended = _checkpoint_step(d, d.previous) or _keep_aside(d)
     if ended is not None:
         return ended
     d.say("stop", f"stopping run {p.from_run} (verified), then starting the new code")
     resume = d.checkpoint.path if d.checkpoint else None
-    if p.rollback_to is not None:  # the way back once this deployer is gone (service.py)
-        with contextlib.suppress(OSError, TrainctlError):
+    with contextlib.suppress(OSError, TrainctlError):  # the way back (service.py)
+        if p.rollback_to is not None:
             doc = spec_to_doc(d.previous)
             state.write_json_atomic(deploys_dir(d.jdir) / PREVIOUS_SPEC.format(id=p.id), doc)
+    state.write_json_atomic(deploys.trial_path(d.jdir, p.id), asdict(_trial(d)))
     try:
         _, started = restart_job(
             d.home, p.name, d.cfg, grace_s=p.grace_s, reload=p.reload, verb="deploy",
@@ -419,36 +399,27 @@ def _run(d: _Deploy) -> DeployReport:
         st = state.read_state(d.jdir)
         if st.run == p.from_run and current_phase(d.jdir, st) in state.TERMINAL:
             # the old run is stopped and the new code never started: go back all the same
-            return _rollback(d, None, _Gate(False, f"the new code did not start: {e}"), resume)
+            return _rollback(d, f"the new code did not start: {e}", resume)
         return d.report("failed", f"the stop failed, nothing was started: {e}")
-    d.say("start", f"run {started.run} started (main pid {started.main_pid})")
-    gate = _gate(d, started.run)
-    if not gate.ok:
-        return _rollback(d, started.run, gate, resume)
-    return _on_probation(d, started.run, gate, resume)
+    d.say("start", f"run {started.run} started (main pid {started.main_pid}); its "
+          "supervisor holds it to the gate")  # fmt: skip
+    d.say("gate", f"waiting for run {started.run} to make progress", p.health_s)
+    return None
 
 
-def _on_probation(d: _Deploy, run: int, gate: _Gate, resume: str | None) -> DeployReport:
-    """The gate passed: report it (the verb returns), then hold the new code to its
-    probation; a crash or stall in it rolls back (a second report)."""
-    p = d.plan
-    passed_at = time.time()
-    until = passed_at + p.probation_s
-    d.say("gate", f"run {run} passed its gate: {gate.why}")
-    rep = d.report(
-        "deployed", f"run {run} runs the new code: {gate.why}",
-        to_run=run, resumed_step=gate.first, reached_step=gate.step, probation_until=until,
+def _trial(d: _Deploy) -> Trial:
+    """What the new run's supervisor holds the new code to (model/deploys.py)."""
+    p, ck = d.plan, d.checkpoint
+    return Trial(
+        id=p.id, name=p.name, from_run=p.from_run, health_s=p.health_s,
+        probation_s=p.probation_s, resume_tolerance=p.resume_tolerance,
+        rollback=p.rollback == "auto" and p.rollback_to is not None,
+        no_rollback_why=p.no_rollback_why, from_commit=_commit(p.from_code),
+        to_commit=_commit(p.to_code), checkpoint=ck.path if ck else None,
+        checkpoint_step=ck.step if ck else None, checkpoint_mtime=ck.mtime if ck else None,
+        checkpoint_size=ck.size if ck else 0, checkpoint_glob=p.checkpoint_glob,
+        kept=d.kept.path if d.kept else None, started_at=d.started_at, cwd=d.previous.cwd,
     )  # fmt: skip
-    trial = _probation_verdict(d, run, passed_at, until)
-    if trial.ok:
-        keepsafe.discard(d.kept.path if d.kept else None)
-        d.say("done", f"run {run} passed its probation: {trial.why}")
-        with contextlib.suppress(OSError):
-            events.append_event(d.jdir, "deploy_probation", id=p.id, run=run,
-                               outcome="passed", why=trial.why)  # fmt: skip
-        return rep
-    trial.why = f"on probation: {trial.why}"
-    return _rollback(d, run, trial, resume)
 
 
 def _checkpoint_step(d: _Deploy, spec: Spec) -> DeployReport | None:
@@ -557,213 +528,49 @@ def _resuming(spec: Spec, resume: str | None, did: str) -> Spec:
     return replace(spec, env=env)
 
 
-@record()
-class _Gate:
-    ok: bool
-    why: str
-    first: float | None = None
-    step: float | None = None
-    lines: list[str] = field(default_factory=list)
-
-
-def _gate(d: _Deploy, run: int) -> _Gate:
-    """Wait for the new run to show progress past its first step (or a checkpoint)."""
-    limit = d.plan.health_s
-    t0 = time.time()
-    d.say("gate", f"waiting for run {run} to make progress", limit)
-    seen: list[float] = []  # the steps the new run reported: its first, its newest
-
-    def last_lines() -> list[str]:
-        return [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
-
-    def verdict() -> _Gate | None:
-        st = state.read_state(d.jdir)
-        spec = state.read_spec(d.jdir)
-        first, step = (seen[0], seen[-1]) if seen else (None, None)
-        if st.run != run or st.phase in state.TERMINAL or st.restart_at is not None:
-            if st.run == run and st.phase == Phase.EXITED and not st.exit_code:
-                return _Gate(True, "it finished cleanly within the gate", first, step)
-            why = st.cause.summary if st.cause is not None and st.run == run else "it ended"
-            return _Gate(False, f"run {run} ended: {why}", first, step, last_lines())
-        stepped = _gate_by_steps(d, run, st, spec, seen)
-        if stepped is not None:
-            return stepped
-        ck = with_step(newest_checkpoint(spec), d.jdir, run, spec.watch.progress_regex)
-        if ck is not None and ck.mtime > t0:
-            if ck.step is not None and (behind := _behind(d, ck.step, "saved")) is not None:
-                return _Gate(False, behind, first, step, last_lines())
-            return _Gate(True, f"it wrote checkpoint {ck.path}", first, step)
-        return None
-
-    got = poll_until(verdict, limit, GATE_POLL_S)
-    if got is not None:
-        return got
-    first = seen[0] if seen else None
-    what = "no progress" if first is None else f"no step past {first:g}"
-    return _Gate(False, f"{what} within {limit:g} s", first, seen[-1] if seen else None,
-                 last_lines())  # fmt: skip
-
-
-def _gate_by_steps(
-    d: _Deploy, run: int, st: JobState, spec: Spec, seen: list[float]
-) -> _Gate | None:
-    """The run's first step must be at or past the handed checkpoint's (else it started
-    over); then it passes with a step past its first. ``seen``: its steps so far."""
-    prog = read_progress(d.jdir, st, spec)
-    if prog is None or prog.step is None:
-        return None
-    if not seen:  # the run's own first report, not the first the gate saw
-        first = first_step(d.jdir, run, spec)
-        seen.append(prog.step if first is None else first)
-        if (behind := _behind(d, seen[0], "started at")) is not None:
-            return _Gate(False, behind, seen[0], prog.step, _tail(d, run))
-    seen.append(prog.step)
-    if prog.step > seen[0]:
-        return _Gate(True, f"step {prog.step:g}, past step {seen[0]:g}", seen[0], prog.step)
-    return None
-
-
-def _behind(d: _Deploy, step: float, what: str) -> str | None:
-    """Why the new run did not resume (its step is behind the handed checkpoint's beyond
-    the tolerance); None when it is at or past it, or the handed step is unknown."""
-    ck = d.checkpoint
-    if ck is None or ck.step is None or step >= ck.step - d.plan.resume_tolerance:
-        return None
-    return (
-        f"did not resume: {what} step {step:g}, the checkpoint it was given is at step {ck.step:g}"
-    )
-
-
-def _probation_verdict(d: _Deploy, run: int, since: float, until: float) -> _Gate:
-    """After the gate: the run must live without a crash or a stall until its first
-    complete checkpoint (at or past the handed step), or until ``until``."""
-
-    def verdict() -> _Gate | None:
-        if cancel_path(d.jdir, d.plan.id).exists():
-            return _Gate(True, "a newer deploy ended the probation")
-        st = state.read_state(d.jdir)
-        if st.run != run:
-            return _Gate(True, f"run {run} was replaced by run {st.run}")
-        health = _health(d, st, run)
-        if health is not None:
-            return health
-        spec = state.read_spec(d.jdir)
-        ck = with_step(newest_checkpoint(spec), d.jdir, run, spec.watch.progress_regex)
-        if ck is not None and ck.mtime > since:
-            behind = None if ck.step is None else _behind(d, ck.step, "saved")
-            if behind is not None:
-                return _Gate(False, behind, lines=_tail(d, run))
-            return _Gate(True, f"it saved checkpoint {ck.path}")
-        return None
-
-    left = max(0.0, until - time.time())
-    when = time.strftime("%H:%M:%S", time.localtime(until))
-    d.say("probation", f"on probation until {when} or its first complete checkpoint; "
-          "a crash or stall meanwhile rolls back", left)  # fmt: skip
-    got = poll_until(verdict, left, PROBATION_POLL_S)
-    return got if got is not None else _Gate(True, f"no crash or stall in {left:g} s")
-
-
-def _health(d: _Deploy, st: JobState, run: int) -> _Gate | None:
-    """A verdict when run ``run`` ended, is restarting after a failure, or stalled."""
-    phase = current_phase(d.jdir, st)
-    why = st.cause.summary if st.cause is not None else "it failed"
-    if phase in state.TERMINAL:
-        if phase == Phase.STOPPED or (phase == Phase.EXITED and not st.exit_code):
-            return _Gate(True, f"run {run} ended cleanly or was stopped ({why})")
-        return _Gate(False, f"run {run} ended: {why}", lines=_tail(d, run))
-    if st.restart_at is not None:
-        return _Gate(False, f"run {run} failed and is restarting: {why}", lines=_tail(d, run))
-    if st.stalled_since is not None:
-        return _Gate(False, f"run {run} stalled", lines=_tail(d, run))
-    return None
-
-
-def _tail(d: _Deploy, run: int) -> list[str]:
-    return [x[-300:] for x in tail_lines(state.log_path(d.jdir, run), 4096)][-10:]
-
-
 def _save_progress(d: _Deploy) -> bool:
-    """Before the old code runs again: put the handed checkpoint back if the new code
-    changed it, and move aside the new code's checkpoints that fell behind it. True when
-    the kept copy went back."""
-    ck, p = d.checkpoint, d.plan
-    if ck is None or not p.checkpoint_glob:
-        return False
-    spec = d.previous
-    if ck.step is not None:
-        moved = keepsafe.reject_behind(spec.cwd, p.checkpoint_glob, ck.mtime, ck.step, p.id)
-        if moved:
-            d.say("rollback", f"moved aside the new code's checkpoints behind step "
-                  f"{ck.step:g}: {', '.join(moved)}")  # fmt: skip
-    if d.kept is None or not keepsafe.changed_since(ck):
-        return False
-    keepsafe.restore(d.kept.path, ck)
-    d.say("rollback", f"checkpoint {ck.path} was changed by the new code: put back the one "
-          f"handed over{'' if ck.step is None else f' (step {ck.step:g})'}")  # fmt: skip
-    return True
+    """Before the old code runs again: put the handed checkpoint back if it changed, and
+    move aside checkpoints that fell behind it. True when the kept copy went back."""
+    restored, done = deploys.put_back(_trial(d), d.previous.cwd)
+    for line in done:
+        d.say("rollback", line)
+    return restored
 
 
-def _rollback(d: _Deploy, run: int | None, gate: _Gate, resume: str | None) -> DeployReport:
+def _rollback(d: _Deploy, why: str, resume: str | None) -> DeployReport | None:
+    """The old run is stopped and the new code never started (no supervisor judges it):
+    the old code starts again, from the same checkpoint. Its supervisor writes the report
+    once its checkpoint guard has judged it (the held report, model/deploys.py)."""
     p = d.plan
     old, new = _commit(p.from_code) or "?", _commit(p.to_code) or "?"
-    more = {"to_run": run, "cause": gate.why, "last_lines": gate.lines,
-            "resumed_step": gate.first, "reached_step": gate.step}  # fmt: skip
     if p.rollback != "auto" or p.rollback_to is None:
         with contextlib.suppress(OSError):  # put back what it overwrote, at least
             d.restored = _save_progress(d)
-        why = p.no_rollback_why or "--rollback never"
-        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
-                       f"not rolled back ({why})"))  # fmt: skip
-        return d.report("failed", f"the new code failed its gate ({gate.why}); "
-                        f"not rolled back: {why}", **more)  # fmt: skip
-    d.say("rollback", f"{gate.why}: rolling back to run {p.from_run}'s code ({old})")
+        no = p.no_rollback_why or "--rollback never"
+        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {why}; "
+                       f"not rolled back ({no})"))  # fmt: skip
+        return d.report("failed", f"the new code failed its gate ({why}); not rolled back: {no}",
+                        cause=why)  # fmt: skip
+    d.say("rollback", f"{why}: rolling back to run {p.from_run}'s code ({old})")
+    nxt = state.read_state(d.jdir).run + 1  # this deployer holds the job: the next run
+    summary = f"deploy of {new} failed: {why}; rolled back to {old} (run {nxt})"
+    held = d.report_doc("rolled-back", summary, cause=why, rollback_run=nxt)
+    deploys.hold_rollback(d.jdir, held)
     try:
-        _, back = restart_job(
+        restart_job(
             d.home, p.name, d.cfg, grace_s=p.grace_s, verb="deploy", keep_cwd=True,
             respec=lambda _new: _resuming(d.previous, resume, p.id),
-            # after the new code's stop: its own save on SIGTERM must not land on top
             after_stop=lambda: _put_back(d),
-            rolled_back=f"deploy {p.id} of {new} failed: {gate.why}",
+            rolled_back=f"deploy {p.id} of {new} failed: {why}",
         )  # fmt: skip
     except TrainctlError as e:
-        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {gate.why}; "
+        deploys.rollback_path(d.jdir, p.id).unlink(missing_ok=True)
+        _tell(d, Cause(kind="deploy_failed", summary=f"deploy of {new} failed: {why}; "
                        f"the rollback to {old} failed too: {e}"))  # fmt: skip
-        return d.report("failed", f"{gate.why}; the rollback failed: {e}", **more)
-    summary = f"deploy of {new} failed: {gate.why}; rolled back to {old} (run {back.run})"
-    over = _guard_verdict(d, back.run)
-    if over is not None:  # the old code's command line starts over too (a scratch flag)
-        summary += f", which was stopped by the checkpoint guard: {over}"
-        _tell(d, Cause(kind="deploy_failed", summary=summary))
-        d.say("done", f"run {back.run} started over and was stopped: {over}")
-        return d.report("failed", summary, rollback_run=back.run, **more)
+        return d.report("failed", f"{why}; the rollback failed: {e}", cause=why)
     _tell(d, Cause(kind="deploy_failed", summary=summary))
-    d.say("done", f"run {back.run} runs the previous code ({old})")
-    return d.report("rolled-back", summary, rollback_run=back.run, **more)
-
-
-GUARD_WAIT_S = 0.1
-
-
-def _guard_verdict(d: _Deploy, run: int) -> str | None:
-    """The rollback run is held to the checkpoint guard like any start (watch/guard.py):
-    wait for its verdict (its first step, or its end) within the gate's time; the guard's
-    cause when it stopped the run, else None."""
-
-    def verdict() -> tuple[str | None] | None:
-        st = state.read_state(d.jdir)
-        g = st.guard if st.run == run else None
-        if g is None or g.floor is None:
-            return (None,)  # nothing to guard, or a later run already
-        if g.tripped is not None:
-            ended = st.phase in state.TERMINAL and st.cause is not None
-            return (st.cause.summary,) if ended and st.cause else None
-        if g.first_step is not None or st.phase in state.TERMINAL:
-            return (None,)
-        return None
-
-    got = poll_until(verdict, d.plan.health_s, GUARD_WAIT_S)
-    return got[0] if got is not None else None
+    d.say("done", f"run {nxt} runs the previous code ({old})")
+    return None  # the held report is the rollback run's to write
 
 
 def _put_back(d: _Deploy) -> None:

@@ -53,6 +53,8 @@ def job_history(home: Path, name: str) -> list[HistoryRow]:
                 continue
             summary = ev.cause.summary if ev.cause is not None else None
             phase = ev.phase if isinstance(ev, events.Ended) else "failed (restarted)"
+            if isinstance(ev, events.RestartScheduled) and ev.rollback:
+                phase = "failed (rolled back)"
             rows[r] = replace(row(r), ended_at=ev.ts, phase=phase, cause=summary)
         elif isinstance(ev, events.Deploy):
             _mark_deploy(rows, ev)

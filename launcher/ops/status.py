@@ -26,7 +26,7 @@ from trainctl.launcher.results import (
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, StateError
 from trainctl.supervisor.linux import memory
 from trainctl.supervisor.model import layout, state
-from trainctl.supervisor.model.reports import MembersReply
+from trainctl.supervisor.model.reports import GATE, MembersReply
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.model.state import JobState, Phase
@@ -164,7 +164,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         checkpoint=training.checkpoint,
         progress=training.progress,
         code_changed=training.code_changed,
-        probation=_probation(jdir, st.run),
+        probation=_probation(st),
         code=st.code,
         never_ran=st.main is None and st.supervisor is None and phase in state.TERMINAL,
         spec_changed=training.spec_changed,
@@ -298,18 +298,16 @@ class _Training:
     spec_changed: list[str] = field(default_factory=list)
 
 
-def _probation(jdir: Path, run: int) -> str | None:
-    """The deploy that holds run ``run`` to its probation now, in words."""
-    if not state.is_locked(jdir, layout.DEPLOY_LOCK):
-        return None  # no deployer lives (the common case): its reports are not read
-    from .deployfiles import on_probation  # noqa: PLC0415  (deploy reports: while one lives)
-
-    rep = on_probation(jdir, run)
-    if rep is None or rep.probation_until is None:
+def _probation(st: state.JobState) -> str | None:
+    """The deploy trial the run's supervisor holds it to now, in words."""
+    t = st.trial
+    if t is None or st.phase in state.TERMINAL:
         return None
-    when = time.strftime("%H:%M:%S", time.localtime(rep.probation_until))
+    when = time.strftime("%H:%M:%S", time.localtime(t.until))
+    if t.stage == GATE:
+        return f"deploy {t.id}: at its gate until {when} (a step past its first, or a checkpoint)"
     return (
-        f"deploy {rep.id}: on probation until {when} or its first complete checkpoint; "
+        f"deploy {t.id}: on probation until {when} or its first complete checkpoint; "
         "a crash or stall rolls back"
     )
 

@@ -10,13 +10,8 @@ from trainctl.launcher import term
 from trainctl.launcher.inputs import human_duration
 
 if TYPE_CHECKING:
-    from trainctl.launcher.results.ops import (
-        DeployPlan,
-        DeployReport,
-        DeployStep,
-        Goodput,
-        HistoryRow,
-    )
+    from trainctl.launcher.results.ops import DeployPlan, Goodput, HistoryRow
+    from trainctl.supervisor.model.deploys import DeployReport, DeployStep
 
 
 from .base import age, clean, duration, out

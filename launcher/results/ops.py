@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.sections import Adoption, CodeRecord
 from trainctl.supervisor.model.state import JobState, MemberSnap
@@ -161,60 +160,6 @@ class DeployPlan:
     def to_doc(self) -> JsonObject:
         """The JSON form (`deploy --dry-run --json`, the plan file)."""
         return asdict(self)
-
-
-@record(frozen=True)
-class DeployStep:
-    """One line of a deploy's progress, as the deployer wrote it."""
-
-    step: str  # checkpoint | stop | start | gate | rollback | done
-    line: str
-    at: float = 0.0
-    left_s: float | None = None  # a wait's time left when it was written
-
-
-@record(frozen=True)
-class DeployReport:
-    """How a deploy ended: deployed, rolled back, failed (nothing rolled back) or cancelled."""
-
-    id: str
-    name: str
-    outcome: str  # deployed | rolled-back | failed | cancelled | refused
-    step: str  # the step it ended in
-    summary: str
-    from_run: int | None = None
-    to_run: int | None = None
-    rollback_run: int | None = None
-    from_commit: str | None = None
-    to_commit: str | None = None
-    checkpoint: str | None = None  # what the new run (and a rollback) resumed from
-    resumed_step: float | None = None  # the first step the new run reported
-    reached_step: float | None = None
-    cause: str | None = None  # why the gate failed
-    last_lines: list[str] = field(default_factory=list)
-    started_at: float = 0.0
-    ended_at: float = 0.0
-    checkpoint_step: float | None = None  # the step of the checkpoint handed over
-    kept: str | None = None  # where the handed checkpoint is kept aside until probation ends
-    restored: bool = False  # the kept copy was put back (the new code overwrote it)
-    probation_until: float | None = None  # deployed, on probation until then (or a save)
-
-    @property
-    def ok(self) -> bool:
-        """The new code runs and passed its gate."""
-        return self.outcome == "deployed"
-
-    def event(self) -> events.Deploy:
-        """The typed `deploy` event: what history and report read back (the line has the
-        whole report, :meth:`to_doc`, beside it)."""
-        return events.Deploy(
-            self.outcome, self.from_run, self.to_run, self.rollback_run, self.from_commit,
-            self.to_commit, self.checkpoint,
-        )  # fmt: skip
-
-    def to_doc(self) -> JsonObject:
-        """The JSON form (the report file, `deploy --json`)."""
-        return {**asdict(self), "ok": self.ok}
 
 
 @record(frozen=True)

@@ -12,13 +12,16 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration, parse_seconds
 from trainctl.launcher.ops import deploy as ops
 from trainctl.launcher.ops import deployfiles as files
-from trainctl.launcher.results.ops import DeployPlan, DeployReport
+from trainctl.launcher.results.ops import DeployPlan
 from trainctl.supervisor.errors import ConfigError, SpawnError
+from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model.state import job_dir
 
 from . import Invocation
 
 FOLLOW_S = 0.1
+# after the deployer handed over: the gate, a stop and a rollback run's first step, at most
+VERDICT_SLACK_S = 900.0
 
 
 def run(
@@ -113,11 +116,13 @@ def _steps(raw: str) -> float:
 
 
 def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
-    """Hand the deploy to its deployer; follow its steps until its report is written."""
+    """Hand the deploy to its deployer; follow its steps until its report is written (by
+    the deployer, or by the supervisor that judges the new code once it runs)."""
     jdir = job_dir(inv.home, plan.name)
     ops.write_plan(jdir, plan)
     proc = ops.spawn_deployer(inv.home, plan.name, plan.id)
     seen, stopped = 0, False
+    verdict_by: float | None = None  # the deployer handed over: the verdict comes by then
     if not quiet:
         render.line(f"deploy {plan.name} ({plan.id}): deployer pid {proc.pid}")
     try:
@@ -129,17 +134,22 @@ def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
                     render.deploy_step(step)
             rep = files.read_report(jdir, plan.id)
             if rep is not None:
-                if rep.probation_until is None:
-                    proc.wait()
-                else:  # the deployer holds the new code to its probation on its own
-                    proc.returncode = 0  # detached on purpose; init reaps it
+                proc.poll()  # detached on purpose: it may still be on its way out
                 if not quiet:
                     render.deploy_report(rep)
                 return rep
-            if proc.poll() is not None and files.read_report(jdir, plan.id) is None:
+            if verdict_by is None and proc.poll() is not None:
+                if proc.returncode != 0:
+                    raise SpawnError(
+                        f"the deployer of {plan.name} exited ({proc.returncode}) without a "
+                        f"report; see {jdir / 'events.jsonl'}"
+                    )
+                verdict_by = time.monotonic() + plan.health_s + VERDICT_SLACK_S
+            if verdict_by is not None and time.monotonic() > verdict_by:
                 raise SpawnError(
-                    f"the deployer of {plan.name} exited ({proc.returncode}) without a report; "
-                    f"see {jdir / 'events.jsonl'}"
+                    f"no verdict on the deploy of {plan.name} from its run's supervisor within "
+                    f"{plan.health_s + VERDICT_SLACK_S:g} s; `trainctl history {plan.name}` "
+                    "shows how it ends"
                 )
             time.sleep(FOLLOW_S)
     except KeyboardInterrupt:
@@ -157,7 +167,8 @@ def _interrupted(where: Path, plan: DeployPlan, pid: int, *, stopped: bool) -> D
                 return rep
             time.sleep(FOLLOW_S)
     sys.stderr.write(
-        f"trainctl: the deploy of {plan.name} goes on in its own process (pid {pid}); "
-        f"`trainctl history {plan.name}` shows how it ends\n"
+        f"trainctl: the deploy of {plan.name} goes on without this terminal (its deployer, "
+        f"pid {pid}, then the new run's supervisor); `trainctl history {plan.name}` shows "
+        "how it ends\n"
     )
     raise SystemExit(ExitCode.INTERRUPTED)

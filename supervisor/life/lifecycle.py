@@ -21,6 +21,15 @@ The rules that used to be spread over flags and events:
     STOPPING --stop--> STOPPING (joined; becomes a user stop)
     BACKOFF --stop--> ENDED (stopped)      BACKOFF --elapsed--> RELAUNCHING
     RELAUNCHING --ok--> HANDED_OVER        RELAUNCHING --failed--> ENDED (failed|stopped)
+
+A deploy's new code is judged here too (issue 55: the supervisor is the one controller of
+its run). While RUNNING, ``Life.trial`` says what it is held to:
+
+    gate --passed--> probation --passed--> (none)
+    gate | probation --failed, or the run ended badly--> STOPPING --> RELAUNCHING (rollback)
+
+A failure in the trial is one decision: with a way back, the rollback, and the restart
+policy is not asked; without one, the deploy fails and the policy decides as for any run.
 """
 
 from __future__ import annotations
@@ -162,9 +171,29 @@ class Observed:
     durable: bool = True
 
 
+@record(frozen=True)
+class TrialPassed:
+    """A deploy's new run passed its gate (a step past its first one, a checkpoint) or its
+    probation (its first complete checkpoint, or the time without a crash or stall)."""
+
+    why: str
+    step: float | None = None  # the newest step it reported
+
+
+@record(frozen=True)
+class TrialFailed:
+    """A deploy's new run failed its gate or probation while it still runs: no progress
+    within the gate, a save behind the checkpoint it was handed, a stall."""
+
+    why: str
+    lines: tuple[str, ...] = ()  # the last lines of its log
+
+
 Event = (
     MainExited
     | StopRequested
+    | TrialPassed
+    | TrialFailed
     | Stalled
     | StartedOver
     | GpuLost
@@ -259,8 +288,25 @@ class Hook:
     notify: bool = True  # False: the hook only (a failed end notifies once, as `failure`)
 
 
+@record(frozen=True)
+class Judge:
+    """A deploy's trial came to a verdict: the owner writes the deploy's report (a
+    rollback's is held until its run's guard judged it), its step line and the state's
+    trial, and tells on_deploy_failed.
+
+    ``outcome``: deployed (the gate passed) | passed (the probation) | rolled-back |
+    failed (no way back, or the rollback could not start) | ended (a user's stop)."""
+
+    outcome: str
+    why: str
+    rollback_run: int | None = None
+    step: float | None = None
+    lines: tuple[str, ...] = ()
+
+
 Action = (
     RunStop
+    | Judge
     | Persist
     | Record
     | WaitBackoff
@@ -295,6 +341,11 @@ class Life:
     gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
     started_over: str | None = None  # the checkpoint guard stopped the run: why
     rolling_back: str | None = None  # the relaunch goes back to a deploy's previous code
+    # a deploy's new code: the trial it is held to now (gate | probation; None: none)
+    trial: str | None = None
+    trial_rollback: bool = False  # ... and whether a failure there can go back
+    trial_of: str = "the deploy"  # ... in words: "deploy 1733-ab12 of 3f2a9c1e7b2d"
+    trial_failed: str | None = None  # the trial stopped the run: why
 
 
 CANCELLED = StopReport(
@@ -322,8 +373,14 @@ def step(life: Life, ev: Event, spec: Spec) -> Outcome:
     return _timer(life, ev, spec)
 
 
-def _timer(life: Life, ev: Stalled | StartedOver | GpuLost | BackoffElapsed, spec: Spec) -> Outcome:
-    """The watchdogs and the backoff: each matters in one stage only."""
+def _timer(
+    life: Life,
+    ev: Stalled | StartedOver | GpuLost | BackoffElapsed | TrialPassed | TrialFailed,
+    spec: Spec,
+) -> Outcome:
+    """The watchdogs, the backoff and a deploy's trial: each matters in one stage only."""
+    if isinstance(ev, TrialPassed | TrialFailed):
+        return _trial(life, ev, spec)
     if isinstance(ev, StartedOver) and life.stage is Stage.RUNNING:
         # at once, every member, SIGKILL: a trainer that saves on SIGTERM would save the
         # state it started over from onto the checkpoint (run_stop waits for no save)
@@ -334,7 +391,8 @@ def _timer(life: Life, ev: Stalled | StartedOver | GpuLost | BackoffElapsed, spe
         life = replace(life, grace_s=spec.stop.grace_s, gpu_lost=ev)
         return _begin_stop(life, "gpu fault", RunStop("gpu fault", spec.stop.grace_s, None))
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
-        life = replace(life, grace_s=spec.stop.grace_s)
+        failed = f"run {life.run} stalled" if life.trial else None
+        life = replace(life, grace_s=spec.stop.grace_s, trial_failed=failed)
         return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
         cause = life.report.cause if life.report is not None else None
@@ -343,6 +401,64 @@ def _timer(life: Life, ev: Stalled | StartedOver | GpuLost | BackoffElapsed, spe
         )
         return _to(life, Stage.RELAUNCHING), [Relaunch(failure, life.rolling_back)]
     return life, []
+
+
+DEPLOY_FAILED = "deploy failed"  # the stop reason when a trial stops the run
+
+
+def _trial(life: Life, ev: TrialPassed | TrialFailed, spec: Spec) -> Outcome:
+    """A verdict of the deploy's trial while the run lives (its end is judged when the
+    stop finishes: _trial_ended)."""
+    if life.stage is not Stage.RUNNING or life.trial is None:
+        return life, []
+    stage = life.trial
+    if isinstance(ev, TrialPassed):
+        after = "probation" if stage == "gate" else None
+        outcome = "deployed" if stage == "gate" else "passed"
+        return replace(life, trial=after), [
+            Judge(outcome, ev.why, step=ev.step),
+            Log(f"deploy_{stage}", {"outcome": "passed", "why": ev.why}),
+        ]
+    why = ev.why if stage == "gate" else f"on probation: {ev.why}"
+    if not life.trial_rollback:  # no way back: said, and the run goes on as it is
+        return replace(life, trial=None), [
+            Judge("failed", why, lines=ev.lines),
+            Log(f"deploy_{stage}", {"outcome": "failed", "why": why}),
+        ]
+    life = replace(life, grace_s=spec.stop.grace_s, trial_failed=why)
+    return _begin_stop(life, DEPLOY_FAILED, RunStop(DEPLOY_FAILED, spec.stop.grace_s, None))
+
+
+def _trial_ended(
+    life: Life, spec: Spec, end: _Ending, leftover_log: list[Action]
+) -> tuple[Life, list[Action], Outcome | None]:
+    """The run of a deploy's new code ended during its trial: the one decision for it.
+
+    A user's stop ends the trial (said); a clean end passes it; a failure rolls back where
+    there is a way back, and the restart policy is not asked (one crash, one answer: the
+    third element); without one, the deploy fails and the policy decides as for any run.
+    """
+    stage, cause = str(life.trial), end.cause
+    life = replace(life, trial=None)
+    if life.user_stop:
+        return (
+            life,
+            [Judge("ended", f"run {life.run} was stopped by `trainctl {life.stop_by}`")],
+            None,
+        )
+    if cause.kind == "clean":
+        why = "it finished cleanly" + (" within the gate" if stage == "gate" else "")
+        return life, [Judge("deployed" if stage == "gate" else "passed", why)], None
+    why = life.trial_failed or f"run {life.run} ended: {cause.summary}"
+    if stage == "probation" and not why.startswith("on probation: "):
+        why = f"on probation: {why}"
+    if not life.trial_rollback:
+        return life, [Judge("failed", why)], None
+    line = f"{life.trial_of} failed: {why}"
+    life, actions = _schedule_relaunch(replace(life, rolling_back=line), spec, end, wait_s=0.0)
+    # one line says it: restart_scheduled with its ``rollback`` (no policy verdict beside it)
+    return life, [], (life, [*leftover_log, Judge("rolled-back", why, rollback_run=life.run + 1),
+                             *actions])  # fmt: skip
 
 
 def _to(life: Life, stage: Stage, **changes: Any) -> Life:
@@ -414,10 +530,8 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
         return causes.stopped(life.stop_by, life.main_code, grace)
     if life.stop_reason == "stalled":
         return causes.stopped("stall watchdog", life.main_code, grace)
-    if life.stop_reason == STARTED_OVER and life.started_over is not None:
-        note = f"; {ev.guard_note}" if ev.guard_note else ""
-        return Cause(kind="started-over", summary=life.started_over + note,
-                     exit_code=life.main_code)  # fmt: skip
+    if (ours := _verdict_cause(life, ev)) is not None:
+        return ours
     if life.stop_reason == "gpu fault" and life.gpu_lost is not None:
         lost = life.gpu_lost
         summary = f"{lost.summary}; {lost.advice}" if lost.advice else lost.summary
@@ -425,6 +539,19 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
     if ev.cause is not None:
         return ev.cause
     return causes.ended_on_its_own(life.main_code, None, causes.Reason())
+
+
+def _verdict_cause(life: Life, ev: StopFinished) -> Cause | None:
+    """The cause of a run trainctl stopped on a verdict of its own: the checkpoint guard
+    (it started over) or a deploy's trial (the new code failed its gate or probation)."""
+    if life.stop_reason == STARTED_OVER and life.started_over is not None:
+        note = f"; {ev.guard_note}" if ev.guard_note else ""
+        return Cause(kind="started-over", summary=life.started_over + note,
+                     exit_code=life.main_code)  # fmt: skip
+    if life.stop_reason == DEPLOY_FAILED and life.trial_failed is not None:
+        return Cause(kind="deploy-failed", summary=f"{life.trial_of} failed: {life.trial_failed}",
+                     exit_code=life.main_code)  # fmt: skip
+    return None
 
 
 @record(frozen=True)
@@ -467,10 +594,16 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
     end = _Ending(
         report, cause, reason, verdict, ended, ev.ckpt_step, ev.resumed_from, ev.resumed_step
     )
+    judged: list[Action] = []
+    if life.trial is not None:
+        life, judged, decided = _trial_ended(life, spec, end, leftover_log)
+        if decided is not None:
+            return decided
     if verdict.gave_up and ev.rollback_ready and not life.user_stop:
-        return _schedule_rollback(life, spec, end, leftover_log)
+        life, actions = _schedule_rollback(life, spec, end, leftover_log)
+        return life, [*judged, *actions]
     life, actions = _schedule_relaunch(life, spec, end) if verdict.relaunch else _end(life, end)
-    return life, [*leftover_log, *actions]
+    return life, [*judged, *leftover_log, *actions]
 
 
 def _schedule_rollback(life: Life, spec: Spec, end: _Ending, leftover_log: list[Action]) -> Outcome:
@@ -483,8 +616,7 @@ def _schedule_rollback(life: Life, spec: Spec, end: _Ending, leftover_log: list[
     gave = causes.gave_up(str(verdict.gave_up), end.cause, life.restarts, line)
     end = replace(end, cause=gave, verdict=replace(verdict, gave_up=None))
     life, actions = _schedule_relaunch(replace(life, rolling_back=line), spec, end, wait_s=0.0)
-    return life, [*leftover_log, Log("deploy_rolled_back", {"run": life.run, "why": line}),
-                  *actions]  # fmt: skip
+    return life, [*leftover_log, *actions]
 
 
 def gpu_fault_of(life: Life) -> GpuLost | None:
@@ -566,7 +698,7 @@ def _schedule_relaunch(
     }
     scheduled = events.RestartScheduled(
         wait, life.restarts, failure.run, failure.exit_code, failure.at, failure.reason,
-        failure.cause,
+        failure.cause, rollback=life.rolling_back,
     )  # fmt: skip
     return _to(life, Stage.BACKOFF, report=report, history=history), [
         Persist(Phase.STARTING, fields),
@@ -617,6 +749,8 @@ def _relaunched(life: Life, ev: Relaunched) -> Outcome:
     failed = {"restart_at": None, "error": f"relaunch failed: {ev.error}"}
     report = life.report or NOTHING_TO_STOP
     actions: list[Action] = [Log("relaunch_failed", {"error": ev.error})]
+    if life.rolling_back is not None:  # a rollback's held report is not what happened
+        actions.append(Judge("failed", f"{life.rolling_back}; the rollback failed: {ev.error}"))
     if life.user_stop:
         cause = causes.stopped(life.stop_by, life.main_code)
         actions += [Persist(Phase.STOPPING), Persist(Phase.STOPPED, {**failed, "cause": cause})]

@@ -136,7 +136,9 @@ class Ended:
 
 @record(frozen=True)
 class RestartScheduled:
-    """The run failed and the restart policy relaunches it after ``backoff_s``."""
+    """The run failed and is relaunched after ``backoff_s``: by the restart policy, or
+    (``rollback``) back to the code a deploy replaced: the one decision on a failure of
+    a deploy's new code (life/lifecycle.py)."""
 
     KIND: ClassVar[str] = "restart_scheduled"
     backoff_s: float
@@ -147,6 +149,7 @@ class RestartScheduled:
     reason: str | None = None
     cause: Cause | None = None
     ts: float = 0.0
+    rollback: str | None = None  # back to the previous code: why, in a line
 
 
 @record(frozen=True)

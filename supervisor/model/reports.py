@@ -110,6 +110,53 @@ class Guard:
         return f"step {'≈' if self.estimated else ''}{self.step:g}"
 
 
+GATE = "gate"
+PROBATION = "probation"
+
+
+@record(frozen=True)
+class Trial:
+    """What a deploy's new run is held to, and where it stands (state.json ``trial``).
+
+    Written by the deployer before the new code starts (``ID.trial.json``); claimed by
+    the new run's supervisor, which then judges it: the gate (a step past its first one,
+    or a checkpoint, within ``health_s``), then the probation (no crash or stall until its
+    first complete checkpoint, at most ``probation_s``)."""
+
+    id: str
+    name: str
+    from_run: int
+    health_s: float
+    probation_s: float
+    resume_tolerance: float = 2.0
+    rollback: bool = False  # --rollback auto and the previous run's snapshot is there
+    no_rollback_why: str | None = None
+    from_commit: str | None = None
+    to_commit: str | None = None
+    checkpoint: str | None = None  # the checkpoint handed to the new code
+    checkpoint_step: float | None = None
+    checkpoint_mtime: float | None = None
+    checkpoint_size: int = 0
+    cwd: str = ""  # where the checkpoint glob is read: the replaced run's folder
+    checkpoint_glob: str | None = None
+    kept: str | None = None  # the deploy's own copy of it (keepsafe.keep)
+    started_at: float = 0.0  # when the deploy began
+    run: int | None = None  # the run that claimed it (the new code's first run)
+    stage: str = GATE  # gate | probation (a trial that passed leaves the state)
+    since: float = 0.0  # when the stage began
+    until: float = 0.0  # when it ends by itself (the gate fails, the probation passes)
+    first_step: float | None = None  # the new run's first reported step
+
+    def behind(self, step: float, what: str) -> str | None:
+        """Why the new run did not resume (``step`` is behind the handed checkpoint's
+        beyond the tolerance); None when it is not, or the handed step is unknown."""
+        ck = self.checkpoint_step
+        if ck is None or step >= ck - self.resume_tolerance:
+            return None
+        given = f"the checkpoint it was given is at step {ck:g}"
+        return f"did not resume: {what} step {step:g}, {given}"
+
+
 def signal_name(num: int) -> str:
     """``9`` -> ``SIGKILL`` (``signal 77`` for numbers without a name)."""
     try:

@@ -57,7 +57,7 @@ from .procs import TRAINCTL_VARS as TRAINCTL_VARS  # noqa: PLC0414
 from .procs import TRANSPORT_VARS as TRANSPORT_VARS  # noqa: PLC0414
 from .procs import MemberSnap as MemberSnap  # noqa: PLC0414
 from .procs import ProcRef as ProcRef  # noqa: PLC0414
-from .reports import Cause, Failure, Guard, RestartEntry, SlurmStopReport, StopReport
+from .reports import Cause, Failure, Guard, RestartEntry, SlurmStopReport, StopReport, Trial
 from .schema import build_document, check_document
 from .sections import Adoption, CodeRecord, SlurmRecord
 from .spec import SCHEMA, Spec, spec_from_doc
@@ -124,6 +124,8 @@ class JobState:
     resumed_from: str | None = None  # the checkpoint a restart handed this run
     from_scratch: bool = False  # started with --from-scratch: nothing handed, no guard
     guard: Guard | None = None  # the checkpoint guard of this run (watch/guard.py)
+    # a deploy's new code, held to its gate and probation by this supervisor (deploys.py)
+    trial: Trial | None = None
     # this run went back to the code a deploy replaced, which kept failing: why
     rolled_back: str | None = None
     stall_deadline_s: float | None = None  # stall_timeout = "auto": the deadline learned
@@ -378,6 +380,7 @@ _SECTIONS: dict[str, type] = {
     "slurm": SlurmRecord,
     "adopted": Adoption,
     "guard": Guard,
+    "trial": Trial,
 }
 
 

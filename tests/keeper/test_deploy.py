@@ -181,7 +181,7 @@ def test_new_code_that_fails_at_import_is_rolled_back_from_the_same_checkpoint(
     assert new[:12] in said
     assert "cannot load its model" in said
     rows = h.tc("history", "d", "--json", check=True).json()
-    assert rows[1]["phase"] == "failed"
+    assert rows[1]["phase"] == "failed (rolled back)"  # its own supervisor's one decision
     assert "rollback from run 2" in rows[2]["marks"]
     h.tc("stop", "d", check=True)
 

@@ -178,6 +178,16 @@ def test_new_code_that_crashes_after_its_gate_is_rolled_back_in_probation(
     events = (h.home / "jobs" / "pb" / "events.jsonl").read_text()
     assert "on probation: run 2 ended" in events
     assert "eval blew up" in events
+    # one controller, one decision (issue 55): run 2's supervisor rolled back, and nothing
+    # else acted on that crash (no policy restart of v2, no second rollback over it)
+    lines = [json.loads(x) for x in events.splitlines()]
+    after_crash = [e for e in lines if e.get("run") == 2 and e["event"] in
+                   ("restart_scheduled", "not_restarting", "ended")]  # fmt: skip
+    assert [e["event"] for e in after_crash] == ["restart_scheduled"], after_crash
+    assert after_crash[0]["rollback"].startswith("deploy "), after_crash
+    assert "on probation: run 2 ended" in after_crash[0]["rollback"]
+    started = [e["run"] for e in lines if e["event"] == "started"]
+    assert started == [1, 2, 3], started  # nobody restarted the job over the rollback
     h.tc("stop", "pb", check=True)
 
 

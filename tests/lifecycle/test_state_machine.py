@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from trainctl.supervisor.life import lifecycle as lc
-from trainctl.supervisor.model.reports import StopReport
+from trainctl.supervisor.model import events
+from trainctl.supervisor.model.reports import Cause, StopReport
 from trainctl.supervisor.model.spec import RestartPolicy, Spec, StopPolicy, Watch
 from trainctl.supervisor.model.state import Phase
 
@@ -212,3 +213,92 @@ def test_every_stage_is_stored_as_its_phase_and_every_move_is_legal() -> None:
                     phase = nxt
                 if written:
                     assert written[-1] in lc.STORED_AS[life.stage], (life.stage, written, ev)
+
+
+# ---------------------------------------------------------------- a deploy's trial (issue 55)
+
+CRASH = Cause(kind="exit", summary="exited with code 1 (RuntimeError: eval blew up)", exit_code=1)
+TRIAL = lc.Life(trial="gate", trial_rollback=True, trial_of="deploy 1-ab of 3f2a9c1e")
+
+
+def judged(actions: list[lc.Action]) -> list[tuple[str, str]]:
+    return [(a.outcome, a.why) for a in actions if isinstance(a, lc.Judge)]
+
+
+def test_a_trial_passes_its_gate_then_its_probation_and_is_over() -> None:
+    life, actions = run([lc.TrialPassed("step 12, past step 10", 12.0)], life=TRIAL)
+    assert (life.stage, life.trial) == (lc.Stage.RUNNING, "probation")
+    assert judged(actions) == [("deployed", "step 12, past step 10")]
+    life, actions = run([lc.TrialPassed("it saved checkpoint ck-20")], life=life)
+    assert life.trial is None
+    assert judged(actions) == [("passed", "it saved checkpoint ck-20")]
+    life, actions = run([lc.TrialPassed("again")], life=life)  # no trial: nothing
+    assert actions == []
+
+
+@pytest.mark.parametrize("stage", ["gate", "probation"])
+def test_a_crash_in_the_trial_is_one_decision_the_rollback(stage: str) -> None:
+    """One crash, one answer: the rollback at once, the restart policy not asked (it
+    would have relaunched the new code after its backoff, and a deployer rolled back over
+    it: two controllers)."""
+    life = dataclasses.replace(TRIAL, trial=stage)
+    life, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=life)
+    assert life.stage is lc.Stage.BACKOFF
+    assert lc.WaitBackoff(0.0) in actions  # no backoff
+    (scheduled,) = [a.event for a in actions if isinstance(a, lc.Log)
+                    and isinstance(a.event, events.RestartScheduled)]  # fmt: skip
+    why = ("on probation: " if stage == "probation" else "") + "run 1 ended: exited with code 1"
+    assert scheduled.rollback is not None
+    assert scheduled.rollback.startswith(f"deploy 1-ab of 3f2a9c1e failed: {why}")
+    assert [o for o, _ in judged(actions)] == ["rolled-back"]
+    assert not [a for a in actions if isinstance(a, lc.Log) and a.event == "not_restarting"]
+    life, actions = run([lc.BackoffElapsed()], life=life)
+    (relaunch,) = actions
+    assert isinstance(relaunch, lc.Relaunch)
+    assert relaunch.rollback == scheduled.rollback
+
+
+def test_a_failed_trial_without_a_way_back_leaves_the_run_to_the_policy() -> None:
+    life = dataclasses.replace(TRIAL, trial_rollback=False)
+    life, actions = run([lc.TrialFailed("no progress within 2 s")], life=life)
+    assert life.stage is lc.Stage.RUNNING  # not stopped: nothing to go back to
+    assert judged(actions) == [("failed", "no progress within 2 s")]
+    life = dataclasses.replace(TRIAL, trial="probation", trial_rollback=False)
+    life, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=life)
+    assert [o for o, _ in judged(actions)] == ["failed"]
+    assert life.stage is lc.Stage.BACKOFF  # on-failure relaunches the new code, as any run
+    assert lc.WaitBackoff(1.0) in actions
+
+
+def test_a_gate_that_fails_while_the_run_lives_stops_it_then_rolls_back() -> None:
+    life, actions = run([lc.TrialFailed("no progress within 2 s")], life=TRIAL)
+    assert actions[0] == lc.RunStop(lc.DEPLOY_FAILED, 5.0, None)
+    life, actions = run([lc.MainExited(143), lc.StopFinished(CLEAN)], life=life)
+    (persist,) = [a for a in actions if isinstance(a, lc.Persist)]
+    cause = persist.fields["cause"]
+    assert isinstance(cause, Cause)
+    assert (cause.kind, cause.summary) == (
+        "deploy-failed",
+        "deploy 1-ab of 3f2a9c1e failed: no progress within 2 s",
+    )
+    assert judged(actions) == [("rolled-back", "no progress within 2 s")]
+
+
+def test_a_user_stop_ends_the_trial_and_a_clean_end_passes_it() -> None:
+    life, actions = run([lc.StopRequested(1, 2.0), lc.StopFinished(CLEAN)], life=TRIAL)
+    assert life.stage is lc.Stage.ENDED
+    assert judged(actions) == [("ended", "run 1 was stopped by `trainctl stop`")]
+    clean = Cause(kind="clean", summary="exited 0", exit_code=0)
+    life, actions = run([lc.MainExited(0), lc.StopFinished(CLEAN, cause=clean)], life=TRIAL)
+    assert life.stage is lc.Stage.ENDED
+    assert judged(actions) == [("deployed", "it finished cleanly within the gate")]
+
+
+def test_a_rollback_that_cannot_start_fails_the_deploy() -> None:
+    events_ = [lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH), lc.BackoffElapsed()]
+    life, _ = run(events_, life=TRIAL)
+    life, actions = run([lc.Relaunched(error="the code the deploy replaced is gone")], life=life)
+    assert life.stage is lc.Stage.ENDED
+    ((outcome, why),) = judged(actions)
+    assert outcome == "failed"
+    assert why.endswith("; the rollback failed: the code the deploy replaced is gone")

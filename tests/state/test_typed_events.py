@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.launcher.results.ops import DeployReport
+from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model import events
 from trainctl.supervisor.model.reports import Cause, NamedProc
 from trainctl.supervisor.model.sections import CodeRecord
