@@ -151,7 +151,9 @@ class ControlServer:
     async def _dispatch(self, req: JsonObject) -> JsonObject:
         op = req.get("op")
         if op == "ping":
-            return control.PingReply(True, os.getpid(), str(self.core.state.phase)).to_doc()
+            return control.PingReply(
+                True, os.getpid(), str(self.core.state.phase), control.PROTOCOL
+            ).to_doc()
         if op == "members":
             return await self._members()
         if op == "stop":
@@ -166,4 +168,4 @@ class ControlServer:
             await done.wait()
             del self.core.replies[token]
             return self.core.answers.pop(token)
-        return {"ok": False, "error": f"unknown op {op!r}"}
+        return control.unknown_op(op)

@@ -48,6 +48,7 @@ from trainctl.supervisor.tree.terminate import Grace
 
 from . import ids
 from .core import RunCore
+from .diag import open_diag
 from .errors import TrainctlError
 from .life import causes
 from .life import lifecycle as lc
@@ -595,6 +596,11 @@ class Owner:
 
     async def run(self) -> None:
         """Supervise until the run has ended and every waiting client has its answer."""
+        diag = open_diag(self.core.jdir, self.core.spec.name, self.core.state.run)
+        if diag is not None:  # the CLI has its answer: structlog's imports cost it nothing
+            self.core.log.divert(diag)
+            diag.info("supervisor_started", main_pid=self.core.spawned.pid,
+                      restarts=self.core.state.restarts)  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._reaper)
             tg.start_soon(self._watch_main)

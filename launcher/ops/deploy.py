@@ -109,6 +109,7 @@ def plan_deploy(
     """Check that ``name`` can take a deploy now, and decide every step; change nothing."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
+    state.require_known(name, st)
     _refuse_unless_running(name, st, current_phase(jdir, st), home)
     if not backends.of(st).can.deploy:
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")

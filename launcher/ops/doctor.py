@@ -13,7 +13,7 @@ from trainctl.supervisor import ids
 from trainctl.supervisor.errors import GpuError, TrainctlError
 from trainctl.supervisor.gpu import PERSISTENCE_OFF, NoDriverError, open_backend
 from trainctl.supervisor.linux import cgroup, systemd
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import control, state
 from trainctl.supervisor.tree import mounts, stacks
 
 
@@ -23,6 +23,7 @@ def run_doctor(home: Path) -> list[Check]:
     if systemd.booted():
         checks += [_logind(), _linger(), *_units(home)]
     checks += [_cgroup_mode(), _cgroup_writable(), _pidfd(), _stacks(), *_adopted(home)]
+    checks += _older_supervisors(home)
     checks += _gpus()
     return checks
 
@@ -82,6 +83,34 @@ def _live_states(home: Path) -> Iterator[tuple[str, state.JobState]]:
             continue
         if st.phase not in state.TERMINAL:
             yield name, st
+
+
+def _older_supervisors(home: Path) -> list[Check]:
+    """Live jobs whose supervisor is older than this CLI (started before an upgrade):
+    they keep running and answer status, stop and restart; a restart brings them up to
+    date. Asked over each one's socket (a ping: its protocol)."""
+    out = []
+    for name, st in _live_states(home):
+        if st.supervisor is None:  # no supervisor of trainctl's own (a Slurm job's)
+            continue
+        try:
+            pong = control.ping(state.job_dir(home, name), PING_S)
+        except (control.ControlUnavailableError, TrainctlError, OSError):
+            continue  # no supervisor answers: `status` says lost
+        if pong.protocol >= control.PROTOCOL:
+            continue
+        out.append(Check(
+            f"job {name}",
+            f"its supervisor (pid {pong.pid}) is older than this trainctl (control protocol "
+            f"{pong.protocol}; this one speaks {control.PROTOCOL})",
+            False,
+            f"status, logs, stop and restart work as ever; `trainctl restart {name}` (or "
+            f"`stop --at next-checkpoint` and a start) brings it up to date",
+        ))  # fmt: skip
+    return out
+
+
+PING_S = 2.0  # doctor's wait for each live supervisor's ping
 
 
 def _adopted(home: Path) -> list[Check]:

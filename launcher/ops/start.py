@@ -350,6 +350,7 @@ def start_locked(
     prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
     if prev is not None:
         refuse_if_live(jdir, prev)
+        state.require_known(spec.name, prev)
     if from_scratch and not backends.backend(spec.backend).can.deploy:
         raise ConfigError(
             f"--from-scratch is for local jobs; {spec.name} runs under {spec.backend}"
@@ -449,6 +450,8 @@ def restart_job(
     """
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
+    if (jdir / "state.json").exists():  # a newer trainctl's job: refused before the stop
+        state.require_known(name, state.read_state(jdir), spec)
     if reload:
         spec = reloaded_spec(spec, cfg)
     if respec is not None:

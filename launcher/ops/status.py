@@ -165,6 +165,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         progress=training.progress,
         code_changed=training.code_changed,
         probation=_probation(st),
+        newer=state.newer_line("state", st.schema) if st.schema > state.SCHEMA else None,
         code=st.code,
         never_ran=st.main is None and st.supervisor is None and phase in state.TERMINAL,
         spec_changed=training.spec_changed,

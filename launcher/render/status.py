@@ -59,6 +59,8 @@ def checkpoint_line(ck: Checkpoint | None, glob: str, cwd: str) -> str:
 
 def status(s: Status) -> None:
     """Render one job's status."""
+    if s.newer is not None:  # on stderr: stdout stays the status as ever
+        sys.stderr.write(f"trainctl: job {s.name}: {s.newer}: showing what this one knows\n")
     if s.state == "queued" and s.queue is not None:
         _queued_status(s, s.queue)
         return

@@ -398,6 +398,8 @@ class Status:
     progress: Progress | None = None
     code_changed: list[str] = field(default_factory=list)
     probation: str | None = None  # a deploy holds the run to its probation: until when
+    # state.json of a newer trainctl: what this one shows is what it knows of it
+    newer: str | None = None
     stall_deadline_s: float | None = None  # stall_timeout = "auto": the learned deadline
     source: str | None = None  # the run executes from a snapshot of this directory
     never_ran: bool = False  # recorded, but nothing of it ever ran (a doomed dependent)

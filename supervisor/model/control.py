@@ -30,6 +30,16 @@ from .schema import build_document
 
 SOCK_NAME = layout.SOCK_NAME
 MAX_LINE = 1 << 20
+# The protocol's version, in every ping reply. 1: before it was said (a ping without
+# ``protocol``). Requests only add within a version: an op or a field a supervisor does
+# not know gets ``{"ok": false, "code": "unknown-op", "protocol": N}``, never silence.
+PROTOCOL = 2
+
+
+def unknown_op(op: object) -> JsonObject:
+    """The answer to a request this supervisor does not know (a newer CLI's)."""
+    return {"ok": False, "code": "unknown-op", "protocol": PROTOCOL,
+            "error": f"unknown op {op!r} (this supervisor speaks protocol {PROTOCOL})"}  # fmt: skip
 
 
 class ControlUnavailableError(Exception):
@@ -131,15 +141,26 @@ class AttachReply:
 
 @record(frozen=True)
 class PingReply:
-    """The supervisor's answer to a ping: that it serves, its pid and the run's phase."""
+    """The supervisor's answer to a ping: that it serves, its pid, the run's phase, and
+    the protocol it speaks (1 when a reply does not say: a supervisor from before)."""
 
     ok: bool = True
     pid: int = 0
     phase: str = ""
+    protocol: int = 1
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
         return asdict(self)
+
+
+def ping(jdir: Path, timeout_s: float) -> PingReply:
+    """Ask the job's supervisor who it is (ControlUnavailableError: it did not answer)."""
+    doc = request(jdir, {"op": "ping"}, timeout_s)
+    try:
+        return build_document(PingReply, doc, "ping reply")
+    except StateError:
+        raise ControlUnavailableError("its supervisor's ping reply is malformed") from None
 
 
 def attach_reply(doc: JsonObject) -> AttachReply:

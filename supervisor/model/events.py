@@ -21,6 +21,7 @@ free-form fields, read by nothing in trainctl.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -286,29 +287,53 @@ class Sink(Protocol):
 
 class EventLog:
     """The supervisor's event log: one stamped line a call, with the fields it is bound
-    to (the job's name). ``debug`` lines are dropped: per-orphan "reaped" lines would slow
-    a stop of 240 processes by ~15 ms. (It replaced structlog, whose import was a fifth of
-    the supervisor's start-up, for the four methods the supervisor used.)"""
+    to (the job's name), in events.jsonl, the job's record.
 
-    __slots__ = ("_bound", "_sink")
+    The supervisor's own diagnostics go to its diagnostic log as well once it has one
+    (supervisor/diag.py, structlog, set after the readiness reply): ``warning`` and
+    ``error`` lines at their level, ``debug`` lines there only (filtered by level there:
+    per-orphan "reaped" lines in events.jsonl would slow a stop of 240 processes by ~15 ms).
+    """
 
-    def __init__(self, sink: Sink, **bound: Any) -> None:
+    __slots__ = ("_bound", "_diag", "_sink")
+
+    def __init__(self, sink: Sink, *, _diag: list[Any] | None = None, **bound: Any) -> None:
         self._sink, self._bound = sink, bound
+        self._diag: list[Any] = [] if _diag is None else _diag  # shared by bound copies
 
     def bind(self, **fields: Any) -> EventLog:
         """The same log, with ``fields`` in every line."""
-        return EventLog(self._sink, **{**self._bound, **fields})
+        return EventLog(self._sink, _diag=self._diag, **{**self._bound, **fields})
+
+    def divert(self, diag: Any) -> None:
+        """From now on, diagnostics go to ``diag`` too (a structlog bound logger)."""
+        self._diag[:] = [diag]
 
     def info(self, event: str | Event, **fields: Any) -> None:
         """Write one event line: the time and the event (as the CLI's lines begin), then
         the bound fields and the event's (a typed one as its record, see the module)."""
         self._sink.write(encode(_line_doc(event, fields, self._bound)))
 
-    warning = info  # the log has no levels: an event's kind says what it is
-    error = info
+    def warning(self, event: str | Event, **fields: Any) -> None:
+        """An event line, and a diagnostic at level warning."""
+        self.info(event, **fields)
+        self._tell("warning", event, fields)
+
+    def error(self, event: str | Event, **fields: Any) -> None:
+        """An event line, and a diagnostic at level error."""
+        self.info(event, **fields)
+        self._tell("error", event, fields)
 
     def debug(self, event: str | Event, **fields: Any) -> None:
-        """Not written (see the class)."""
+        """A diagnostic only (kept with TRAINCTL_SUPERVISOR_DEBUG=1, see diag.py)."""
+        self._tell("debug", event, fields)
+
+    def _tell(self, level: str, event: str | Event, fields: dict[str, Any]) -> None:
+        if not self._diag:
+            return
+        name = event if isinstance(event, str) else event.KIND
+        with contextlib.suppress(Exception):  # a diagnostic must never cost the supervisor
+            getattr(self._diag[0], level)(name, **fields)
 
 
 def num(value: object) -> float | None:

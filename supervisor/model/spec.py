@@ -13,7 +13,15 @@ from signal import Signals
 from typing import Any
 
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.records import JsonObject, asdict, field, fields, record, replace
+from trainctl.supervisor.records import (
+    JsonObject,
+    asdict,
+    field,
+    field_names,
+    fields,
+    record,
+    replace,
+)
 
 SCHEMA = 1
 BACKENDS = ("local", "slurm")  # where a job runs (launcher/backends/)
@@ -257,6 +265,9 @@ def spec_to_doc(spec: Spec) -> JsonObject:
     return asdict(spec)
 
 
+_SPEC_FIELDS = frozenset(field_names(Spec))
+
+
 def _object(value: Any, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError(f"{key} must be an object")
@@ -272,11 +283,15 @@ def _tuples(section: Any) -> Any:
 
 
 def spec_from_doc(doc: dict[str, Any], where: str = "spec") -> Spec:
-    """Build a Spec from its JSON form, rejecting missing, unknown or mistyped fields."""
+    """Build a Spec from its JSON form, rejecting missing or mistyped fields (keys it does
+    not know, a newer trainctl's, are ignored)."""
     try:
-        d = dict(doc)
+        # a newer writer's keys are not this reader's: ignored (the schema only adds)
+        d = {k: v for k, v in doc.items() if k in _SPEC_FIELDS}
         for key, cls in _SECTIONS.items():
-            d[key] = _tuples(cls(**_object(d.get(key, {}), key)))
+            section = _object(d.get(key, {}), key)
+            names = field_names(cls)
+            d[key] = _tuples(cls(**{k: v for k, v in section.items() if k in names}))
         d["argv"] = tuple(d["argv"])
         spec = Spec(**d)
     except (TypeError, KeyError, ValueError) as e:

@@ -43,7 +43,7 @@ from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.linux.files import dir_fd as dir_fd  # noqa: PLC0414  (state's names)
 from trainctl.supervisor.linux.files import open_in as open_in  # noqa: PLC0414
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.records import JsonObject, asdict, record, replace
+from trainctl.supervisor.records import JsonObject, asdict, field_names, record, replace
 
 from . import layout
 from .phases import TERMINAL as TERMINAL  # noqa: PLC0414
@@ -60,7 +60,8 @@ from .procs import ProcRef as ProcRef  # noqa: PLC0414
 from .reports import Cause, Failure, Guard, RestartEntry, SlurmStopReport, StopReport, Trial
 from .schema import build_document, check_document
 from .sections import Adoption, CodeRecord, SlurmRecord
-from .spec import SCHEMA, Spec, spec_from_doc
+from .spec import SCHEMA as SCHEMA  # noqa: PLC0414  (state's names)
+from .spec import Spec, spec_from_doc
 
 
 @record(frozen=True)
@@ -361,9 +362,51 @@ def _read_doc(path: Path, what: str) -> dict[str, Any]:
         ) from None
     if not isinstance(doc, dict):
         raise StateError(f"{path} is not a JSON object; refusing to act on it")
-    if doc.get("schema") != SCHEMA:
-        raise StateError(f"{path} has unknown schema {doc.get('schema')!r} (expected {SCHEMA})")
+    schema = doc.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= 1 << 20:
+        raise StateError(f"{path} has unknown schema {schema!r} (expected {SCHEMA})")
+    # A newer schema is read for the fields this trainctl knows (each version only adds:
+    # status and stop work across versions); the record keeps its number, and a verb that
+    # changes the job refuses it with both versions named (newer_line, require_known).
     return doc
+
+
+def newer_line(what: str, schema: int) -> str:
+    """``state.json was written by a newer trainctl (state schema 2; this trainctl reads 1)``."""
+    return (
+        f"{what}.json was written by a newer trainctl ({what} schema {schema}; "
+        f"this trainctl reads {SCHEMA})"
+    )
+
+
+def require_known(name: str, st: JobState, spec: Spec | None = None) -> None:
+    """Refuse to change a job that a newer trainctl recorded (restart, deploy, a start
+    over it): one line with both versions and what still works."""
+    for what, schema in (("state", st.schema), ("spec", spec.schema if spec else SCHEMA)):
+        if schema > SCHEMA:
+            raise StateError(
+                f"job {name}: {newer_line(what, schema)}: status and stop work; use the "
+                "newer trainctl to restart or deploy it"
+            )
+
+
+def known_fields(cls: type, doc: Any) -> Any:
+    """``doc`` without the keys record ``cls`` does not have (a newer writer's); anything
+    but an object is given back as it is, for the record's own check to name."""
+    if not isinstance(doc, dict):
+        return doc
+    names = _known_names(cls)
+    return {k: v for k, v in doc.items() if k in names}
+
+
+@functools.cache
+def _known_names(cls: type) -> frozenset[str]:
+    return frozenset(field_names(cls))
+
+
+def _newer(doc: dict[str, Any]) -> bool:
+    schema = doc.get("schema")
+    return isinstance(schema, int) and schema > SCHEMA
 
 
 def read_spec(jdir: Path) -> Spec:
@@ -384,9 +427,19 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+# Fields a reader older than this trainctl does not know (it refused unknown keys: before
+# issue 55). Written only when set, so that such a reader, a trainctl rolled back under a
+# running job, still reads every state that does not use them.
+WRITTEN_WHEN_SET = ("trial",)
+
+
 def state_to_doc(st: JobState) -> JsonObject:
     """Serialise a JobState for state.json."""
-    return asdict(st)
+    doc = asdict(st)
+    for key in WRITTEN_WHEN_SET:
+        if doc.get(key) is None:
+            doc.pop(key, None)
+    return doc
 
 
 def _build_sections(d: dict[str, Any], where: str) -> None:
@@ -408,20 +461,24 @@ def _build_sections(d: dict[str, Any], where: str) -> None:
 def state_from_doc(doc: dict[str, Any], where: str) -> JobState:
     """Build a JobState from JSON, rejecting anything malformed (never act on it then)."""
     try:
-        d = dict(doc)
+        d = known_fields(JobState, doc)
         d["phase"] = Phase(d["phase"])
         for key in ("supervisor", "main"):
-            d[key] = ProcRef(**d[key]) if d.get(key) else None
+            d[key] = ProcRef(**known_fields(ProcRef, d[key])) if d.get(key) else None
         d["members"] = tuple(
-            MemberSnap(**{**m, "nets": tuple(m["nets"])}) for m in d.get("members", ())
+            MemberSnap(**{**known_fields(MemberSnap, m), "nets": tuple(m["nets"])})
+            for m in d.get("members", ())
         )
-        d["gpus"] = tuple(GpuLease(**g) for g in d.get("gpus", ()))
+        d["gpus"] = tuple(GpuLease(**known_fields(GpuLease, g)) for g in d.get("gpus", ()))
         for key in ("code_drift", "gpu_faults", "handed_off", "mounts_kept"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
         _build_sections(d, where)
         st = JobState(**d)
     except (TypeError, KeyError, ValueError, AttributeError) as e:
+        if _newer(doc):
+            raise StateError(f"{newer_line('state', doc['schema'])} and this one cannot read "
+                             f"it ({e}); use the newer trainctl") from None  # fmt: skip
         raise StateError(f"{where} is malformed ({e}); refusing to act on it") from None
     check_document(st, where)
     if len(st.marker) < 16 or st.run < 1:

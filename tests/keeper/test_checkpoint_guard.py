@@ -137,6 +137,12 @@ def test_a_start_that_starts_over_is_stopped_before_its_first_save(harness: Harn
     assert f"resume_from={out / 'ckpt.pt'}" in log(h, "gpt", 2)
     status = h.tc("status", "gpt").out
     assert "started over" in status, status
+    # the supervisor's own diagnostic log (structlog, issue 55 §6) has the trip as a
+    # warning, bound to the job and the run
+    diag = [json.loads(x) for x in (h.home / "jobs" / "gpt" / "logs" / "supervisor.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    tripped = [x for x in diag if x["event"] == "guard_tripped"]
+    assert [(x["level"], x["job"], x["run"]) for x in tripped] == [("warning", "gpt", 2)], diag
 
 
 def test_a_run_that_overwrote_its_checkpoint_gets_the_kept_copy_back(harness: Harness) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model import events
+from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model.reports import Cause, NamedProc
 from trainctl.supervisor.model.sections import CodeRecord
 from trainctl.supervisor.records import field_names, replace

@@ -1,0 +1,63 @@
+"""The supervisor's own diagnostic log (issue 55 §6): structlog JSON lines in
+``logs/supervisor.jsonl``, bound to the job and the run, apart from events.jsonl (the
+job's typed record, which keeps every event it had)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.conftest import Harness, wait_for
+
+
+def diag_lines(h: Harness, name: str) -> list[dict]:  # type: ignore[type-arg]
+    path = h.home / "jobs" / name / "logs" / "supervisor.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_supervisors_diagnostics_are_json_lines_bound_to_the_job_and_run(
+    harness: Harness,
+) -> None:
+    h = harness
+    fail = "import sys, time; time.sleep(1); sys.exit(3)"
+    h.tc("start", "--name", "dg", "--set", "restart=on-failure", "--set", "max_restarts=1",
+         "--set", "restart_backoff=0.1s", "--", sys.executable, "-c", fail, check=True)  # fmt: skip
+    wait_for(lambda: h.state("dg")["phase"] == "failed", 30, "both runs to fail")
+    sup = h.state("dg")["supervisor"]["pid"]
+    wait_for(lambda: not Path(f"/proc/{sup}").exists(), 10, "the last supervisor's exit")
+    lines = diag_lines(h, "dg")
+    started = [x for x in lines if x["event"] == "supervisor_started"]
+    assert [(x["run"], x["job"], x["level"]) for x in started] == [(1, "dg", "info"),
+                                                                  (2, "dg", "info")]  # fmt: skip
+    assert all(isinstance(x["ts"], float) and x["pid"] > 0 for x in lines)
+    assert "debug" not in {x["level"] for x in lines}  # only when asked (below)
+    # the job's record is where it was (a warning is in both: test_checkpoint_guard.py)
+    kinds = [e["event"] for e in h.events("dg")]
+    assert kinds.count("started") == 2
+    assert "reaped" not in kinds
+    assert "supervisor_started" not in kinds  # a diagnostic, not a record of the job
+
+
+def test_debug_lines_are_kept_only_when_asked(harness: Harness) -> None:
+    h = harness
+    # a grandchild orphaned to the supervisor (its parent exits at once) ends by itself
+    # while main still runs: the supervisor reaps it, a debug line
+    script = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(0.2); os._exit(0)\n"
+        "    os._exit(0)\n"
+        "time.sleep(1.5)\n"
+    )
+    env = {**h.env, "TRAINCTL_SUPERVISOR_DEBUG": "1"}
+    h.tc("start", "--name", "dbg", "--", sys.executable, "-c", script, env=env, check=True)
+    wait_for(lambda: h.state("dbg")["phase"] == "exited", 30, "the run's end")
+    sup = h.state("dbg")["supervisor"]["pid"]
+    wait_for(lambda: not Path(f"/proc/{sup}").exists(), 10, "the supervisor's exit")
+    reaped = [x for x in diag_lines(h, "dbg") if x["event"] == "reaped"]
+    assert reaped, diag_lines(h, "dbg")
+    assert {x["level"] for x in reaped} == {"debug"}
