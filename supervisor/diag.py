@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from .model.events import encode
 from .model.state import open_append
 
 DEBUG_VAR = "TRAINCTL_SUPERVISOR_DEBUG"
@@ -50,8 +52,13 @@ def open_diag(jdir: Path, job: str, run: int) -> Diag | None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt=None, utc=True, key="ts"),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(sort_keys=False),
+            _line,  # the event log's own encoder: one JSON encoder in the supervisor
         ],
         cache_logger_on_first_use=True,
     ).bind(job=job, run=run, pid=os.getpid())
     return logger
+
+
+def _line(_logger: object, _method: str, doc: MutableMapping[str, Any]) -> str:
+    """structlog's last processor: the line, as every event line is encoded."""
+    return encode(doc)

@@ -404,7 +404,7 @@ def _known_names(cls: type) -> frozenset[str]:
     return frozenset(field_names(cls))
 
 
-def _newer(doc: dict[str, Any]) -> bool:
+def _newer(doc: JsonObject) -> bool:
     schema = doc.get("schema")
     return isinstance(schema, int) and schema > SCHEMA
 
