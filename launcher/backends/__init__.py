@@ -118,6 +118,11 @@ class Backend(Protocol):
     ) -> Checkpoint | None:
         """Ask the running job for a checkpoint and wait for it; None: nothing to ask."""
 
+    def record(self, jdir: Path, st: JobState) -> None:
+        """Write state.json where no supervisor does (a failed start, a stop without a
+        supervisor, a queued start that failed): the backend's one writer on this side
+        (tests/architecture: the named writers of state.json)."""
+
 
 _MODULES = {"local": "local", "slurm": "slurm"}
 _LOADED: dict[str, Backend] = {}

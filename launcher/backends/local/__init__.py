@@ -25,6 +25,8 @@ from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.model.state import JobState
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
 
+from .record import record
+
 if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
     from trainctl.launcher.specfile import SpecDraft
 
@@ -93,6 +95,10 @@ class Local:
         if not sent:
             raise ProcessTreeError(f"the {sig.name} catchers of job {st.name} are gone")
         return wait_new_checkpoint(spec, asked_at, timeout_s)
+
+    def record(self, jdir: Path, st: JobState) -> None:
+        """Write state.json where no supervisor does (record.py)."""
+        record(jdir, st)
 
 
 BACKEND = Local()

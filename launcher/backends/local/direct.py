@@ -26,6 +26,8 @@ from trainctl.supervisor.tree.proctree import alive, scan, target_of
 from trainctl.supervisor.tree.stacks import before_kill_writer
 from trainctl.supervisor.tree.stop import run_stop
 
+from .record import record
+
 
 def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     """Stop the run recorded in state.json; the caller holds the job lock."""
@@ -108,7 +110,7 @@ def _reverify_gpus(jdir: Path, st: JobState, spec: Spec, req: StopRequest) -> St
     ok = all(g.ok for g in gpus)
     was = st.last_stop if isinstance(st.last_stop, StopReport) else StopReport()
     last = replace(was, gpus=list(gpus), ok=ok, survivors=[])
-    state.write_state(jdir, st.moved(st.phase, last_stop=last))
+    record(jdir, st.moved(st.phase, last_stop=last))
     msg = f"job {st.name} has no process left; its GPUs are " + (
         "released now" if ok else "still not released"
     )
@@ -167,7 +169,7 @@ def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
 def write_best_effort(jdir: Path, st: JobState) -> str | None:
     """Write state.json; return why it failed (full or read-only disk) instead of raising."""
     try:
-        state.write_state(jdir, st)
+        record(jdir, st)
     except OSError as e:
         return f"cannot write {jdir / 'state.json'}: {e.strerror}"
     return None

@@ -19,6 +19,7 @@ from trainctl.supervisor.model.state import Phase, gpu_env
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.launch import Handover, launch_supervisor
 
+from .record import record
 from .stop import stop_once
 
 
@@ -120,4 +121,4 @@ def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
         st, phase=Phase.FAILED, ended_at=st.ended_at or time.time(), error=f"start failed: {why}"
     )
     with contextlib.suppress(OSError):  # the stop above is what matters; the record is not
-        state.write_state(jdir, failed)
+        record(jdir, failed)

@@ -43,6 +43,7 @@ from trainctl.supervisor.tree.stop import run_stop
 from .ctl import (
     agent_argv,
     query,
+    record,
     run_tool,
     scancel,
     submit,
@@ -309,8 +310,12 @@ class Slurm:
             last_stop=report,
             slurm=_with_state(st.slurm, final.state),
         )
-        state.write_state(jdir, new)
+        record(jdir, new)
         return StopResult(st.name, st.run, "slurm", report, final.exit_code)
+
+    def record(self, jdir: Path, st: JobState) -> None:
+        """Write state.json (ctl.record: this backend's one writer)."""
+        record(jdir, st)
 
     def checkpoint(
         self, jdir: Path, st: JobState, spec: Spec, timeout_s: float, asked: Asked
@@ -401,4 +406,4 @@ def _record_final(jdir: Path, info: SlurmVerdict) -> None:
                 ended_at=time.time(),
                 slurm=_with_state(now.slurm, info.state),
             )
-            state.write_state(jdir, ended)
+            record(jdir, ended)

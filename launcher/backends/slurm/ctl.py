@@ -171,7 +171,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
             num_nodes=int((spec.slurm or {}).get("nodes", 1)),
         ),
     )
-    state.write_state(jdir, new)
+    record(jdir, new)
     events.append_event(jdir, "submitted", job=spec.name, run=run, slurm_job_id=job_id)
     return new
 
@@ -233,3 +233,9 @@ def _sacct(job_id: str) -> dict[str, str]:
         return {}
     st, _, code = line[0].partition("|")
     return {"JobState": st, "ExitCode": code}
+
+
+def record(jdir: Path, st: JobState) -> None:
+    """The Slurm backend's one writer of state.json (no supervisor of trainctl's own runs
+    a Slurm job: its node agents write files of their own, model/nodefiles.py)."""
+    state.write_state(jdir, st)

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainctl.launcher import backends
 from trainctl.launcher.ops.jobs import current_phase, existing_job
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
@@ -383,6 +384,6 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
             boot_id=state.current_boot_id(),
         )
         state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
-        state.write_state(jdir, st)
+        backends.backend(spec.backend).record(jdir, st)
         with contextlib.suppress(OSError):
             events.append_event(jdir, "queue_failed", job=e.name, run=st.run, reason=why)
