@@ -55,7 +55,7 @@ from .life import lifecycle as lc
 from .life.judge import DeployJudge, release_held
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
-from .model import checkpoints, control, deploys, events, layout
+from .model import checkpoints, control, deploys, events, layout, relaunch
 from .model.deploys import DeployReport
 from .server import ControlServer
 from .watch import guard
@@ -417,24 +417,36 @@ class Owner:
             return []
 
     def _resume_target(self, *, rollback: bool = False) -> tuple[str | None, str | None]:
-        """(the checkpoint the next run is handed, the one skipped): the newest complete
-        one; the one before it, once, when the failed run was handed the newest and failed
-        before it saved anything newer (a checkpoint it cannot resume from). A rollback
-        from a deploy's failed trial: the checkpoint the deploy handed over (docs/deploy.md)."""
+        """(the checkpoint the next run is handed, the one skipped), by the one relaunch
+        planner (model/relaunch.py): the newest complete one; the one before it, once,
+        when the failed run was handed the newest and failed before it saved anything
+        newer. A rollback from a deploy's failed trial: the checkpoint the deploy handed."""
         t = self.core.state.trial
-        if rollback and t is not None and t.checkpoint and os.path.exists(t.checkpoint):
-            return t.checkpoint, None
-        ones = self._complete_checkpoints()
-        if not ones:
-            return None, None
-        newest, g = ones[0], self.core.state.guard
-        # by step (or identity), not by path: Lightning's last.ckpt, rewritten in place
-        # by a run that made progress, is not the checkpoint the run failed on
-        failed_on_it = guard.same_checkpoint(newest, g, self.core.spec.watch.resume_tolerance)
-        tried = {h.resumed_from for h in self.core.life.history}  # the one before: once
-        if failed_on_it and len(ones) > 1 and ones[1].path not in tried:
-            return ones[1].path, newest.path
-        return newest.path, None
+        pinned = t.checkpoint if rollback and t is not None and t.checkpoint else None
+        if pinned is not None and not os.path.exists(pinned):
+            pinned = None
+        ones = self._complete_checkpoints() if pinned is None else []
+        facts = relaunch.Facts(
+            complete=tuple(relaunch.Candidate(v.path, v.step, v.mtime, v.size) for v in ones),
+            failed=True,
+            handed=self._handed(ones),
+            tried=frozenset(h.resumed_from for h in self.core.life.history if h.resumed_from),
+            tolerance=self.core.spec.watch.resume_tolerance,
+            pinned=pinned,
+        )
+        p = relaunch.plan(facts)
+        return p.resume, p.skipped
+
+    def _handed(self, ones: list[checkpoints.Verdict]) -> relaunch.Handed | None:
+        """What the run that ended was handed, its path as the candidates spell it (a
+        link in a snapshot and its target are one file)."""
+        g = self.core.state.guard
+        if g is None or g.handed is None:
+            return None
+        real = {os.path.realpath(v.path): v.path for v in ones}
+        spelt = real.get(os.path.realpath(g.handed), g.handed)
+        mark = real.get(os.path.realpath(g.path), g.path) if g.handed == g.path else g.path
+        return relaunch.Handed(spelt, g.handed_step, g.mtime, g.size, mark)
 
     def _analyse_safely(self) -> Cause | None:
         """The analysis, or None (the plain exit-code cause) if it breaks: a log or error
@@ -552,29 +564,33 @@ class Owner:
         self.core.send(lc.Relaunched())
 
     def _healthy_leases(self) -> tuple[GpuLease, ...]:
-        """The GPUs the next run gets: the run's own, less those a reset- or reboot-class
-        fault made unhealthy (gpu/health.py) and those the stop found still held, when
-        ``min_gpus`` allows running on fewer; else TrainctlError says why (the run ends:
-        never relaunched onto a lost or held GPU)."""
+        """The GPUs the next run gets, by the one relaunch planner (model/relaunch.py):
+        the run's own, less those a reset- or reboot-class fault made unhealthy
+        (gpu/health.py) and those the stop found still held, when ``min_gpus`` allows
+        running on fewer; else TrainctlError says why (the run ends: never relaunched
+        onto a lost or held GPU)."""
         leases = self.core.state.gpus
-        keep, lost = health.split_leases(self.core.jdir.parent.parent, leases)
+        _, lost = health.split_leases(self.core.jdir.parent.parent, leases)
         report, life = self.core.life.report, self.core.life
         # still held after the stop's release wait: the lifecycle let the relaunch go on
         # without them (the same judgement, lifecycle.gpus_left_out); never started onto
         held = lc.gpus_left_out(report, self.core.spec, lc.gpu_fault_of(life)) if report else None
-        if report is not None and held:
-            keep = tuple(g for g in keep if g.index not in held)
-            self.core.log.warning(
-                "gpus_left_out", gpus=[g.label for g in keep], why=lc.held_line(report)
-            )
-        if not lost:
-            return keep
-        need = self.core.spec.gpu.min_gpus
-        sick = ", ".join(f"GPU {u.index} is {u.line()}" for u in lost)
-        if need is None or len(keep) < need:
-            floor = f"min_gpus {need}" if need is not None else "min_gpus is not set"
-            raise TrainctlError(f"{sick}: {len(keep)} of {len(leases)} GPU(s) left, {floor}")
-        self.core.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=sick)
+        sick = {str(u.index): u.line() for u in lost}
+        facts = relaunch.Facts(
+            asked=tuple(g.label for g in leases),
+            unhealthy=frozenset(g.label for g in leases if str(g.index) in sick),
+            held=frozenset(g.label for g in leases if held and g.index in held),
+            min_gpus=self.core.spec.gpu.min_gpus,
+            named=tuple((g.label, sick[str(g.index)]) for g in leases if str(g.index) in sick),
+        )
+        p = relaunch.plan(facts)
+        if p.refused is not None:
+            raise TrainctlError(str(p.why))
+        keep = tuple(g for g in leases if g.label in p.gpus)
+        if p.left_out:
+            why = lc.held_line(report) if report is not None and held else None
+            why = why or "; ".join(f"GPU {i} is {w}" for i, w in sick.items())
+            self.core.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=why)
         return keep
 
     async def _copy_log(self, source: Path) -> None:

@@ -25,7 +25,7 @@ from trainctl.supervisor.life.hooks import EVENTS as HOOK_EVENTS
 from trainctl.supervisor.linux.cgroup import find_mount
 from trainctl.supervisor.linux.memory import find_home as memory_home
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import relaunch, state
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.schema import build_document
 from trainctl.supervisor.model.spec import (
@@ -420,10 +420,16 @@ def restart_gpus(home: Path, spec: Spec, held: frozenset[int] = frozenset()) -> 
     # "1,3," names GPUs 1 and 3 (not a count); MIG instances by their MIG-… uuid
     if spec.gpu.min_gpus is None:
         return GpuRequest(spec.gpu.indices + ",")
-    asked = (spec.gpu.asked or spec.gpu.indices).split(",")
-    out = set(health.unhealthy(home)) | held
-    healthy = [t for t in asked if not (t.isdigit() and int(t) in out)]
-    use = healthy if len(healthy) >= spec.gpu.min_gpus else asked  # too few: refused, saying why
+    asked = tuple((spec.gpu.asked or spec.gpu.indices).split(","))
+    sick = {str(i) for i in health.unhealthy(home)}
+    facts = relaunch.Facts(
+        asked=asked,
+        unhealthy=frozenset(t for t in asked if t in sick),
+        held=frozenset(t for t in asked if t.isdigit() and int(t) in held),
+        min_gpus=spec.gpu.min_gpus,
+    )
+    p = relaunch.plan(facts)  # the supervisor's relaunch asks the same planner
+    use = p.gpus if p.refused is None else asked  # too few: the start refuses, saying why
     return GpuRequest(",".join(use) + ",", asked=",".join(asked))
 
 

@@ -163,19 +163,6 @@ def plan(
     return replace(mark, handed=handed or mark.path, handed_step=floor_of.step, floor=floor)
 
 
-def same_checkpoint(v: checkpoints.Verdict, g: Guard | None, tolerance: float | None) -> bool:
-    """``v`` (the newest complete checkpoint after a run failed) is the one that run was
-    handed: by step where both are known (a file rewritten in place keeps its path, so a
-    path says nothing), else by identity (path, mtime and size)."""
-    if g is None or g.handed is None:
-        return False
-    if v.step is not None and g.handed_step is not None:
-        return v.step <= g.handed_step + (tolerance or 0.0)
-    if os.path.realpath(v.path) != os.path.realpath(g.handed):
-        return False
-    return g.handed != g.path or (v.mtime, v.size) == (g.mtime, g.size)
-
-
 def keep_aside(jdir: Path, run: int, spec: Spec, g: Guard) -> Guard:
     """Keep the mark's checkpoint aside under ``<job>/kept/run-N/`` (reflink, a hard link
     where each save has a new name, else a copy up to checkpoint_keep_max); the copies of
