@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import signal
@@ -26,13 +25,11 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from trainctl.supervisor.gpu import health
 from trainctl.supervisor.gpu.verify import fresh_baselines
 from trainctl.supervisor.model.reports import STARTED_OVER, Cause, Failure, StopReport
-from trainctl.supervisor.model.spec import Spec, StopOrder, spec_from_doc
+from trainctl.supervisor.model.spec import Spec, StopOrder
 from trainctl.supervisor.model.state import (
     RESUME_VAR,
-    GpuLease,
     JobState,
     error_file,
     log_path,
@@ -55,10 +52,10 @@ from .life import lifecycle as lc
 from .life.judge import DeployJudge, release_held
 from .linux import memory, systemd
 from .logcopy import LOG_COPY_S, LogCopy
-from .model import checkpoints, control, deploys, events, layout, relaunch
+from .model import checkpoints, control, deploys, events
 from .model.deploys import DeployReport
+from .nextrun import NextRun
 from .server import ControlServer
-from .watch import guard
 from .watchers import Watchers
 
 # While a stop runs, orphans are reaped in batches this often (see Supervisor._reaper).
@@ -82,6 +79,7 @@ class Owner:
         self._log_copy: LogCopy | None = None  # an adopted run's own file, into its log
         self._terminal: Terminal | None = None  # `--tty`: main's pty (see run)
         self.judge = DeployJudge(core.jdir, core.spec.cwd, self.fire)
+        self.next = NextRun(core, self.judge)  # what the next run is handed
         self._held_back: DeployReport | None = None  # a rollback run: its deploy's report
 
     def fire(self, event: str, cause: Cause, *, notify: bool = True) -> None:
@@ -283,17 +281,17 @@ class Owner:
             if a.reason == "main exited" and not self.core.life.user_stop:
                 cause = await anyio.to_thread.run_sync(self._analyse_safely)
             with contextlib.suppress(OSError):  # a nicety: the stop's report must still land
-                self.watchers.watch_oom()  # the last kills, recorded before the group goes
+                self.watchers.oom.look()  # the last kills, recorded before the group goes
                 memory.remove(self.core.memory_group(), self.core.target().cgroup)
             await anyio.to_thread.run_sync(self._copy_rest_of_log)
             self.watchers.stamper.step()  # the times of the last lines (in the loop: one writer)
             self.watchers.stamp_steps()
             note = None
             if a.reason == STARTED_OVER:  # before anything reads the checkpoint again
-                note = await anyio.to_thread.run_sync(self._put_back)
+                note = await anyio.to_thread.run_sync(self.next.put_back)
             ones = []
             if not self.core.life.user_stop:  # the breaker on progress needs the newest step
-                ones = await anyio.to_thread.run_sync(self._complete_checkpoints)
+                ones = await anyio.to_thread.run_sync(self.next.complete_checkpoints)
         self.core.send(self._finished(report, cause, ones, note))
 
     def _finished(
@@ -314,41 +312,8 @@ class Owner:
             resumed_step=g.handed_step if g is not None else None,
             guard_note=note,
             no_checkpoint=bool(self.core.spec.watch.checkpoint) and not ones,
-            rollback_ready=self._previous_spec() is not None,
+            rollback_ready=self.next.previous_spec() is not None,
         )
-
-    def _previous_spec(self) -> Spec | None:
-        """The spec of the run a deploy replaced, when this run is that deploy's new code,
-        its deployer is gone (its probation passed) and that code is still on disk: the way
-        back when the new code keeps failing. None otherwise."""
-        spec, jdir = self.core.spec, self.core.jdir
-        did = spec.env.get(layout.DEPLOY_VAR)
-        if not did or not layout.name_ok(did):
-            return None
-        path = jdir / layout.DEPLOYS / layout.PREVIOUS_SPEC.format(id=did)
-        try:
-            prev = spec_from_doc(json.loads(path.read_text()), str(path))
-        except (OSError, ValueError, TrainctlError):
-            return None
-        if prev.cwd == spec.cwd or not os.path.isdir(prev.cwd):
-            return None  # already the old code; its snapshot pruned
-        env = {k: v for k, v in prev.env.items() if k not in (layout.DEPLOY_VAR, RESUME_VAR)}
-        return replace(prev, env=env)
-
-    def _hold_rollback(self, prev: Spec, run: int) -> None:
-        """A deploy's trial failed: before the old code runs again, put back what the new
-        code overwrote, then hold the deploy's report for run ``run`` (life/judge.py)."""
-        held, t = self.judge.held, self.core.state.trial
-        if held is None or t is None:
-            return
-        restored, done = deploys.put_back(t, t.cwd or prev.cwd)
-        for line in done:
-            deploys.say(self.core.jdir, t.id, "rollback", line)
-        self.judge.held = held = replace(held, restored=restored, rollback_run=run)
-        try:
-            deploys.hold_rollback(self.core.jdir, held)
-        except (OSError, TrainctlError) as e:
-            self.core.log.warning("deploy_report_unwritten", error=str(e))
 
     async def _release_rollback(self) -> None:
         """The rollback run of a deploy: its report is final once the checkpoint guard
@@ -379,128 +344,23 @@ class Owner:
         over = (st.cause.summary if st.cause else None) if tripped else None
         release_held(self.core.jdir, held, over)
 
-    def _put_back(self) -> str | None:
-        """After the guard stopped a run that started over: its checkpoints behind the mark
-        moved aside, the kept copy put back if the checkpoint was changed (never raises:
-        the run's cause still lands, naming the kept copy)."""
-        g, st = self.core.state.guard, self.core.state
-        if g is None:
-            return None
-        try:
-            done = guard.put_back(g, self.core.spec, st.started_at, f"run-{st.run}")
-        except OSError as e:
-            done = [f"could not put the checkpoint back ({e.strerror or e}): "
-                    f"the copy is in {g.kept or 'no kept copy'}"]  # fmt: skip
-        if not done:
-            done = [f"{g.path} was not changed" + (f" (a copy is kept in {g.kept})" if g.kept
-                                                     else "")]  # fmt: skip
-        self.core.log.warning("guard_put_back", done=done, kept=g.kept)
-        return "; ".join(done)
-
-    def _complete_checkpoints(self) -> list[checkpoints.Verdict]:
-        """The two newest complete checkpoints, once the run has stopped (never raises: a
-        folder that cannot be read costs the breaker on progress its figure, not the stop)."""
-        pattern = self.core.spec.watch.checkpoint
-        if not pattern:
-            return []
-        run, started = self.core.state.run, self.core.state.started_at
-        jdir, spec = self.core.jdir, self.core.spec
-
-        def step_at(mtime: float) -> float | None:
-            return guard.step_before(jdir, run, spec, mtime, started)
-
-        try:
-            # called once the run's every process is gone: what is there is final (a
-            # second look at each fresh file cost a healing restart 0.25 s a file, twice)
-            return checkpoints.complete_ones(spec.cwd, pattern, step_at, want=2, quiet=True)
-        except OSError:
-            return []
-
-    def _resume_target(self, *, rollback: bool = False) -> tuple[str | None, str | None]:
-        """(the checkpoint the next run is handed, the one skipped), by the one relaunch
-        planner (model/relaunch.py): the newest complete one; the one before it, once,
-        when the failed run was handed the newest and failed before it saved anything
-        newer. A rollback from a deploy's failed trial: the checkpoint the deploy handed."""
-        t = self.core.state.trial
-        pinned = t.checkpoint if rollback and t is not None and t.checkpoint else None
-        if pinned is not None and not os.path.exists(pinned):
-            pinned = None
-        ones = self._complete_checkpoints() if pinned is None else []
-        facts = relaunch.Facts(
-            complete=tuple(relaunch.Candidate(v.path, v.step, v.mtime, v.size) for v in ones),
-            failed=True,
-            handed=self._handed(ones),
-            tried=frozenset(h.resumed_from for h in self.core.life.history if h.resumed_from),
-            tolerance=self.core.spec.watch.resume_tolerance,
-            pinned=pinned,
-        )
-        p = relaunch.plan(facts)
-        return p.resume, p.skipped
-
-    def _handed(self, ones: list[checkpoints.Verdict]) -> relaunch.Handed | None:
-        """What the run that ended was handed, its path as the candidates spell it (a
-        link in a snapshot and its target are one file)."""
-        g = self.core.state.guard
-        if g is None or g.handed is None:
-            return None
-        real = {os.path.realpath(v.path): v.path for v in ones}
-        spelt = real.get(os.path.realpath(g.handed), g.handed)
-        mark = real.get(os.path.realpath(g.path), g.path) if g.handed == g.path else g.path
-        return relaunch.Handed(spelt, g.handed_step, g.mtime, g.size, mark)
-
     def _analyse_safely(self) -> Cause | None:
         """The analysis, or None (the plain exit-code cause) if it breaks: a log or error
         file the job wrote must never cost the run its stop report or the supervisor."""
+        st, group = self.core.state, self.core.memory_group()
         try:
-            return self._analyse()
+            ef = self.core.spec.env.get("TORCHELASTIC_ERROR_FILE")
+            files = (log_path(self.core.jdir, st.run),
+                     Path(ef) if ef else error_file(self.core.jdir, st.run))  # fmt: skip
+            return causes.analyse_end(
+                files, st, self.core.spec, self.core.main_status,
+                self.core.life.main_code,
+                memory.oom_kills(group) if group is not None else 0,
+                self.watchers.oom_victims(),
+            )  # fmt: skip
         except Exception as e:  # noqa: BLE001  (logged; the lifecycle falls back)
             self.core.log.warning("cause_analysis_failed", error=f"{type(e).__name__}: {e}")
             return None
-
-    def _analyse(self) -> Cause:
-        """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason."""
-        st, status = self.core.state, self.core.main_status
-        code = self.core.life.main_code
-        died_of = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
-        reason = causes.Reason()
-        if code != 0 or died_of is not None:
-            ef = self.core.spec.env.get("TORCHELASTIC_ERROR_FILE")
-            reason = causes.job_reason(
-                log_path(self.core.jdir, st.run),
-                Path(ef) if ef else error_file(self.core.jdir, st.run),
-                st.started_at,
-                self.core.spec.causes,
-            )
-        cause = causes.ended_on_its_own(code, died_of, reason, self._oom_of(died_of))
-        if (code != 0 or died_of is not None) and st.gpu_faults:
-            # a GPU that failed during the run is why it died, before the job's own words
-            fault = st.gpu_faults[-1]
-            cause = replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
-        return cause
-
-    def _oom_of(self, died_of: int | None) -> tuple[int, str | None, int, int | None] | None:
-        """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
-        group = self.core.memory_group()
-        kills = memory.oom_kills(group) if group is not None else 0
-        if not kills and died_of != signal.SIGKILL:
-            return None
-        st = self.core.state
-        cmds = {m.pid: m.cmd for m in st.members}
-        main = st.main.pid if st.main else 0
-        victims = self.watchers.oom_victims()
-        if not kills and not victims:
-            return None  # a SIGKILL from someone else, not the OOM killer
-        pick = next((v for v in victims if v.pid == main), victims[0] if victims else None)
-        if pick is None and died_of == signal.SIGKILL:
-            pick = memory.Victim(main, "")
-        cap = self.core.spec.memory.max_bytes
-        if pick is None:
-            return (0, None, kills, cap)
-        cmd = cmds.get(pick.pid)
-        if not cmd and pick.pid == main:
-            cmd = " ".join(self.core.spec.argv)
-        cmd = (cmd or pick.comm)[:200] or None
-        return (pick.pid, cmd, kills or len(victims), cap)
 
     async def _wait_backoff(self, seconds: float, scope: anyio.CancelScope) -> None:
         with scope:
@@ -511,20 +371,20 @@ class Owner:
         st, spec = self.core.state, self.core.spec
         restarts, history = st.restarts + 1, self.core.life.history
         if rollback is not None:  # the previous code, with a restart budget of its own
-            prev = await anyio.to_thread.run_sync(self._previous_spec)
+            prev = await anyio.to_thread.run_sync(self.next.previous_spec)
             if prev is None:
                 self.core.send(lc.Relaunched(error="the code the deploy replaced is gone"))
                 return
             spec, restarts, history = prev, 0, ()
-            await anyio.to_thread.run_sync(self._hold_rollback, prev, st.run + 1)
+            await anyio.to_thread.run_sync(self.next.hold_rollback, prev, st.run + 1)
         failure = replace(failure, at=time.time())
-        target = functools.partial(self._resume_target, rollback=rollback is not None)
+        target = functools.partial(self.next.resume_target, rollback=rollback is not None)
         resume, skipped = await anyio.to_thread.run_sync(target)
         if skipped is not None:
             self.core.log.warning("resume_skipped", skipped=skipped, resume_from=resume,
                              why="the run failed right after resuming from it")  # fmt: skip
         try:
-            leases = await anyio.to_thread.run_sync(self._healthy_leases)
+            leases = await anyio.to_thread.run_sync(self.next.healthy_leases)
         except TrainctlError as e:
             self.core.send(lc.Relaunched(error=str(e)))
             return
@@ -562,36 +422,6 @@ class Owner:
             skipped=skipped,
         )
         self.core.send(lc.Relaunched())
-
-    def _healthy_leases(self) -> tuple[GpuLease, ...]:
-        """The GPUs the next run gets, by the one relaunch planner (model/relaunch.py):
-        the run's own, less those a reset- or reboot-class fault made unhealthy
-        (gpu/health.py) and those the stop found still held, when ``min_gpus`` allows
-        running on fewer; else TrainctlError says why (the run ends: never relaunched
-        onto a lost or held GPU)."""
-        leases = self.core.state.gpus
-        _, lost = health.split_leases(self.core.jdir.parent.parent, leases)
-        report, life = self.core.life.report, self.core.life
-        # still held after the stop's release wait: the lifecycle let the relaunch go on
-        # without them (the same judgement, lifecycle.gpus_left_out); never started onto
-        held = lc.gpus_left_out(report, self.core.spec, lc.gpu_fault_of(life)) if report else None
-        sick = {str(u.index): u.line() for u in lost}
-        facts = relaunch.Facts(
-            asked=tuple(g.label for g in leases),
-            unhealthy=frozenset(g.label for g in leases if str(g.index) in sick),
-            held=frozenset(g.label for g in leases if held and g.index in held),
-            min_gpus=self.core.spec.gpu.min_gpus,
-            named=tuple((g.label, sick[str(g.index)]) for g in leases if str(g.index) in sick),
-        )
-        p = relaunch.plan(facts)
-        if p.refused is not None:
-            raise TrainctlError(str(p.why))
-        keep = tuple(g for g in leases if g.label in p.gpus)
-        if p.left_out:
-            why = lc.held_line(report) if report is not None and held else None
-            why = why or "; ".join(f"GPU {i} is {w}" for i, w in sick.items())
-            self.core.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=why)
-        return keep
 
     async def _copy_log(self, source: Path) -> None:
         """An adopted run writes to its own file (nohup.out, a redirect): copy what it

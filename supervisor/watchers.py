@@ -99,89 +99,43 @@ class Watchers:
         self._rebind = rebind
         self.drift_mark: tuple[int, ...] = ()
         self.drift_at = 0.0
-        self.gpu: GpuWatch | None = None  # the run's GPUs, looked at (see _watch_gpus)
+        last_step = self.last_step
+        self.gpus = GpuWatcher(run)  # the run's GPUs: memory, Xid events, ECC
+        self.stall = StallWatcher(run, last_step)  # no progress, no output
+        self.oom = OomWatcher(run)  # OOM kills in the run's memory group
+        self.ckpt_age = CheckpointAgeWatcher(run, last_step)  # on_checkpoint_stale
+        self.verdicts = VerdictWatcher(run)  # the checkpoint guard, a deploy's trial
         self.stamper = LogStamper(log_path(run.jdir, run.state.run))  # when the log grew
         self.sampled_step: tuple[int, float] | None = None  # (run, step): for the ETA, hooks
         self._stamper: StepStamper | None = None  # untimed progress lines, timed (steplines)
         self._stamper_run = 0
         self._exe_checked: set[ProcRef] = set()  # members whose executable was read
-        self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
-        self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
-        self._stale_checked = 0.0  # when the checkpoint's age was last looked at
-        self._stale_fired = False  # on_checkpoint_stale fired; re-armed by a newer checkpoint
 
     def start(self, tg: anyio.abc.TaskGroup) -> None:
         """Start every watcher's loop in the supervisor's task group."""
         tg.start_soon(self._snapshots)
-        tg.start_soon(self._watch_gpus)
+        tg.start_soon(self.gpus.follow)
         tg.start_soon(self._watch_log)
         tg.start_soon(self._record_samples)
         tg.start_soon(self._stamp_steps_often)
         g = self.run.state.guard
         if g is not None and g.floor is not None:
-            tg.start_soon(self._guard_first_step)
+            tg.start_soon(self.verdicts.guard_first_step)
         if self.run.state.trial is not None:
-            tg.start_soon(self._judge_trial)
+            tg.start_soon(self.verdicts.judge_trial)
 
-    async def _judge_trial(self) -> None:
-        """A deploy's new code, held to its gate, then its probation (watch/trial.py):
-        each verdict goes to the lifecycle, which decides what follows (one controller)."""
-        jdir, spec, st = self.run.jdir, self.run.spec, self.run.state
-        step_at = functools.partial(
-            guard.step_before, jdir, st.run, spec, run_started=st.started_at
-        )
-        watch = trial.TrialWatch(jdir, spec, st, step_at)
-        sent: str | None = None  # the stage a verdict was sent for
-        while self.run.stage is lc.Stage.RUNNING:
-            await anyio.sleep(trial.TRIAL_LOOK_S)
-            t = self.run.state.trial
-            if t is None or self.run.stage is not lc.Stage.RUNNING:
-                return
-            if t.stage == sent:
-                continue  # the owner has not moved the trial on yet
-            stalled = self.run.state.stalled_since is not None
-            verdict = await anyio.to_thread.run_sync(watch.look, t, time.time(), stalled)
-            if watch.first is not None and t.first_step is None:
-                self.run.observe(trial=replace(t, first_step=watch.first))
-            if isinstance(verdict, trial.TrialPassed):
-                self.run.send(lc.TrialPassed(verdict.why, verdict.step))
-            elif verdict is not None:
-                self.run.send(lc.TrialFailed(verdict.why, verdict.lines))
-            sent = t.stage if verdict is not None else None
+    @property
+    def gpu(self) -> GpuWatch | None:
+        """The run's GPU watch, once open."""
+        return self.gpus.watch
 
-    async def _guard_first_step(self) -> None:
-        """The checkpoint guard: the run's first reported step, looked for every
-        GUARD_LOOK_S until it comes (a small read of what its files gained); below the
-        floor, the run started over and is stopped before its first save."""
-        spec, st = self.run.spec, self.run.state
-        first = guard.FirstStep(self.run.jdir, st.run, spec.watch.progress_regex)
-        while self.run.stage is lc.Stage.RUNNING:
-            step = first.look()
-            if step is None:
-                await anyio.sleep(GUARD_LOOK_S)
-                continue
-            g = self.run.state.guard
-            if g is None:
-                return
-            if not guard.below_floor(g, step):
-                # it resumed: a copy (up to checkpoint_keep_max of disk) has done its work
-                passed = await anyio.to_thread.run_sync(guard.passed, g, step)
-                self.run.observe(guard=passed)
-                self.run.log.info("guard_passed", first_step=step, floor=g.floor, kept=g.kept)
-                return
-            line = guard.tripped_line(g, step, spec.argv)
-            self.run.observe(guard=replace(g, first_step=step, tripped=line))
-            self.run.log.warning("guard_tripped", first_step=step, floor=g.floor,
-                                 checkpoint=g.path, kept=g.kept, why=line)  # fmt: skip
-            self.run.send(lc.StartedOver(step, line))
-            return
+    def oom_victims(self) -> list[memory.Victim]:
+        """The kernel log's OOM kills of this run (the cause analysis names one)."""
+        return self.oom.victims()
 
     def last_step(self) -> float | None:
         """The newest progress step sampled from the log, if any (hooks carry it)."""
         return self.sampled_step[1] if self.sampled_step else None
-
-    def _fire(self, event: str, cause: Cause) -> None:
-        self.run.fire(event, cause, step=self.last_step())
 
     async def _snapshots(self) -> None:
         """Keep state.json's member snapshot current, at a cost that follows the job's size.
@@ -203,8 +157,8 @@ class Watchers:
             self._rebind("the socket file was gone")
             if self.run.stage is not lc.Stage.RUNNING:
                 continue
-            self.watch_oom()
-            await self._watch_checkpoint_age()
+            self.oom.look()
+            await self.ckpt_age.look()
             await self._check_drift()
             full = time.monotonic() - last_full >= FULL_SCAN_S
             if full:
@@ -287,7 +241,98 @@ class Watchers:
             if st is not None and st.start_ticks == snap.start_ticks and st.state != "Z":
                 members[snap.pid] = Member(st, set(snap.nets))
 
-    async def _watch_gpus(self) -> None:
+    async def _record_samples(self) -> None:
+        """One sample of the run every sample_interval_s, for the charts (samples.py)."""
+        book = samples.SampleLog(log_path(self.run.jdir, self.run.state.run))
+        meter = samples.CpuMeter()
+        while True:
+            await anyio.sleep(self.run.spec.watch.sample_interval_s)
+            if self.run.stage is not lc.Stage.RUNNING:
+                continue
+            src = self._sample_sources()
+            sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
+            book.append(sample)
+
+    def _sample_sources(self) -> samples.Sources:
+        st, gpu = self.run.state, self.gpu
+        labels = {g.uuid: g.label for g in st.gpus}
+        members = {(m.pid, m.start_ticks) for m in st.members}
+        if st.main is not None:  # before the first member snapshot too
+            members.add((st.main.pid, st.main.start_ticks))
+        # dict() copies in one step: the GPU watch's thread may be writing these meanwhile
+        memory = dict(gpu.memory) if gpu else {}
+        utilization = dict(gpu.utilization) if gpu else {}
+        return samples.Sources(
+            members=tuple(sorted(members)),
+            memory_group=self.run.memory_group(),
+            gpu_mem={labels[u]: b for u, b in memory.items() if u in labels},
+            gpu_util={labels[u]: p for u, p in utilization.items() if u in labels},
+            progress_file=progress_path(self.run.jdir, st.run),
+            log=log_path(self.run.jdir, st.run),
+            progress_regex=self.run.spec.watch.progress_regex,
+        )
+
+    async def _watch_log(self) -> None:
+        """The log's own looks, on their own clock: when it grew (logtimes.py, for `logs
+        --timestamps` and `--since`), and its size cap (logs.py). Off the snapshot loop: a
+        job writing 15 MiB/s passes an 8 MiB cap in half a second, and a snapshot tick
+        (3 s, longer under a busy drift or checkpoint look) let the log reach many times it.
+        """
+        pace = logs.Pace(self.run.spec.logs.max_bytes, STAMP_S)
+        while True:
+            self.stamper.step()
+            # the stall watchdog looks here too: a learned deadline is seconds, not minutes
+            if self.stall.check():
+                await self.stall.write_stacks()
+            size = await self._bound_log()
+            await anyio.sleep(pace.next_look(size, time.monotonic()))
+
+    async def _bound_log(self) -> int:
+        """Rotate the log past its cap (the copy in a thread); return its size now."""
+        log = log_path(self.run.jdir, self.run.state.run)
+        try:
+            size = await anyio.to_thread.run_sync(
+                rotate_if_big, log, self.run.spec.logs.max_bytes, self.run.spec.logs.keep
+            )
+        except OSError as e:
+            self.run.log.warning("log_rotation_failed", error=e.strerror)
+            return 0
+        if size:
+            self.run.log.info("log_rotated", bytes=size, keep=self.run.spec.logs.keep)
+            return 0
+        return logs.size_of(log)
+
+    async def _stamp_steps_often(self) -> None:
+        """The stamper's looks while the run lives: every STEP_LOOK_S until its first step
+        (for STEP_FIRST_S at most), then every STEP_QUIET_S (steplines.py says why)."""
+        began = time.monotonic()
+        while self.run.stage is lc.Stage.RUNNING:
+            self.stamp_steps()
+            waiting = self.sampled_step is None and time.monotonic() - began < STEP_FIRST_S
+            await anyio.sleep(STEP_LOOK_S if waiting else STEP_QUIET_S)
+
+    def stamp_steps(self) -> None:
+        """Time the run's untimed progress lines by this look (steplines.py): the ETA,
+        hooks, goodput and a checkpoint's step read them (also once the run ended: the
+        lines written just before its end)."""
+        run = self.run.state.run
+        if self._stamper is None or self._stamper_run != run:
+            regex = self.run.spec.watch.progress_regex
+            self._stamper, self._stamper_run = StepStamper(self.run.jdir, run, regex), run
+        step = self._stamper.look(time.time())
+        if step is not None:
+            self.sampled_step = (run, step)
+
+
+class GpuWatcher:
+    """The run's GPUs for its whole life: memory, Xid events, ECC errors; a reset- or
+    reboot-class fault stops the run (GpuLost), a fault on another GPU is kept for the box."""
+
+    def __init__(self, run: RunView) -> None:
+        self.run = run
+        self.watch: GpuWatch | None = None  # open once the run started (see run)
+
+    async def follow(self) -> None:
         """Look at the run's GPUs for its whole life: memory, Xid events, ECC errors.
 
         NVML is opened once, in a thread, after the run started: never on the stop path.
@@ -297,7 +342,7 @@ class Watchers:
         """
         if not self.run.state.gpus:
             return
-        watch = self.gpu = await self._open_gpu_watch()
+        watch = self.watch = await self._open_gpu_watch()
         info = watch.backend.driver()
         self.run.log.info(
             "gpu_watch",
@@ -365,52 +410,6 @@ class Watchers:
                     return
             if watch.xids is None:
                 return
-
-    async def _record_samples(self) -> None:
-        """One sample of the run every sample_interval_s, for the charts (samples.py)."""
-        book = samples.SampleLog(log_path(self.run.jdir, self.run.state.run))
-        meter = samples.CpuMeter()
-        while True:
-            await anyio.sleep(self.run.spec.watch.sample_interval_s)
-            if self.run.stage is not lc.Stage.RUNNING:
-                continue
-            src = self._sample_sources()
-            sample = await anyio.to_thread.run_sync(samples.look, src, meter, time.time())
-            book.append(sample)
-
-    def _sample_sources(self) -> samples.Sources:
-        st, gpu = self.run.state, self.gpu
-        labels = {g.uuid: g.label for g in st.gpus}
-        members = {(m.pid, m.start_ticks) for m in st.members}
-        if st.main is not None:  # before the first member snapshot too
-            members.add((st.main.pid, st.main.start_ticks))
-        # dict() copies in one step: the GPU watch's thread may be writing these meanwhile
-        memory = dict(gpu.memory) if gpu else {}
-        utilization = dict(gpu.utilization) if gpu else {}
-        return samples.Sources(
-            members=tuple(sorted(members)),
-            memory_group=self.run.memory_group(),
-            gpu_mem={labels[u]: b for u, b in memory.items() if u in labels},
-            gpu_util={labels[u]: p for u, p in utilization.items() if u in labels},
-            progress_file=progress_path(self.run.jdir, st.run),
-            log=log_path(self.run.jdir, st.run),
-            progress_regex=self.run.spec.watch.progress_regex,
-        )
-
-    async def _watch_log(self) -> None:
-        """The log's own looks, on their own clock: when it grew (logtimes.py, for `logs
-        --timestamps` and `--since`), and its size cap (logs.py). Off the snapshot loop: a
-        job writing 15 MiB/s passes an 8 MiB cap in half a second, and a snapshot tick
-        (3 s, longer under a busy drift or checkpoint look) let the log reach many times it.
-        """
-        pace = logs.Pace(self.run.spec.logs.max_bytes, STAMP_S)
-        while True:
-            self.stamper.step()
-            # the stall watchdog looks here too: a learned deadline is seconds, not minutes
-            if self._check_stall():
-                await self._write_stall_stacks()
-            size = await self._bound_log()
-            await anyio.sleep(pace.next_look(size, time.monotonic()))
 
     def _gpu_fault(self, fault: str | Fault) -> None:
         """Record a GPU fault of the run (events, state; the cause if the run dies of it),
@@ -481,20 +480,15 @@ class Watchers:
         lost = lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice, fault.gpu, len(keep))
         self.run.send(lost)
 
-    async def _bound_log(self) -> int:
-        """Rotate the log past its cap (the copy in a thread); return its size now."""
-        log = log_path(self.run.jdir, self.run.state.run)
-        try:
-            size = await anyio.to_thread.run_sync(
-                rotate_if_big, log, self.run.spec.logs.max_bytes, self.run.spec.logs.keep
-            )
-        except OSError as e:
-            self.run.log.warning("log_rotation_failed", error=e.strerror)
-            return 0
-        if size:
-            self.run.log.info("log_rotated", bytes=size, keep=self.run.spec.logs.keep)
-            return 0
-        return logs.size_of(log)
+
+class StallWatcher:
+    """The stall watchdog: no progress and no output for the deadline (a fixed one, or
+    the one learned from the run's own pace: stall.py)."""
+
+    def __init__(self, run: RunView, last_step: Callable[[], float | None]) -> None:
+        self.run, self.last_step = run, last_step
+        self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
+        self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
 
     def _stall_idle(self) -> tuple[float, float, bool]:
         """(when the run last wrote, how long it has been quiet, whether that is a stall)."""
@@ -524,7 +518,7 @@ class Watchers:
             self._ckpt_watch = CheckpointWatch(self.run.spec.cwd, pattern)
         return self._ckpt_watch.newest_mtime()
 
-    def _check_stall(self) -> bool:
+    def check(self) -> bool:
         """Mark or clear STALLED; True the moment a stall is first seen."""
         watch = self.run.spec.watch
         if (
@@ -544,12 +538,12 @@ class Watchers:
             self.run.observe(stalled_since=last)
             self.run.log.warning(events.Stalled(round(idle, 1), self.run.spec.watch.on_stall))
             idle_line = f"no progress and no output for {idle:.0f} s"
-            self._fire("stall", Cause(kind="stalled", summary=idle_line))
+            self.run.fire("stall", Cause(kind="stalled", summary=idle_line), step=self.last_step())
         if self.run.spec.watch.on_stall == "restart":
             self.run.send(lc.Stalled())
         return first
 
-    async def _write_stall_stacks(self) -> None:
+    async def write_stacks(self) -> None:
         """Where every process of the stalled run stands, read once, off the event loop."""
         refs = [m.ref for m in alive(scan_light(self.run.target())).values()]
         write = stacks_writer(self.run.jdir, self.run.state.run, "stall", self.run.state.marker)
@@ -557,7 +551,14 @@ class Watchers:
         if path:
             self.run.log.warning("stacks_written", path=path, why="stalled", processes=len(refs))
 
-    def watch_oom(self) -> None:
+
+class OomWatcher:
+    """OOM kills in the run's memory group, each named as it happens."""
+
+    def __init__(self, run: RunView) -> None:
+        self.run = run
+
+    def look(self) -> None:
         """Name each OOM kill in the job's memory group as it happens (one small read)."""
         group = self.run.memory_group()
         if group is None:
@@ -569,18 +570,27 @@ class Watchers:
         self.run.log.warning(
             "oom_kill",
             oom_kills=kills,
-            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self.oom_victims()],
+            victims=[{"pid": v.pid, "cmd": cmds.get(v.pid) or v.comm} for v in self.victims()],
             cap_bytes=self.run.spec.memory.max_bytes,
         )
         self.run.observe(oom_kills=kills)
 
-    def oom_victims(self) -> list[memory.Victim]:
+    def victims(self) -> list[memory.Victim]:
         """The kernel log's OOM kills of this run: its members' pids, or its group's name."""
         st = self.run.state
         pids = {m.pid for m in st.members} | ({st.main.pid} if st.main else set())
         return memory.oom_victims(pids, Path(st.cgroup).name if st.cgroup else None)
 
-    async def _watch_checkpoint_age(self) -> None:
+
+class CheckpointAgeWatcher:
+    """on_checkpoint_stale: the newest checkpoint older than the job allows."""
+
+    def __init__(self, run: RunView, last_step: Callable[[], float | None]) -> None:
+        self.run, self.last_step = run, last_step
+        self._stale_checked = 0.0  # when the checkpoint's age was last looked at
+        self._stale_fired = False  # fired; re-armed by a newer checkpoint
+
+    async def look(self) -> None:
         """Fire on_checkpoint_stale once the newest checkpoint is older than allowed.
 
         Looked at every STALE_CHECK_S at most (a glob may walk a big folder; more often
@@ -608,25 +618,67 @@ class Watchers:
         what = "no checkpoint yet" if newest is None else "the newest checkpoint"
         summary = f"{what}: {age:.0f} s since {'start' if newest is None else 'it was written'}"
         self.run.log.warning("checkpoint_stale", age_s=round(age, 1), limit_s=limit)
-        self._fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary))
+        self.run.fire("checkpoint_stale", Cause(kind="checkpoint_stale", summary=summary),
+                      step=self.last_step())  # fmt: skip
 
-    async def _stamp_steps_often(self) -> None:
-        """The stamper's looks while the run lives: every STEP_LOOK_S until its first step
-        (for STEP_FIRST_S at most), then every STEP_QUIET_S (steplines.py says why)."""
-        began = time.monotonic()
+
+class VerdictWatcher:
+    """The verdicts on a run's start: the checkpoint guard's (its first step against the
+    floor) and a deploy's trial (its gate, then its probation). Each is sent to the
+    lifecycle, which decides."""
+
+    def __init__(self, run: RunView) -> None:
+        self.run = run
+
+    async def judge_trial(self) -> None:
+        """A deploy's new code, held to its gate, then its probation (watch/trial.py):
+        each verdict goes to the lifecycle, which decides what follows (one controller)."""
+        jdir, spec, st = self.run.jdir, self.run.spec, self.run.state
+        step_at = functools.partial(
+            guard.step_before, jdir, st.run, spec, run_started=st.started_at
+        )
+        watch = trial.TrialWatch(jdir, spec, st, step_at)
+        sent: str | None = None  # the stage a verdict was sent for
         while self.run.stage is lc.Stage.RUNNING:
-            self.stamp_steps()
-            waiting = self.sampled_step is None and time.monotonic() - began < STEP_FIRST_S
-            await anyio.sleep(STEP_LOOK_S if waiting else STEP_QUIET_S)
+            await anyio.sleep(trial.TRIAL_LOOK_S)
+            t = self.run.state.trial
+            if t is None or self.run.stage is not lc.Stage.RUNNING:
+                return
+            if t.stage == sent:
+                continue  # the owner has not moved the trial on yet
+            stalled = self.run.state.stalled_since is not None
+            verdict = await anyio.to_thread.run_sync(watch.look, t, time.time(), stalled)
+            if watch.first is not None and t.first_step is None:
+                self.run.observe(trial=replace(t, first_step=watch.first))
+            if isinstance(verdict, trial.TrialPassed):
+                self.run.send(lc.TrialPassed(verdict.why, verdict.step))
+            elif verdict is not None:
+                self.run.send(lc.TrialFailed(verdict.why, verdict.lines))
+            sent = t.stage if verdict is not None else None
 
-    def stamp_steps(self) -> None:
-        """Time the run's untimed progress lines by this look (steplines.py): the ETA,
-        hooks, goodput and a checkpoint's step read them (also once the run ended: the
-        lines written just before its end)."""
-        run = self.run.state.run
-        if self._stamper is None or self._stamper_run != run:
-            regex = self.run.spec.watch.progress_regex
-            self._stamper, self._stamper_run = StepStamper(self.run.jdir, run, regex), run
-        step = self._stamper.look(time.time())
-        if step is not None:
-            self.sampled_step = (run, step)
+    async def guard_first_step(self) -> None:
+        """The checkpoint guard: the run's first reported step, looked for every
+        GUARD_LOOK_S until it comes (a small read of what its files gained); below the
+        floor, the run started over and is stopped before its first save."""
+        spec, st = self.run.spec, self.run.state
+        first = guard.FirstStep(self.run.jdir, st.run, spec.watch.progress_regex)
+        while self.run.stage is lc.Stage.RUNNING:
+            step = first.look()
+            if step is None:
+                await anyio.sleep(GUARD_LOOK_S)
+                continue
+            g = self.run.state.guard
+            if g is None:
+                return
+            if not guard.below_floor(g, step):
+                # it resumed: a copy (up to checkpoint_keep_max of disk) has done its work
+                passed = await anyio.to_thread.run_sync(guard.passed, g, step)
+                self.run.observe(guard=passed)
+                self.run.log.info("guard_passed", first_step=step, floor=g.floor, kept=g.kept)
+                return
+            line = guard.tripped_line(g, step, spec.argv)
+            self.run.observe(guard=replace(g, first_step=step, tripped=line))
+            self.run.log.warning("guard_tripped", first_step=step, floor=g.floor,
+                                 checkpoint=g.path, kept=g.kept, why=line)  # fmt: skip
+            self.run.send(lc.StartedOver(step, line))
+            return

@@ -25,16 +25,21 @@ tail. Both are classified by a pattern table (:data:`CLASSES`), which config ext
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainctl.supervisor.linux import memory
 from trainctl.supervisor.model.reports import Cause, signal_name
-from trainctl.supervisor.model.spec import RESTART_WORDS
+from trainctl.supervisor.model.spec import RESTART_WORDS, Spec
 from trainctl.supervisor.model.tail import tail_text
-from trainctl.supervisor.records import record
+from trainctl.supervisor.records import record, replace
+
+if TYPE_CHECKING:  # a type only: the analysis reads what the owner hands it
+    from trainctl.supervisor.model.state import JobState
 
 # Built-in pattern classes, tried in order after the config's own.
 CLASSES: tuple[tuple[str, str], ...] = (
@@ -452,3 +457,57 @@ def matches(cause: Cause, words: Iterable[str]) -> str | None:
         if w == cause.reason_class:
             return w
     return None
+
+
+# ---------------------------------------------------------------- a run's own end
+
+
+def analyse_end(
+    files: tuple[Path, Path],
+    st: JobState,
+    spec: Spec,
+    status: int | None,
+    code: int | None,
+    oom_kills: int,
+    victims: list[memory.Victim],
+) -> Cause:
+    """Why main ended on its own: its exit, a signal, the OOM killer; the job's reason.
+
+    ``files``: the run's log and its torchelastic error file; ``status``: main's wait
+    status (None: not our child); ``code``: its shell-style exit code; ``oom_kills``: the
+    kernel's count in the run's memory group; ``victims``: the OOM kills the supervisor
+    saw in the kernel log (watchers)."""
+    died_of = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+    reason = Reason()
+    if code != 0 or died_of is not None:
+        reason = job_reason(files[0], files[1], st.started_at, spec.causes)
+    oom = _oom_of(st, spec, died_of, oom_kills, victims)
+    cause = ended_on_its_own(code, died_of, reason, oom)
+    if (code != 0 or died_of is not None) and st.gpu_faults:
+        # a GPU that failed during the run is why it died, before the job's own words
+        fault = st.gpu_faults[-1]
+        cause = replace(cause, gpu=fault, summary=f"{fault}, then {cause.summary}")
+    return cause
+
+
+def _oom_of(
+    st: JobState, spec: Spec, died_of: int | None, kills: int, victims: list[memory.Victim]
+) -> tuple[int, str | None, int, int | None] | None:
+    """(pid, cmd, kills, cap) when the OOM killer took a process of the job."""
+    if not kills and died_of != signal.SIGKILL:
+        return None
+    cmds = {m.pid: m.cmd for m in st.members}
+    main = st.main.pid if st.main else 0
+    if not kills and not victims:
+        return None  # a SIGKILL from someone else, not the OOM killer
+    pick = next((v for v in victims if v.pid == main), victims[0] if victims else None)
+    if pick is None and died_of == signal.SIGKILL:
+        pick = memory.Victim(main, "")
+    cap = spec.memory.max_bytes
+    if pick is None:
+        return (0, None, kills, cap)
+    cmd = cmds.get(pick.pid)
+    if not cmd and pick.pid == main:
+        cmd = " ".join(spec.argv)
+    cmd = (cmd or pick.comm)[:200] or None
+    return (pick.pid, cmd, kills or len(victims), cap)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.supervisor.model import deploys, keepsafe
 from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model.reports import PROBATION, Cause, Trial
 from trainctl.supervisor.records import replace
 
-from .lifecycle import Judge
+if TYPE_CHECKING:  # a type only: the owner hands each verdict over
+    from .lifecycle import Judge
 
 # What the owner is given: the job's folder, the run's trial now, how to replace it in
 # the state, and how to tell on_deploy_failed (the owner's hook runner).
