@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -22,6 +24,7 @@ from trainctl.supervisor.records import JsonObject
 
 from .errors import StateError
 from .life import lifecycle as lc
+from .linux import procfs
 from .model import control
 from .model.reports import MembersReply
 from .tree import terminal
@@ -168,4 +171,30 @@ class ControlServer:
             await done.wait()
             del self.core.replies[token]
             return self.core.answers.pop(token)
+        if op == "checkpoint":
+            return await self._checkpoint(req)
         return control.unknown_op(op)
+
+    async def _checkpoint(self, req: JsonObject) -> JsonObject:
+        """`stop --at checkpoint`, `deploy --at checkpoint`: the checkpoint signal to the
+        run's processes that catch it, sent by the one process that holds them (each by
+        pid and start time), never while a stop holds the run."""
+        name = req.get("signal")
+        if not isinstance(name, str) or name not in signal.Signals.__members__:
+            return control.CheckpointReply(error=f"unknown signal {name!r}").to_doc()
+        if self.core.stage is not lc.Stage.RUNNING:
+            why = f"run {self.core.state.run} is {self.core.state.phase}, not running"
+            return control.CheckpointReply(error=why, code="not-running").to_doc()
+        sig = signal.Signals[name]
+        found = await anyio.to_thread.run_sync(scan_counted, self.core.target())
+        live = [m for m in found.values() if m.alive]
+        catch = [m for m in live if procfs.catches(m.stat.pid, sig)]
+        if not catch:
+            why = f"no process of the run catches {sig.name} ({len(live)} checked)"
+            return control.CheckpointReply(checked=len(live), error=why,
+                                           code="none-catches").to_doc()  # fmt: skip
+        at = time.time()
+        sent = sum(procfs.send_signal(m.stat.pid, m.stat.start_ticks, sig) for m in catch)
+        self.core.log.info("checkpoint_asked", signal=sig.name, sent=sent, checked=len(live))
+        return control.CheckpointReply(ok=sent > 0, sent=sent, checked=len(live),
+                                       asked_at=at).to_doc()  # fmt: skip

@@ -36,6 +36,15 @@ MAX_LINE = 1 << 20
 PROTOCOL = 2
 
 
+def unknown(reply: JsonObject) -> bool:
+    """The supervisor did not know the request: ``code`` unknown-op, or (protocol 1, before
+    codes) its ``unknown op '...'`` error."""
+    if reply.get("code") == "unknown-op":
+        return True
+    error = reply.get("error")
+    return reply.get("ok") is False and isinstance(error, str) and error.startswith("unknown op")
+
+
 def unknown_op(op: object) -> JsonObject:
     """The answer to a request this supervisor does not know (a newer CLI's)."""
     return {"ok": False, "code": "unknown-op", "protocol": PROTOCOL,
@@ -152,6 +161,34 @@ class PingReply:
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
         return asdict(self)
+
+
+@record(frozen=True)
+class CheckpointReply:
+    """The supervisor's answer to ``{"op": "checkpoint", "signal": "SIGUSR2"}``: the
+    processes of its run that catch the signal were sent it (``sent`` of ``checked``), or
+    ``error`` says why none was (``code``: ``none-catches``, ``not-running``)."""
+
+    ok: bool = False
+    sent: int = 0
+    checked: int = 0
+    asked_at: float = 0.0
+    error: str | None = None
+    code: str | None = None
+
+    def to_doc(self) -> JsonObject:
+        """The reply on the wire."""
+        return asdict(self)
+
+
+def ask_checkpoint(jdir: Path, signal_name: str, timeout_s: float) -> CheckpointReply:
+    """Ask the run's supervisor to send the checkpoint signal to the processes that catch
+    it (ControlUnavailableError: none answers; StateError: it speaks an older protocol,
+    ``code`` unknown-op, or replied nonsense)."""
+    doc = request(jdir, {"op": "checkpoint", "signal": signal_name}, timeout_s)
+    if unknown(doc):
+        raise StateError(f"its supervisor is older (protocol {doc.get('protocol', 1)})")
+    return build_document(CheckpointReply, doc, "checkpoint reply")
 
 
 def ping(jdir: Path, timeout_s: float) -> PingReply:

@@ -42,6 +42,9 @@ def test_stop_checkpoint_then_stop(harness: Harness) -> None:
     assert log.count("SIGUSR2") == 1  # only the main catches it; its workers never got it
     assert log.count("SIGTERM") == 1
     assert not h.job_pids("t")
+    # asked through the run's supervisor, which holds its processes (issue 55 §1)
+    (asked,) = [e for e in h.events("t") if e["event"] == "checkpoint_asked"]
+    assert (asked["signal"], asked["sent"]) == ("SIGUSR2", 1)
 
 
 def test_agent_that_does_not_catch_is_spared(harness: Harness) -> None:

@@ -18,9 +18,14 @@ from typing import TYPE_CHECKING
 from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
-from trainctl.supervisor.errors import ConfigError, JobConflictError, ProcessTreeError
+from trainctl.supervisor.errors import (
+    ConfigError,
+    JobConflictError,
+    ProcessTreeError,
+    StateError,
+)
 from trainctl.supervisor.linux import procfs
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import control, state
 from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.model.state import JobState
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
@@ -82,6 +87,10 @@ class Local:
                 "cannot tell when a checkpoint is written"
             )
         sig = signal.Signals[spec.watch.checkpoint_signal]
+        through = _through_supervisor(jdir, st, sig, asked)
+        if through is not None:  # the supervisor holds the run: it signals (issue 55)
+            return wait_new_checkpoint(spec, through, timeout_s)
+        # no supervisor answers (lost), or an older one: the processes, by pid and start time
         targets = [m for m in members.values() if procfs.catches(m.stat.pid, sig)]
         if not targets:
             raise JobConflictError(
@@ -99,6 +108,33 @@ class Local:
     def record(self, jdir: Path, st: JobState) -> None:
         """Write state.json where no supervisor does (record.py)."""
         record(jdir, st)
+
+
+def _through_supervisor(
+    jdir: Path, st: JobState, sig: signal.Signals, asked: Asked
+) -> float | None:
+    """Ask the run's live supervisor to send ``sig`` to the processes that catch it; when
+    it was asked, the time. None: no supervisor answers, or it speaks an older protocol
+    (the CLI signals them itself, as before). JobConflictError: none catches it."""
+    if st.supervisor is None:
+        return None
+    try:
+        reply = control.ask_checkpoint(jdir, sig.name, ASK_S)
+    except (control.ControlUnavailableError, StateError, OSError):
+        return None
+    if reply.code == "none-catches":
+        raise JobConflictError(
+            f"no process of job {st.name} catches {sig.name} ({reply.checked} checked); "
+            "refusing: nothing was signalled (--at next-checkpoint waits for the "
+            "trainer's own next save instead)"
+        )
+    if not reply.ok:
+        raise ProcessTreeError(f"job {st.name}: {reply.error or 'the checkpoint was not asked'}")
+    asked()
+    return reply.asked_at
+
+
+ASK_S = 5.0  # the supervisor's answer to a checkpoint request (a scan and the signals)
 
 
 BACKEND = Local()
