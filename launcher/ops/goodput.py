@@ -44,12 +44,12 @@ from pathlib import Path
 from trainctl.launcher.checkpoint import newest_checkpoint
 from trainctl.launcher.results.ops import Goodput, Interruption
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import read_typed
+from trainctl.supervisor.model import state
 from trainctl.supervisor.model.steps import steps_path, timed_steps
 from trainctl.supervisor.records import field, record
 
 from .jobs import current_phase, existing_job
+from .ledger import ledger
 
 SLOW = 3.0  # a gap over this many typical steps is not a step: a save, or a stall
 BUCKETS = (
@@ -80,40 +80,23 @@ class _Run:
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
-def _runs(evs: list[events.Event]) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
-    """The runs, the queue's wait, and the stalled periods, from the events."""
-    runs: dict[int, _Run] = {}
-    queued, stalls, current = 0.0, [], None
-    stalled_at: float | None = None
-    for ev in evs:
-        ts = ev.ts
-        if isinstance(ev, events.Started):
-            current = ev.run
-            runs[ev.run] = _Run(ev.run, ts)
-        elif isinstance(ev, events.Dispatched):
-            queued += ev.waited_s
-        elif isinstance(ev, events.MainExited) and current in runs and runs[current].end is None:
-            runs[current].end = ts
-        elif isinstance(ev, events.Ended | events.RestartScheduled):
-            run = current if ev.run is None else ev.run
-            if run not in runs:
-                continue
-            r = runs[run]
-            r.end = r.end or ts
-            r.cause = r.cause or (ev.cause.summary if ev.cause is not None else None)
-            kind_of = ev.cause.kind if ev.cause is not None else None
-            r.stopped = kind_of == "stopped"
-            r.gpu_fault = kind_of == "gpu"
-        elif isinstance(ev, events.Stalled):
-            stalled_at = ts
-        elif isinstance(ev, events.Unstalled) and stalled_at is not None:
-            stalls.append((stalled_at, ts))
-            stalled_at = None
-        elif isinstance(ev, events.Deploy) and ev.to_run in runs:
-            runs[ev.to_run].by_deploy = True
-    if stalled_at is not None:
-        stalls.append((stalled_at, time.time()))
-    return runs, queued, stalls
+def _runs(jdir: Path) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
+    """The runs that started, the queue's wait, and the stalled periods (RunLedger)."""
+    led = ledger(jdir)
+    runs = {
+        n: _Run(
+            n,
+            e.started_at,
+            e.end,
+            e.cause,
+            e.cause_kind == "stopped",
+            e.by_deploy,
+            e.cause_kind == "gpu",
+        )
+        for n, e in led.runs.items()
+        if e.started_at is not None
+    }
+    return runs, led.queued_s, led.stalls
 
 
 def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
@@ -150,7 +133,7 @@ def report(home: Path, name: str) -> Goodput:
     """The goodput of job ``name`` since its first start (or queueing)."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
-    runs, queued, stalls = _runs(read_typed(jdir))
+    runs, queued, stalls = _runs(jdir)
     if not runs:
         raise TrainctlError(f"job {name} has no recorded run yet")
     typical = _typical(jdir, runs)

@@ -13,66 +13,47 @@ from pathlib import Path
 from trainctl.launcher.progress import read_progress
 from trainctl.launcher.results.ops import HistoryRow
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import read_typed
+from trainctl.supervisor.model import state
 from trainctl.supervisor.records import replace
 
 from .jobs import current_phase, existing_job
+from .ledger import RunEntry, ledger
 
 
 def job_history(home: Path, name: str) -> list[HistoryRow]:
-    """Every recorded run of job ``name``, oldest first."""
+    """Every recorded run of job ``name``, oldest first (from its RunLedger)."""
     jdir = existing_job(home, name)
-    rows: dict[int, HistoryRow] = {}
-    current: int | None = None
-
-    def row(run: int) -> HistoryRow:
-        return rows.setdefault(run, HistoryRow(run=run))
-
-    for ev in read_typed(jdir):
-        if isinstance(ev, events.Started):
-            current = ev.run
-            marks = row(ev.run).marks
-            if ev.from_scratch:
-                marks = [*marks, "from scratch (--from-scratch)"]
-            elif ev.resumed_from:
-                marks = [*marks, f"resumed from {ev.resumed_from}"]
-            if ev.rolled_back:
-                marks = [*marks, f"rolled back: {ev.rolled_back}"]
-            rows[ev.run] = replace(row(ev.run), started_at=ev.ts, marks=marks)
-        elif isinstance(ev, events.Code):
-            code = ev.code
-            rows[ev.run] = replace(
-                row(ev.run), code=code.line() if code else "?",
-                commit=code.git_head if code else None, dirty=code.dirty if code else None,
-                snapshot=code.snapshot if code else None,
-            )  # fmt: skip
-        elif isinstance(ev, events.Ended | events.RestartScheduled):
-            r = ev.run if ev.run is not None else current
-            if r is None:
-                continue
-            summary = ev.cause.summary if ev.cause is not None else None
-            phase = ev.phase if isinstance(ev, events.Ended) else "failed (restarted)"
-            if isinstance(ev, events.RestartScheduled) and ev.rollback:
-                phase = "failed (rolled back)"
-            rows[r] = replace(row(r), ended_at=ev.ts, phase=phase, cause=summary)
-        elif isinstance(ev, events.Deploy):
-            _mark_deploy(rows, ev)
+    rows = {run: _row(e) for run, e in ledger(jdir).runs.items()}
     return _finish(jdir, rows)
 
 
-def _mark_deploy(rows: dict[int, HistoryRow], ev: events.Deploy) -> None:
-    """A deploy marks the run it left, the run it started and the run it rolled back to."""
-    old, new = _short(ev.from_commit), _short(ev.to_commit)
-    for left, r, mark in (
-        (True, ev.from_run, f"deploy out: {old} -> {new}, {ev.outcome}"),
-        (False, ev.to_run, f"deploy in: {ev.outcome}"),
-        (False, ev.rollback_run, f"rollback from run {ev.to_run}"),
-    ):
-        if r is not None:
-            was = rows.setdefault(r, HistoryRow(run=r))
-            ck = ev.checkpoint if left else was.checkpoint
-            rows[r] = replace(was, marks=[*was.marks, mark], checkpoint=ck)
+def _row(e: RunEntry) -> HistoryRow:
+    """A run's row: its start's marks, then the deploys that touched it, in order."""
+    marks = []
+    if e.from_scratch:
+        marks.append("from scratch (--from-scratch)")
+    elif e.resumed_from:
+        marks.append(f"resumed from {e.resumed_from}")
+    if e.rolled_back:
+        marks.append(f"rolled back: {e.rolled_back}")
+    checkpoint = None
+    for part, ev in e.deploys:
+        old, new = _short(ev.from_commit), _short(ev.to_commit)
+        if part == "out":
+            marks.append(f"deploy out: {old} -> {new}, {ev.outcome}")
+            checkpoint = ev.checkpoint
+        elif part == "in":
+            marks.append(f"deploy in: {ev.outcome}")
+        else:
+            marks.append(f"rollback from run {ev.to_run}")
+    code = e.code
+    return HistoryRow(
+        run=e.run, started_at=e.started_at, ended_at=e.ended_at, phase=e.phase,
+        cause=e.cause, checkpoint=checkpoint, marks=marks,
+        code=code.line() if code else ("?" if e.code_said else None),
+        commit=code.git_head if code else None, dirty=code.dirty if code else None,
+        snapshot=code.snapshot if code else None,
+    )  # fmt: skip
 
 
 def _short(commit: str | None) -> str:

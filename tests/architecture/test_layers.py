@@ -390,8 +390,10 @@ def test_events_are_read_back_typed() -> None:
     )
     assert not pokes, pokes
     readers = {
-        "launcher/ops/history.py": "read_typed",  # history (the web page's runs too)
-        "launcher/ops/goodput.py": "read_typed",  # report (and MCP's)
+        # history and report (goodput) fold the runs once, in one place (issue 55 §3)
+        "launcher/ops/ledger.py": "read_typed",
+        "launcher/ops/history.py": "ledger(",  # history (the web page's runs too)
+        "launcher/ops/goodput.py": "ledger(",  # report (and MCP's)
         "launcher/ops/runview.py": "newest_typed",  # the stop's timeline (web, MCP)
         "launcher/ops/jobs.py": "newest_typed",  # status: the stop under way
     }
