@@ -31,7 +31,10 @@ import _socket  # the C module: `socket` itself imports enum and selectors (~4 m
 import os
 import sys
 
-from trainctl.supervisor.model import layout  # plain strings: the job layout, spelt once
+from trainctl.supervisor.model import (
+    layout,  # plain strings: the job layout, spelt once
+    wire,  # the requests' one encoder (no import)
+)
 
 _ORDERS = ("tree", "all", "main")
 _SUN_PATH_MAX = 107
@@ -69,7 +72,7 @@ def ask_members(argv: list[str]) -> None:
         return
     jdir, sock = found
     try:
-        sock.sendall(b'{"op": "members"}\n')
+        sock.sendall(wire.request("members"))
     except OSError:
         sock.close()
         return
@@ -123,13 +126,13 @@ def send_stop(argv: list[str]) -> None:
     if found is None:
         return
     jdir, sock = found
-    fields = [b'"op": "stop"', b'"gpu_timeout_s": null']
+    fields: dict[str, wire.Scalar] = {"gpu_timeout_s": None}
     if order is not None:
-        fields += [b'"order": "%s"' % order.encode(), b'"main_only": %s' % _bool(order == "main")]
+        fields |= {"order": order, "main_only": order == "main"}
     if grace_s is not None:
-        fields.append(b'"grace_s": %r' % grace_s)
+        fields["grace_s"] = grace_s
     try:
-        sock.sendall(b"{" + b", ".join(fields) + b"}\n")
+        sock.sendall(wire.request("stop", **fields))
     except OSError:
         sock.close()
         return
@@ -286,7 +289,3 @@ def _is_its_supervisor(pid: int, home: str, name: str) -> bool:
         return False
     want = [os.fsencode(a) for a in layout.supervisor_args(home, name)]
     return any(argv[i : i + len(want)] == want for i in range(len(argv)))
-
-
-def _bool(value: bool) -> bytes:
-    return b"true" if value else b"false"

@@ -24,7 +24,7 @@ from pathlib import Path
 from trainctl.supervisor.errors import StateError
 from trainctl.supervisor.records import JsonObject, asdict, field, record, replace
 
-from . import layout
+from . import layout, wire
 from .reports import StopReport
 from .schema import build_document
 
@@ -299,10 +299,13 @@ def connect(jdir: Path, timeout_s: float) -> socket.socket:
 
 
 def request(jdir: Path, msg: JsonObject, timeout_s: float) -> JsonObject:
-    """Send one request to the job's supervisor and return its reply."""
+    """Send one request (a flat object with its ``op``) to the job's supervisor and return
+    its reply."""
+    fields = {k: v for k, v in msg.items() if k != "op"}
+    line = wire.request(str(msg["op"]), **fields)  # type: ignore[arg-type]
     s = connect(jdir, timeout_s)
     try:
-        s.sendall(encode(msg))
+        s.sendall(line)
         return read_reply(s)
     finally:
         s.close()

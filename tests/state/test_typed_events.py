@@ -10,8 +10,10 @@ import typing
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from trainctl.supervisor.model import events
+from trainctl.supervisor.model import events, wire
 from trainctl.supervisor.model.deploys import DeployReport
 from trainctl.supervisor.model.reports import Cause, NamedProc
 from trainctl.supervisor.model.sections import CodeRecord
@@ -126,3 +128,27 @@ def test_the_deploy_event_reads_what_the_deployers_report_writes(tmp_path: Path)
     assert doc["step"] == "probation"
     [back] = events.read_typed(tmp_path)
     assert replace(back, ts=0.0) == rep.event()
+
+
+@given(
+    op=st.sampled_from(["stop", "members", "ping", "checkpoint"]),
+    fields=st.dictionaries(
+        st.text(min_size=1, max_size=12),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-(2**40), 2**40),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.text(max_size=20),
+        ),
+        max_size=5,
+    ),
+)
+def test_a_request_on_the_wire_is_json_that_reads_back_as_sent(op: str, fields: dict) -> None:  # type: ignore[type-arg]
+    """issue 55 §4: the requests' one encoder (model/wire.py), which early.py uses before
+    json is imported, writes JSON that json reads back as it was given."""
+    fields.pop("op", None)
+    line = wire.request(op, **fields)
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    assert json.loads(line) == {"op": op, **fields}
