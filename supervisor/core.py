@@ -124,6 +124,7 @@ class RunCore:
             restarts=state.restarts,
             run=state.run,
             history=state.restart_history,
+            started_at=state.started_at,
             trial=t.stage if t is not None else None,
             trial_rollback=t is not None and t.rollback,
             trial_of=f"deploy {t.id} of {t.to_commit or '?'}" if t is not None else "the deploy",

@@ -51,7 +51,7 @@ from trainctl.supervisor.model.state import Phase
 from trainctl.supervisor.records import field, record, replace
 
 from . import causes
-from .policy import Verdict, backoff_s, count_in_window, decide
+from .policy import HEALTHY_STRETCH_S, Verdict, backoff_s, count_in_window, decide
 
 
 class Stage(StrEnum):
@@ -338,6 +338,7 @@ class Life:
     joined: tuple[int, ...] = ()  # ... of which these joined a stop already running
     report: StopReport | None = None  # the final answer, once the run has ended
     now: float = 0.0  # the time of the event being handled (set by the caller)
+    started_at: float = 0.0  # when this run started (a healthy stretch restarts at once)
     gpu_lost: GpuLost | None = None  # the GPU fault that stopped the run
     started_over: str | None = None  # the checkpoint guard stopped the run: why
     rolling_back: str | None = None  # the relaunch goes back to a deploy's previous code
@@ -671,12 +672,13 @@ def _schedule_relaunch(
     Straight from STOPPING to STARTING: `wait` and `logs -f` must never see a terminal
     phase for a run that is about to be relaunched."""
     cause = end.cause
-    # a GPU fault restarts at once: the hardware failed, not the code
-    wait = (
-        0.0
-        if cause.kind == "gpu"
-        else backoff_s(spec, count_in_window(spec, life.history, life.now))
-    )
+    # a GPU fault restarts at once: the hardware failed, not the code; so does the first
+    # failure after a healthy stretch (nothing restarted within the window, and the run
+    # ran HEALTHY_STRETCH_S): a backoff is for a loop, and a week-long run's one crash
+    # cost every fault its 5 s (issue 56)
+    count = count_in_window(spec, life.history, life.now)
+    healthy = count == 0 and 0 < life.started_at <= life.now - HEALTHY_STRETCH_S
+    wait = 0.0 if cause.kind == "gpu" or healthy else backoff_s(spec, count)
     wait = wait if wait_s is None else wait_s
     failure = Failure(
         run=life.run, exit_code=life.main_code, at=life.now, reason=end.reason, cause=cause

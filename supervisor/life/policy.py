@@ -179,6 +179,11 @@ def _span(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+# A run that ran this long, with no restart counted in the window, had a healthy stretch:
+# its failure is relaunched without backoff (lifecycle._schedule_relaunch).
+HEALTHY_STRETCH_S = 30.0
+
+
 def backoff_s(spec: Spec, restarts: int) -> float:
     """Exponential backoff before relaunch number ``restarts + 1``, capped."""
     return float(min(spec.restart.backoff_s * 2**restarts, spec.restart.backoff_max_s))

@@ -8,7 +8,7 @@ import pytest
 
 from trainctl.supervisor.life import lifecycle as lc
 from trainctl.supervisor.model import events
-from trainctl.supervisor.model.reports import Cause, StopReport
+from trainctl.supervisor.model.reports import Cause, RestartEntry, StopReport
 from trainctl.supervisor.model.spec import RestartPolicy, Spec, StopPolicy, Watch
 from trainctl.supervisor.model.state import Phase
 
@@ -302,3 +302,18 @@ def test_a_rollback_that_cannot_start_fails_the_deploy() -> None:
     ((outcome, why),) = judged(actions)
     assert outcome == "failed"
     assert why.endswith("; the rollback failed: the code the deploy replaced is gone")
+
+
+def test_the_first_failure_after_a_healthy_stretch_restarts_at_once() -> None:
+    """issue 56 §1: a run that ran 30 s with no restart in the window is relaunched
+    without backoff; a crash at start, or a second one, waits as before."""
+    healthy = lc.Life(started_at=100.0, now=100.0 + 31)
+    _, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=healthy)
+    assert lc.WaitBackoff(0.0) in actions
+    early = lc.Life(started_at=100.0, now=100.0 + 3)
+    _, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=early)
+    assert lc.WaitBackoff(1.0) in actions  # SPEC's backoff: a crash at start may loop
+    again = lc.Life(started_at=100.0, now=200.0,
+                    history=(RestartEntry(run=1, at=150.0, cause="x", kind="exit"),))  # fmt: skip
+    _, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=again)
+    assert lc.WaitBackoff(2.0) in actions  # the second within the window: 1 s * 2
