@@ -31,6 +31,7 @@ import _socket  # the C module: `socket` itself imports enum and selectors (~4 m
 import os
 import sys
 
+from trainctl.launcher import durations  # the one grammar of a duration (no import)
 from trainctl.supervisor.model import (
     layout,  # plain strings: the job layout, spelt once
     wire,  # the requests' one encoder (no import)
@@ -226,12 +227,13 @@ def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] 
 
 
 def _seconds(text: str) -> float | None:
-    """``90`` or ``90s`` or ``2.5`` (what the verb reads the same way); else None."""
-    digits = text.removesuffix("s")
-    if not digits or digits.count(".") > 1 or not digits.replace(".", "").isdigit():
-        return None
-    value = float(digits)
-    return value if value > 0 else None
+    """A grace the verb would take as it is (the one grammar, durations.py), positive and
+    within a year; else None (the verb reads it, and says what is wrong)."""
+    value = durations.seconds(text)
+    return value if value is not None and 0 < value <= _YEAR_S else None
+
+
+_YEAR_S = 365 * 24 * 3600.0  # inputs.MAX_DURATION_S: beyond it, the verb's own refusal
 
 
 def _home(home_opt: str | None) -> str | None:

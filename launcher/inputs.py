@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
 import signal
 import sys
 
+from trainctl.launcher import durations
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model.state import TRAINCTL_VARS
 
@@ -55,33 +55,6 @@ def parse_signal(name: str) -> str:
     return sig.name
 
 
-# A duration as systemd and people write it: numbers with units, in any combination
-# ("90s", "5 min", "1h30m", "2 hours 15 minutes", "1.5d"); each unit at most once.
-_PART = r"(?i)\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*,?"  # compiled on first use (re caches it)
-_UNITS = {
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
-    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
-    **dict.fromkeys(("d", "day", "days"), 86400.0),
-}
-
-
-def _duration_text(text: str) -> float | None:
-    """Seconds from "1h30m" and its kin; None when the text is not one."""
-    pos, total, units = 0, 0.0, set()
-    while pos < len(text):
-        m = re.compile(_PART).match(text, pos)
-        if m is None:
-            return None
-        scale = _UNITS.get(m[2].lower())
-        if scale is None or scale in units:
-            return None
-        units.add(scale)
-        total += float(m[1]) * scale
-        pos = m.end()
-    return total if units else None
-
-
 def parse_duration(value: object, what: str) -> float:
     """Seconds from 90, 1.5, "90s", "20m", "1h30m", "7d"; never negative."""
     if isinstance(value, bool):
@@ -89,16 +62,12 @@ def parse_duration(value: object, what: str) -> float:
     if isinstance(value, int | float):
         secs = float(value)
     elif isinstance(value, str):
-        text = value.strip()
-        try:
-            secs = float(text)
-        except ValueError:
-            got = _duration_text(text)
-            if got is None:
-                raise ConfigError(
-                    f"{what}: {value!r} is not a duration (e.g. 90, 90s, 5min, 1h30m, 2 hours, 7d)"
-                ) from None
-            secs = got
+        got = durations.seconds(value)  # the one grammar (early.py's stop reads it too)
+        if got is None:
+            raise ConfigError(
+                f"{what}: {value!r} is not a duration (e.g. 90, 90s, 5min, 1h30m, 2 hours, 7d)"
+            )
+        secs = got
     else:
         raise ConfigError(f"{what}: expected a duration, got {type(value).__name__}")
     return check_duration(secs, what)

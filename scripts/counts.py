@@ -29,9 +29,7 @@ def main() -> None:
                 continue
             calls += bool(LIVENESS_CALL.search(line))
             raw += bool(LIVENESS_RAW.search(line))
-    writers = sorted(
-        str(p.relative_to(ROOT)) for p in FILES if "write_state(" in p.read_text()
-    )
+    writers = sorted(str(p.relative_to(ROOT)) for p in FILES if "write_state(" in p.read_text())
     print(f"dict[str, Any]: {dict_any}")
     print(f"functions over 50 lines: {len(long_fns)}: {', '.join(long_fns)}")
     print(f"classes over 300 lines: {', '.join(big) or 'none'}")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from trainctl.launcher import api, config
+from trainctl.launcher import api, config, durations
+from trainctl.launcher.early import _seconds as early_seconds
+from trainctl.launcher.inputs import parse_duration
 from trainctl.supervisor.errors import ConfigError
 
 
@@ -118,3 +124,45 @@ def test_home_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.delenv("TRAINCTL_HOME")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert config.resolve_home(None, None) == tmp_path / "trainctl"
+
+
+# The grammar durations.py replaced (inputs.py's regex until issue 55): the reference.
+_REF_PART = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*,?")
+
+
+def _reference(text: str) -> float | None:
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total, seen = 0, 0.0, set()
+    while pos < len(text):
+        m = _REF_PART.match(text, pos)
+        if m is None:
+            return None
+        scale = durations.UNITS.get(m[2].lower())
+        if scale is None or scale in seen:
+            return None
+        seen.add(scale)
+        total += float(m[1]) * scale
+        pos = m.end()
+    return total if seen else None
+
+
+_PIECES = st.sampled_from(["1", "90", "2.5", "s", "m", "min", "h", "hours", "d", "Days", " ",
+                           ",", ".", "x", "1e3", "-", "inf", "٣"])  # fmt: skip
+
+
+@given(st.lists(_PIECES, max_size=8).map("".join))
+def test_one_grammar_of_a_duration_for_flags_spec_keys_and_the_early_stop(text: str) -> None:
+    """issue 55 §4: the grace has one grammar. durations.py (no import, so early.py's stop
+    reads `--grace` with it) says what the regex grammar said; early.py sends a grace
+    only where the verb would read the same number."""
+    got, ref = durations.seconds(text), _reference(text)
+    assert got == ref or (
+        got is not None and ref is not None and math.isnan(got) and math.isnan(ref)
+    )
+    early = early_seconds(text)
+    if early is not None:
+        assert early == parse_duration(text, "--grace")

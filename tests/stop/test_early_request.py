@@ -32,6 +32,23 @@ def test_a_plain_stop_goes_out_first_and_the_verb_reads_its_answer(harness: Harn
     assert stopping[0]["order"] == "all"
 
 
+def test_the_early_stop_reads_the_grace_by_the_verbs_own_grammar(here: Harness) -> None:
+    """issue 55 §4: one grammar of a duration (launcher/durations.py). `--grace 1m30s`
+    used to go through the verb only (early.py knew 90 and 90s); it goes out first now,
+    as the same 90 s the verb would have asked for."""
+    h = here
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    jdir = str(h.home / "jobs" / "e")
+    early.send_stop(["stop", "e", "--grace", "1m30s"])
+    assert early.pending(jdir)
+    sock = early.claim(jdir, None, 90.0)  # the verb's own reading of "1m30s"
+    assert sock is not None
+    sock.close()
+    wait_for(lambda: not h.job_pids("e"), what="the job stopped by the early request")
+    (stopping,) = h.events("e", "stopping")
+    assert stopping["grace_s"] == 90.0
+
+
 def test_the_request_is_sent_to_a_live_supervisor_and_claimed_once(here: Harness) -> None:
     h = here
     h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
@@ -59,7 +76,8 @@ def test_an_answer_nobody_claimed_is_waited_for_and_said(
     "argv",
     [
         ["stop", "e", "--gpu-timeout", "5"],  # a flag only the verb reads
-        ["stop", "e", "--grace", "1m"],  # a duration only the verb parses
+        ["stop", "e", "--grace", "soon"],  # not a duration: the verb says so
+        ["stop", "e", "--grace", "2y"],  # nor this
         ["stop", "e", "--main-only", "--order", "all"],  # a contradiction: the verb says so
         ["stop", "e", "--grace", "0"],
         ["stop", "--all"],
