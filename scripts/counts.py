@@ -35,6 +35,8 @@ def main() -> None:
     print(f"classes over 300 lines: {', '.join(big) or 'none'}")
     print(f"liveness in launcher/: {calls} calls, {raw} raw phase tests")
     print(f"modules that call write_state: {', '.join(writers)}")
+    spelt = sorted(str(p.relative_to(ROOT)) for p in FILES if '"state.json"' in p.read_text())
+    print(f'modules that spell "state.json": {len(spelt)}: {", ".join(spelt)}')
 
 
 if __name__ == "__main__":

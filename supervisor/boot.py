@@ -27,6 +27,10 @@ from trainctl.supervisor.model.sections import Adoption
 from trainctl.supervisor.model.spec import Spec, spec_from_doc, spec_to_doc
 from trainctl.supervisor.model.state import (
     RESUME_VAR,
+    SPEC_FILE,
+    STATE_FILE,
+    SUPERVISOR_LOCK,
+    JobDir,
     JobState,
     MemberSnap,
     Phase,
@@ -64,7 +68,7 @@ def set_subreaper() -> bool:
 
 def hold_supervisor_lock(jdir: Path) -> int:
     """Take supervisor.lock for this process's whole life; the CLI tests it for liveness."""
-    fd = open_in(jdir / "supervisor.lock", os.O_RDWR | os.O_CREAT)
+    fd = open_in(jdir / SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -109,7 +113,7 @@ def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Pat
     ho, kept = _guarded(jdir, spec, ho)
     trial = _trial_of(jdir, spec, ho)
     cgroup = cg.create_job_cgroup(leaf) if spec.isolation.cgroup else None
-    before = {n: _read_or_none(jdir / n) for n in ("spec.json", "state.json")}
+    before = {n: _read_or_none(jdir / n) for n in (SPEC_FILE, STATE_FILE)}
     mem: Path | None = None
     procs_fds: list[int] = []
     try:
@@ -430,7 +434,7 @@ def _record_starting(
     )
     logs = check_not_symlink(log_path(jdir, ho.run).parent)
     logs.mkdir(mode=0o700, exist_ok=True)
-    write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
+    write_json_atomic(JobDir(jdir).spec, spec_to_doc(spec))
     write_state(jdir, starting)
     return starting
 

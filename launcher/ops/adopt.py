@@ -349,7 +349,7 @@ def adopt_job(
     jdir.mkdir(mode=0o700, exist_ok=True)
     try:
         with state.job_lock(jdir, 10.0):
-            prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
+            prev = state.read_state(jdir) if state.JobDir(jdir).has_run else None
             if prev is not None:
                 refuse_if_live(jdir, prev)
             run = prev.run + 1 if prev else 1
@@ -364,7 +364,7 @@ def adopt_job(
             reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
             piped = _pipe_panes(plan, log)
     except BaseException:
-        if created and not (jdir / "state.json").exists():
+        if created and not state.JobDir(jdir).has_run:
             shutil.rmtree(jdir, ignore_errors=True)
         raise
     st = state.read_state(jdir)

@@ -37,7 +37,7 @@ def _did_you_mean(home: Path, name: str) -> str:
 def existing_job(home: Path, name: str) -> Path:
     """Return the job's directory, or raise JobNotFoundError."""
     jdir = state.check_not_symlink(state.job_dir(home, name))
-    if not (jdir / "state.json").exists() and not (jdir / "spec.json").exists():
+    if not state.JobDir(jdir).is_job:
         if (_queue_dir(home) / f"{name}.json").exists():
             raise JobNotFoundError(
                 f"job {name!r} is queued and has not run yet: `trainctl status {name}` says "
@@ -123,7 +123,7 @@ def wait_job(
     def ended() -> JobState | None:
         st = state.read_state(jdir)
         seen = backends.of(st).seen(jdir, st)
-        if seen.phase in state.TERMINAL and not state.is_locked(jdir, "lock"):
+        if seen.phase in state.TERMINAL and not state.is_locked(jdir, state.JOB_LOCK):
             # the backend's verdict (Slurm's exit code), a view, not a recorded move
             return replace(st, phase=seen.phase, exit_code=seen.exit_code)
         if seen.phase == Phase.LOST:

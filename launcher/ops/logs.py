@@ -155,7 +155,7 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
             reader = _LogReader(state.log_path(jdir, run), from_end=False)
             yield f"==> {name} run {run} <==\n"
             continue
-        if _finished(jdir, st) and not state.is_locked(jdir, "lock"):
+        if _finished(jdir, st) and not state.is_locked(jdir, state.JOB_LOCK):
             yield reader.read(final=True)
             return
         if reader_gone():

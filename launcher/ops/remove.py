@@ -21,7 +21,7 @@ def _refuse_if_anything_runs(jdir: Path, name: str) -> None:
     supervisor.lock, and every process of every run of this job inherited
     TRAINCTL_PROGRESS=<this directory>/logs/..., which no other job's process has.
     """
-    if state.is_locked(jdir, "supervisor.lock"):
+    if state.is_locked(jdir, state.SUPERVISOR_LOCK):
         raise JobConflictError(f"job {name} still has a live supervisor; stop it first")
     roots = {str(jdir), os.path.realpath(jdir)}
     prefixes = tuple(f"TRAINCTL_PROGRESS={r}/logs/".encode() for r in roots)

@@ -328,7 +328,7 @@ def start_job(
         with state.job_lock(jdir, 10.0):
             return start_locked(home, jdir, spec, cfg, gpus, from_scratch=from_scratch)
     except BaseException:
-        if created and not (jdir / "state.json").exists():
+        if created and not state.JobDir(jdir).has_run:
             shutil.rmtree(jdir, ignore_errors=True)
         raise
 
@@ -347,7 +347,7 @@ def start_locked(
     """Start a run; the caller holds the job lock. ``rolled_back``: the run goes back to
     the code a deploy replaced (a deploy's rollback), why."""
     t0 = time.monotonic()
-    prev = state.read_state(jdir) if (jdir / "state.json").exists() else None
+    prev = state.read_state(jdir) if state.JobDir(jdir).has_run else None
     if prev is not None:
         refuse_if_live(jdir, prev)
         state.require_known(spec.name, prev)
@@ -456,7 +456,7 @@ def restart_job(
     """
     jdir = existing_job(home, name)
     spec = state.read_spec(jdir)
-    if (jdir / "state.json").exists():  # a newer trainctl's job: refused before the stop
+    if state.JobDir(jdir).has_run:  # a newer trainctl's job: refused before the stop
         state.require_known(name, state.read_state(jdir), spec)
     if reload:
         spec = reloaded_spec(spec, cfg)

@@ -195,6 +195,38 @@ def jobs_dir(home: Path) -> Path:
     return home / layout.JOBS
 
 
+STATE_FILE = "state.json"  # <job>/state.json: the run as it stands (its supervisor writes it)
+SPEC_FILE = "spec.json"  # <job>/spec.json: what to run
+JOB_LOCK = "lock"  # flock: start, restart, a supervisor-less stop
+SUPERVISOR_LOCK = "supervisor.lock"  # flock: held by the live supervisor for its whole life
+
+
+@record(frozen=True)
+class JobDir:
+    """One job's directory: every file and lock of it, named once (issue 55 §3; the names
+    themselves are layout.py's and the constants above)."""
+
+    path: Path
+
+    @property
+    def state(self) -> Path:
+        return self.path / STATE_FILE
+
+    @property
+    def spec(self) -> Path:
+        return self.path / SPEC_FILE
+
+    @property
+    def has_run(self) -> bool:
+        """A run was ever recorded here (a state file exists)."""
+        return self.state.exists()
+
+    @property
+    def is_job(self) -> bool:
+        """A job lives here: a state or a spec file (a failed first start leaves a spec)."""
+        return self.has_run or self.spec.exists()
+
+
 def job_dir(home: Path, name: str) -> Path:
     """Return the directory of job ``name`` (not checked for existence)."""
     return jobs_dir(home) / check_name(name)
@@ -411,7 +443,7 @@ def _newer(doc: JsonObject) -> bool:
 
 def read_spec(jdir: Path) -> Spec:
     """Read and validate spec.json."""
-    path = jdir / "spec.json"
+    path = jdir / SPEC_FILE
     return spec_from_doc(_read_doc(path, "spec"), str(path))
 
 
@@ -510,7 +542,7 @@ def read_state(jdir: Path) -> JobState:
     each time), so an unchanged (inode, mtime, size, ctime) means the very same,
     already-validated document. Ownership and mode are checked on every call.
     """
-    path = jdir / "state.json"
+    path = jdir / STATE_FILE
     try:
         s = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -528,7 +560,7 @@ def read_state(jdir: Path) -> JobState:
 
 def write_state(jdir: Path, st: JobState, *, durable: bool = True) -> None:
     """Atomically replace state.json."""
-    write_json_atomic(jdir / "state.json", state_to_doc(st), durable=durable)
+    write_json_atomic(jdir / STATE_FILE, state_to_doc(st), durable=durable)
 
 
 def mtime(path: Path) -> float:
@@ -547,7 +579,7 @@ def job_lock(
     jdir: Path, timeout_s: float, what: str = "another trainctl command"
 ) -> Iterator[None]:
     """Hold the job's exclusive lock; wait up to ``timeout_s`` for it."""
-    with flock_file(jdir / "lock", timeout_s, f"job {jdir.name} is busy ({what} holds its lock)"):
+    with flock_file(jdir / JOB_LOCK, timeout_s, f"job {jdir.name} is busy ({what} holds its lock)"):
         yield
 
 
@@ -609,7 +641,7 @@ def supervisor_alive(jdir: Path, st: JobState | None = None) -> bool:
     run's state at hand, the recorded supervisor (pid + start time, this boot) counts too,
     so a deleted supervisor.lock never makes a live supervisor look gone.
     """
-    if is_locked(jdir, "supervisor.lock"):
+    if is_locked(jdir, SUPERVISOR_LOCK):
         return True
     if st is None or st.supervisor is None or st.from_other_boot():
         return False

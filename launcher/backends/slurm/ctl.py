@@ -150,7 +150,7 @@ def submit(home: Path, jdir: Path, spec: Spec, prev: JobState | None) -> JobStat
     sbatch = tool("sbatch")
     run = prev.run + 1 if prev else 1
     marker = ids.new_marker()
-    state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
+    state.write_json_atomic(state.JobDir(jdir).spec, spec_to_doc(spec))
     script = jdir / "slurm" / f"run-{run}.sbatch"
     script.parent.mkdir(mode=0o700, exist_ok=True)
     (jdir / "logs").mkdir(mode=0o700, exist_ok=True)

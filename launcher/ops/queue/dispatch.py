@@ -219,7 +219,7 @@ def _write_entry(home: Path, e: Entry, spec: Spec) -> int | None:
 def _refuse_live_name(home: Path, name: str) -> None:
     """A job of that name runs now: queueing another run of it needs --singleton."""
     jdir = state.job_dir(home, name)
-    if not (jdir / "state.json").exists():
+    if not state.JobDir(jdir).has_run:
         return
     prev = state.read_state(jdir)
     try:

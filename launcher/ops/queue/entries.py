@@ -224,7 +224,7 @@ class HomeView:
         return sorted(out, key=lambda e: e.seq)
 
     def state_of(self, name: str) -> JobState | None:
-        path = state.job_dir(self.home, name) / "state.json"
+        path = state.JobDir(state.job_dir(self.home, name)).state
         try:
             mtime = path.stat().st_mtime_ns
         except OSError:
@@ -246,7 +246,7 @@ class HomeView:
 
     def singleton_of(self, name: str) -> str | None:
         """The spec key of a job's current run (for --singleton by spec)."""
-        path = state.job_dir(self.home, name) / "spec.json"
+        path = state.JobDir(state.job_dir(self.home, name)).spec
         try:
             mtime = path.stat().st_mtime_ns
         except OSError:
@@ -291,7 +291,7 @@ def known(home: Path, name: str) -> None:
 def has_live_run(home: Path, name: str) -> bool:
     """Tell whether the job has a run going now (a queued job has none)."""
     jdir = state.job_dir(home, name)
-    if not (jdir / "state.json").exists():
+    if not state.JobDir(jdir).has_run:
         return False
     return run_is_live(jdir, state.read_state(jdir))
 
@@ -338,7 +338,7 @@ def ran_since_queued(home: Path, e: Entry) -> bool:
     entry still there, a dispatcher was killed between the start and the entry's removal.
     """
     jdir = state.job_dir(home, e.name)
-    if not (jdir / "state.json").exists():
+    if not state.JobDir(jdir).has_run:
         return False
     return state.read_state(jdir).started_at >= e.queued_at
 
@@ -383,7 +383,7 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
             cause=Cause(kind=kind, summary=why),
             boot_id=state.current_boot_id(),
         )
-        state.write_json_atomic(jdir / "spec.json", spec_to_doc(spec))
+        state.write_json_atomic(state.JobDir(jdir).spec, spec_to_doc(spec))
         backends.backend(spec.backend).record(jdir, st)
         with contextlib.suppress(OSError):
             events.append_event(jdir, "queue_failed", job=e.name, run=st.run, reason=why)
