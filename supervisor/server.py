@@ -120,11 +120,14 @@ class ControlServer:
         try:
             ask = control.AttachAsk.from_doc(req)
         except StateError as e:
-            await stream.send(control.encode(control.AttachReply(error=str(e)).to_doc()))
+            bad = control.AttachReply(error=str(e), code="bad-request")
+            await stream.send(control.encode(bad.to_doc()))
             return
         why = "no terminal" if term is None else term.refusal(ask.read_only)
         if term is None or why is not None:
-            no = control.AttachReply(error=why, no_tty=term is None)
+            no = control.AttachReply(
+                error=why, no_tty=term is None, code="no-tty" if term is None else "refused"
+            )
             await stream.send(control.encode(no.to_doc()))
             return
         viewer = term.add(pid, ask.read_only)
@@ -163,7 +166,7 @@ class ControlServer:
             try:
                 ask = control.StopAsk.from_doc(req)
             except StateError as e:
-                return control.StopReply(error=str(e)).to_doc()
+                return control.StopReply(error=str(e), code="bad-request").to_doc()
             token = next(self.core.tokens)
             done = self.core.replies[token] = anyio.Event()
             order = ask.order if ask.order in tuple(StopOrder) else None

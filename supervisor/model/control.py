@@ -3,7 +3,11 @@
 Requests: ``{"op": "ping"}``, ``{"op": "members"}``, ``{"op": "stop", "grace_s": 5.0,
 "order": "tree"}`` (``order`` may be absent: the job's own stop order; ``"main_only": true``
 means ``main``).
-Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket is 0600 in a
+Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "...", "code": "..."}``: the
+error in words for people, and its code for programs (issue 55 §4): ``unknown-op`` (a
+newer client's request; the reply names the ``protocol`` the supervisor speaks),
+``bad-request``, ``no-tty``, ``refused`` (attach), ``none-catches``, ``not-running``
+(checkpoint). A supervisor of protocol 1 sent errors without codes. The socket is 0600 in a
 0700 directory and the server also checks the peer's uid (SO_PEERCRED).
 
 The stop request and its reply are typed (:class:`StopAsk`, :class:`StopReply`); the dicts
@@ -104,6 +108,7 @@ class StopReply:
     joined: bool = False  # another client's stop was already running; this one joined it
     retry: bool = False
     error: str | None = None
+    code: str | None = None  # with an error: bad-request
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""
@@ -142,6 +147,7 @@ class AttachReply:
     run: int | None = None
     error: str | None = None
     no_tty: bool = False
+    code: str | None = None  # with an error: bad-request | no-tty | refused
 
     def to_doc(self) -> JsonObject:
         """The reply on the wire."""

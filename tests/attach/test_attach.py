@@ -147,6 +147,8 @@ def test_an_attach_request_on_the_wire_is_a_checked_record(harness: Harness) -> 
     for line, needle in (
         (b'{"op": "attach", "read_only": true, "rows": "tall", "cols": 80}\n', "rows"),
         (b'{"op": "ping"}\n', '"phase": "running"'),
+        (b'{"op": "teleport"}\n', '"code": "unknown-op"'),  # a newer client's (issue 55)
+        (b'{"op": "stop", "grace_s": "soon"}\n', '"code": "bad-request"'),
         (b'{"op": "attach", "read_only": true, "rows": 24, "cols": 80}\n', '"ok": true'),
     ):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -157,7 +159,9 @@ def test_an_attach_request_on_the_wire_is_a_checked_record(harness: Harness) -> 
         text = json.dumps(doc)
         assert needle in text, text
         if needle == "rows":
-            assert doc["ok"] is False
+            assert (doc["ok"], doc["code"]) == (False, "bad-request")
+        if "ping" in line.decode():
+            assert doc["protocol"] == 2  # control.PROTOCOL
     assert h.tc("stop", "w").rc == 0
 
 
