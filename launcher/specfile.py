@@ -259,6 +259,7 @@ KEYS: dict[str, Callable[[object, str], Any]] = {
     "restart_window": parse_duration,
     "restart_no_progress": _int,
     "stall_action": _choice("mark", "restart"),
+    "stall_grace": parse_duration,
     "on_start": _hook,
     "on_exit": _hook,
     "on_failure": _hook,
@@ -324,6 +325,7 @@ class SpecDraft:
     restart_window: float | None = None
     restart_no_progress: int | None = None
     stall_action: str | None = None
+    stall_grace: float | None = None  # the grace of a stall's stop (default: grace, at most 10 s)
     on_start: list[str] | None = None
     on_exit: list[str] | None = None
     on_failure: list[str] | None = None

@@ -221,6 +221,7 @@ def _watch(d: SpecDraft, cfg: Config) -> Watch:
         stall_timeout_s=None if isinstance(d.stall_timeout, str) else d.stall_timeout,
         stall_auto=d.stall_timeout == "auto",
         on_stall=d.stall_action or (d.on_stall if isinstance(d.on_stall, str) else "mark"),
+        stall_grace_s=d.stall_grace,
         snapshot_interval_s=cfg.snapshot_interval_s,
         sample_interval_s=cfg.sample_interval_s,
         checkpoint_keep_max=_or(d.checkpoint_keep_max, Watch().checkpoint_keep_max),

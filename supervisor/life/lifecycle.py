@@ -393,8 +393,11 @@ def _timer(
         return _begin_stop(life, "gpu fault", RunStop("gpu fault", spec.stop.grace_s, None))
     if isinstance(ev, Stalled) and life.stage is Stage.RUNNING:
         failed = f"run {life.run} stalled" if life.trial else None
-        life = replace(life, grace_s=spec.stop.grace_s, trial_failed=failed)
-        return _begin_stop(life, "stalled", RunStop("stalled", spec.stop.grace_s, None))
+        # the stall's own grace (stall_grace): the healthy ranks of a hung job wait in
+        # their collective and cannot save; a whole grace was lost time (issue 56 §2)
+        grace = spec.watch.stall_grace(spec.stop.grace_s)
+        life = replace(life, grace_s=grace, trial_failed=failed)
+        return _begin_stop(life, "stalled", RunStop("stalled", grace, None))
     if isinstance(ev, BackoffElapsed) and life.stage is Stage.BACKOFF:
         cause = life.report.cause if life.report is not None else None
         failure = Failure(

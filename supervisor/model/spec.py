@@ -113,6 +113,21 @@ class Watch:
     # this below the checkpoint it was handed started over, and is stopped before its first
     # save. None ("off"): no guard, for a trainer whose step count restarts at each resume
     resume_tolerance: float | None = 2.0
+    # the grace of the stop that answers a stall (stall_action = "restart"); None: the
+    # job's grace, at most STALL_GRACE_S (lifecycle: a hung rank's peers wait in their
+    # collective and cannot save, so a long grace is lost time)
+    stall_grace_s: float | None = None
+
+    def stall_grace(self, grace_s: float) -> float:
+        """The grace a stall's stop gives the job."""
+        return self.stall_grace_s if self.stall_grace_s is not None else min(grace_s, STALL_GRACE_S)
+
+
+STALL_GRACE_S = 10.0  # the default stall_grace: a trainer alive enough to save does it in time
+
+# Spec fields a reader older than this trainctl does not know (it refused unknown keys:
+# before issue 55), written only when set: a trainctl rolled back under a job reads it.
+WRITTEN_WHEN_SET = {"watch": ("stall_grace_s",)}
 
 
 # The events a job can have a hook for (``on_<event>`` in Hooks, the spec file and
@@ -262,7 +277,12 @@ _SECTIONS: dict[str, type] = {
 
 def spec_to_doc(spec: Spec) -> JsonObject:
     """Serialise a spec for spec.json (and the supervisor handshake)."""
-    return asdict(spec)
+    doc = asdict(spec)
+    for section, keys in WRITTEN_WHEN_SET.items():
+        for key in keys:
+            if doc[section].get(key) is None:
+                doc[section].pop(key, None)
+    return doc
 
 
 _SPEC_FIELDS = frozenset(field_names(Spec))

@@ -317,3 +317,17 @@ def test_the_first_failure_after_a_healthy_stretch_restarts_at_once() -> None:
                     history=(RestartEntry(run=1, at=150.0, cause="x", kind="exit"),))  # fmt: skip
     _, actions = run([lc.MainExited(1), lc.StopFinished(CLEAN, cause=CRASH)], life=again)
     assert lc.WaitBackoff(2.0) in actions  # the second within the window: 1 s * 2
+
+
+def test_a_stall_is_stopped_with_the_stall_grace_not_the_whole_grace() -> None:
+    """issue 56 §2: a hung rank's peers wait in their collective and cannot save; the stop
+    that answers a stall gives the job `stall_grace` (default: its grace, at most 10 s)."""
+    long = dataclasses.replace(SPEC, stop=StopPolicy(grace_s=300.0))
+    _, actions = run([lc.Stalled()], spec=long)
+    assert actions[0] == lc.RunStop("stalled", 10.0, None)
+    _, actions = run([lc.Stalled()], spec=SPEC)  # a grace under 10 s is kept
+    assert actions[0] == lc.RunStop("stalled", 5.0, None)
+    asked = dataclasses.replace(long, watch=Watch(stall_grace_s=60.0))
+    life, actions = run([lc.Stalled()], spec=asked)
+    assert actions[0] == lc.RunStop("stalled", 60.0, None)
+    assert life.grace_s == 60.0  # the cause names the grace the stop gave
