@@ -54,10 +54,11 @@ while True:
 GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
 
-def repo(h: Harness, name: str = "repo") -> Path:
+def repo(h: Harness, name: str = "repo", trainer: str = TRAINER) -> Path:
+    """A git repository holding ``trainer`` as train.py, committed as v1."""
     r = h.tmp / name
     r.mkdir()
-    (r / "train.py").write_text(TRAINER)
+    (r / "train.py").write_text(trainer)
     subprocess.run([*GIT, "-C", str(r), "init", "-q"], check=True)
     subprocess.run([*GIT, "-C", str(r), "add", "."], check=True)
     subprocess.run([*GIT, "-C", str(r), "commit", "-qm", "v1"], check=True)

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.attach.test_attach import ECHO, _attach_proc
 from tests.conftest import Harness, Result, wait_for
-from tests.keeper.test_deploy import GIT, log, progress, version
+from tests.keeper.test_deploy import log, progress, repo, version
 
 ROOT = Path(__file__).resolve().parents[2]
 # The release before this one: the landing of issue 54 (stop 57). The test drives a job
@@ -112,16 +113,6 @@ while True:
 """
 
 
-def repo(h: Harness) -> Path:
-    r = h.tmp / "repo"
-    r.mkdir()
-    (r / "train.py").write_text(TRAINER)
-    subprocess.run([*GIT, "-C", str(r), "init", "-q"], check=True)
-    subprocess.run([*GIT, "-C", str(r), "add", "."], check=True)
-    subprocess.run([*GIT, "-C", str(r), "commit", "-qm", "v1"], check=True)
-    return r
-
-
 def old_start(h: Harness, cli: list[str], r: Path, ck: Path, run: int) -> None:
     """Start (or start again) job `up` with the previous release."""
     old(h, cli, "start", "--name", "up", "--cwd", str(r), "--grace", "5",
@@ -141,7 +132,7 @@ def test_a_job_started_by_the_previous_release_is_driven_by_this_cli(
     harness: Harness, previous: list[str]
 ) -> None:
     h = harness
-    r, ck = repo(h), h.tmp / "ck"
+    r, ck = repo(h, trainer=TRAINER), h.tmp / "ck"
     ck.mkdir()
     old_start(h, previous, r, ck, 1)
     assert supervisor_code(h) == previous[0]
@@ -184,14 +175,6 @@ def test_a_job_started_by_the_previous_release_is_driven_by_this_cli(
     assert [row["run"] for row in rows] == [1, 2, 3, 4, 5, 6]
 
 
-ECHO = """
-import sys
-print("ready", flush=True)
-for line in sys.stdin:
-    print("got " + line.strip(), flush=True)
-"""
-
-
 @pytest.mark.slow
 def test_attach_to_a_terminal_the_previous_release_holds(
     harness: Harness, previous: list[str]
@@ -201,10 +184,7 @@ def test_attach_to_a_terminal_the_previous_release_holds(
         sys.executable, "-c", ECHO)  # fmt: skip
     path = h.home / "jobs" / "tty" / "logs" / "run-1.log"
     wait_for(lambda: "ready" in path.read_text(errors="replace"), 20, "the job")
-    writer = subprocess.Popen(
-        [sys.executable, "-m", "trainctl.launcher", "attach", "tty"], env=h.env,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    writer = _attach_proc(h, "tty")  # this release's attach, the previous one's terminal
     try:
         assert writer.stdin is not None
         time.sleep(0.5)
