@@ -20,13 +20,11 @@ from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.watch.guard import run_step_lookup
-from trainctl.supervisor.watch.steplines import StepReader
 
 from .results import Checkpoint
 
 CHECKPOINT_POLL_S = 0.5
 NEXT_SAVE_POLL_S = 0.1  # --at next-checkpoint: the save is seen within this (a glob + a stat)
-_STEP_TAIL = 256 << 10
 
 
 def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[float], float | None]:
@@ -140,10 +138,3 @@ def with_step(
         return ck
     step = step_lookup(jdir, run, regex)(ck.mtime)
     return replace(ck, step=step, step_estimated=step is not None)
-
-
-def first_step(jdir: Path, run: int, spec: Spec) -> float | None:
-    """The first step run ``run`` reported ($TRAINCTL_PROGRESS, else progress_regex), in
-    the head of its files: the reader the checkpoint guard uses (steplines.py)."""
-    steps = StepReader(jdir, run, spec.watch.progress_regex).look(_STEP_TAIL)
-    return steps[0][1] if steps else None

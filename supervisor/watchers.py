@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import glob
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +23,7 @@ import anyio.lowlevel
 
 from trainctl.supervisor.gpu.watch import GpuWatch, hhmmss
 from trainctl.supervisor.gpu.xid import Fault
+from trainctl.supervisor.model.checkpoints import newest_mtime
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime, progress_path
 from trainctl.supervisor.records import replace
@@ -73,16 +72,6 @@ GUARD_LOOK_S = 0.1  # the checkpoint guard's look for the run's first step (watc
 
 GPU_SAMPLE_S = 30.0  # how often the leased GPUs' memory and ECC counts are read
 GPU_RETRY_S = 5.0  # the first retry of a GPU watch whose driver could not be read
-
-
-def _newest_mtime(cwd: str, pattern: str) -> float | None:
-    """The newest modification time among files matching ``pattern`` under ``cwd``."""
-    best: float | None = None
-    for path in glob.iglob(os.path.join(cwd, pattern), recursive=True):
-        t = mtime(Path(path))
-        if t and (best is None or t > best):
-            best = t
-    return best
 
 
 class Watchers:
@@ -607,7 +596,7 @@ class CheckpointAgeWatcher:
         ):
             return
         self._stale_checked = now
-        newest = await anyio.to_thread.run_sync(_newest_mtime, self.run.spec.cwd, pattern)
+        newest = await anyio.to_thread.run_sync(newest_mtime, self.run.spec.cwd, pattern)
         age = now - max(newest or 0.0, self.run.state.started_at)
         if age < limit:
             self._stale_fired = False

@@ -83,8 +83,6 @@ DEFAULT_HEALTH_S = 600.0
 DEFAULT_RESUME_TOLERANCE = 2.0  # steps: a trainer may report its save's step +-1
 DEFAULT_PROBATION_S = 1800.0
 DEFAULT_PROBATION_NO_GLOB_S = 120.0
-GATE_POLL_S = 0.2
-PROBATION_POLL_S = 0.5
 
 
 # ---------------------------------------------------------------- the plan (the verb)

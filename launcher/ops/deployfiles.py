@@ -15,6 +15,7 @@ from trainctl.supervisor.model.deploys import (
     cancel_path,
     deploys_dir,
     plan_path,
+    report_at,
     report_path,
     steps_path,
 )
@@ -25,15 +26,10 @@ __all__ = ["cancel_path", "deploys_dir", "plan_path", "report_path", "steps_path
 
 
 def read_report(jdir: Path, did: str) -> DeployReport | None:
-    path = report_path(jdir, did)
     try:
-        doc = json.loads(path.read_text())
+        return report_at(report_path(jdir, did))
     except FileNotFoundError:
         return None
-    except ValueError:
-        raise StateError(f"{path} is not valid JSON") from None
-    doc.pop("ok", None)
-    return build_document(DeployReport, doc, str(path))
 
 
 def read_steps(jdir: Path, did: str, seen: int) -> list[DeployStep]:

@@ -246,6 +246,20 @@ def _size_mtime(path: str) -> tuple[int, float]:
     return st.st_size, st.st_mtime
 
 
+def newest_mtime(cwd: str, pattern: str) -> float | None:
+    """The newest modification time among the paths ``pattern`` matches under ``cwd``
+    (one glob and a stat each: the cheap look before a checkpoint is judged)."""
+    best: float | None = None
+    for path in glob.iglob(os.path.join(cwd, pattern), recursive=True):
+        try:
+            t = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if t and (best is None or t > best):
+            best = t
+    return best
+
+
 def candidates(cwd: str, pattern: str) -> list[str]:
     """The paths ``pattern`` (relative to ``cwd``) matches, newest first; completion
     markers and the files of a checkpoint directory's own are not candidates."""

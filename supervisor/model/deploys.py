@@ -29,7 +29,7 @@ import os
 import time
 from pathlib import Path
 
-from trainctl.supervisor.errors import TrainctlError
+from trainctl.supervisor.errors import StateError, TrainctlError
 from trainctl.supervisor.records import JsonObject, asdict, field, record, replace
 
 from . import events, keepsafe, layout
@@ -169,6 +169,18 @@ def claim_trial(jdir: Path, did: str, run: int, now: float) -> Trial | None:
     return trial
 
 
+def report_at(path: Path) -> DeployReport:
+    """A report file, checked field by field (FileNotFoundError: there is none;
+    StateError: it is not a report)."""
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        raise StateError(f"{path} is not valid JSON") from None
+    if isinstance(doc, dict):
+        doc.pop("ok", None)  # derived from the outcome
+    return build_document(DeployReport, doc, str(path))
+
+
 def hold_rollback(jdir: Path, rep: DeployReport) -> None:
     """A rollback's report, held until the rollback run's guard has judged it."""
     write_json_atomic(rollback_path(jdir, rep.id), rep.to_doc())
@@ -178,10 +190,8 @@ def pending_rollback(jdir: Path, run: int) -> DeployReport | None:
     """The held report of the deploy that rolled back into run ``run``, if any."""
     with contextlib.suppress(OSError):
         for path in sorted(deploys_dir(jdir).glob("*.rollback.json"))[-3:][::-1]:
-            with contextlib.suppress(OSError, ValueError, TrainctlError):
-                doc = json.loads(path.read_text())
-                doc.pop("ok", None)
-                rep = build_document(DeployReport, doc, str(path))
+            with contextlib.suppress(OSError, TrainctlError):
+                rep = report_at(path)
                 if rep.rollback_run == run:
                     return rep
     return None

@@ -14,8 +14,6 @@ a stall, the guard's trip) is the lifecycle's decision (life/lifecycle.py ``_tri
 
 from __future__ import annotations
 
-import glob
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,16 +48,6 @@ class TrialFailed:
 def last_lines(jdir: Path, run: int) -> tuple[str, ...]:
     """The last ten lines of the run's log (at most 300 characters each)."""
     return tuple(x[-300:] for x in tail_lines(log_path(jdir, run), 4096)[-10:])
-
-
-def _newest_mtime(cwd: str, pattern: str) -> float:
-    best = 0.0
-    for path in glob.iglob(os.path.join(cwd, pattern), recursive=True):
-        try:
-            best = max(best, os.stat(path).st_mtime)
-        except OSError:
-            continue
-    return best
 
 
 class TrialWatch:
@@ -112,7 +100,7 @@ class TrialWatch:
         """A complete checkpoint written since the stage began: it passes, unless its step
         is behind the handed one."""
         pattern = self.spec.watch.checkpoint
-        if not pattern or _newest_mtime(self.spec.cwd, pattern) <= t.since:
+        if not pattern or (checkpoints.newest_mtime(self.spec.cwd, pattern) or 0.0) <= t.since:
             return None
         ones = checkpoints.complete_ones(self.spec.cwd, pattern, self._step_at, want=1)
         if not ones or ones[0].mtime <= t.since:
