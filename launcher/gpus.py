@@ -44,7 +44,7 @@ def known_markers(home: Path) -> tuple[dict[str, JobRef], dict[str, str]]:
             continue  # an untrusted or half-written job must not hide the GPUs
         # A run is live until it ends (stopped/exited/failed), even with its supervisor
         # lost; whatever still carries the marker of an ended run is an orphan.
-        live = st.phase not in state.TERMINAL
+        live = not st.phase.ended
         sup = st.supervisor if live else None
         markers[st.marker] = JobRef(
             name, st.run, live, None if sup is None else (sup.pid, sup.start_ticks)

@@ -109,5 +109,5 @@ def still_served(home: Path, name: str) -> bool:
     with contextlib.suppress(TrainctlError, OSError):
         jdir = state.job_dir(home, name)
         st = state.read_state(jdir)
-        return state.supervisor_alive(jdir, st) and st.phase not in state.TERMINAL
+        return state.supervisor_alive(jdir, st) and not st.phase.ended
     return False

@@ -252,7 +252,7 @@ def _refuse_unprotected(name: str, spec: Spec, ck: Checkpoint | None) -> None:
 
 
 def _refuse_unless_running(name: str, st: JobState, phase: Phase, home: Path) -> None:
-    if queue.read_entry(home, name) is not None and phase in state.TERMINAL:
+    if queue.read_entry(home, name) is not None and phase.ended:
         raise JobConflictError(
             f"job {name} is queued, not running: nothing to deploy into (its queued start "
             "takes the code on disk when it starts)"
@@ -262,7 +262,7 @@ def _refuse_unless_running(name: str, st: JobState, phase: Phase, home: Path) ->
             f"job {name} is lost (its supervisor is gone): `trainctl stop {name}` first, "
             f"then `trainctl start`"
         )
-    if phase in state.TERMINAL or phase == Phase.STOPPING:
+    if phase.ended or phase == Phase.STOPPING:
         raise JobConflictError(
             f"job {name} is not running ({phase}): nothing to deploy into; "
             f"`trainctl restart {name}` starts it with the code on disk"
@@ -396,7 +396,7 @@ def _run(d: _Deploy) -> DeployReport | None:
         )  # fmt: skip
     except TrainctlError as e:
         st = state.read_state(d.jdir)
-        if st.run == p.from_run and current_phase(d.jdir, st) in state.TERMINAL:
+        if st.run == p.from_run and current_phase(d.jdir, st).ended:
             # the old run is stopped and the new code never started: go back all the same
             return _rollback(d, f"the new code did not start: {e}", resume)
         return d.report("failed", f"the stop failed, nothing was started: {e}")
@@ -459,7 +459,7 @@ def _await_next_save(d: _Deploy, spec: Spec) -> Checkpoint | None:
 
     def running() -> bool:
         st = state.read_state(d.jdir)
-        return st.run == p.from_run and current_phase(d.jdir, st) not in state.TERMINAL
+        return st.run == p.from_run and not current_phase(d.jdir, st).ended
 
     return wait_next_save(
         spec, time.time(), p.checkpoint_timeout_s, running,

@@ -81,7 +81,7 @@ def _live_states(home: Path) -> Iterator[tuple[str, state.JobState]]:
             st = state.read_state(state.job_dir(home, name))
         except TrainctlError:
             continue
-        if st.phase not in state.TERMINAL:
+        if not st.phase.ended:
             yield name, st
 
 

@@ -138,7 +138,7 @@ def report(home: Path, name: str) -> Goodput:
         raise TrainctlError(f"job {name} has no recorded run yet")
     typical = _typical(jdir, runs)
     ordered = [runs[k] for k in sorted(runs)]
-    live = current_phase(jdir, st) not in state.TERMINAL
+    live = not current_phase(jdir, st).ended
     now = time.time()
     first = ordered[0].start - queued
     last_end = now if live else max((r.end or r.start) for r in ordered)

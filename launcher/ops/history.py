@@ -75,13 +75,13 @@ def _finish(jdir: Path, rows: dict[int, HistoryRow]) -> list[HistoryRow]:
     phase = current_phase(jdir, st)
     if st.run in rows or not rows:
         r = rows.get(st.run, HistoryRow(run=st.run, started_at=st.started_at))
-        ended = st.ended_at if phase in state.TERMINAL else None
+        ended = st.ended_at if phase.ended else None
         cause = st.cause.summary if st.cause is not None and ended else r.cause
         rows[st.run] = replace(
             r,
             started_at=r.started_at or st.started_at,
             ended_at=ended or r.ended_at,
-            phase=str(phase) if phase in state.TERMINAL or str(phase) == "lost" else None,
+            phase=str(phase) if phase.ended or str(phase) == "lost" else None,
             cause=cause,
             code=r.code or (st.code.line() if st.code else None),
         )

@@ -92,7 +92,7 @@ def live_jobs(home: Path) -> list[str]:
     return [
         name
         for name, st, phase in _phases(home)
-        if phase not in state.TERMINAL and (phase != Phase.LOST or live_members(st))
+        if not phase.ended and (phase != Phase.LOST or live_members(st))
     ]
 
 
@@ -103,7 +103,7 @@ def ended_jobs(home: Path, older_than_s: float) -> list[tuple[str, float]]:
     return [
         (name, st.ended_at)
         for name, st, phase in _phases(home)
-        if phase in state.TERMINAL and st.ended_at is not None and now - st.ended_at >= older_than_s
+        if phase.ended and st.ended_at is not None and now - st.ended_at >= older_than_s
     ]
 
 
@@ -123,11 +123,11 @@ def wait_job(
     def ended() -> JobState | None:
         st = state.read_state(jdir)
         seen = backends.of(st).seen(jdir, st)
-        if seen.phase in state.TERMINAL and not state.is_locked(jdir, state.JOB_LOCK):
+        if seen.phase.ended and not state.is_locked(jdir, state.JOB_LOCK):
             # the backend's verdict (Slurm's exit code), a view, not a recorded move
             return replace(st, phase=seen.phase, exit_code=seen.exit_code)
         if seen.phase == Phase.LOST:
-            if state.read_state(jdir).phase in state.TERMINAL:
+            if state.read_state(jdir).phase.ended:
                 # the supervisor wrote the run's end and exited between our read and our
                 # look at it (a loaded CI run): the next poll reads the end
                 return None

@@ -168,7 +168,7 @@ def _finished(jdir: Path, st: state.JobState) -> bool:
     phase = current_phase(jdir, st)
     if phase == Phase.LOST:
         return not any(m.alive for m in scan(target_of(st)).values())
-    return phase in state.TERMINAL
+    return phase.ended
 
 
 class _LogReader:

@@ -367,7 +367,7 @@ def refuse_if_live(jdir: Path, prev: JobState) -> None:
     """A job of that name still runs (or left processes): refuse, naming them."""
     backends.of(prev).refuse_if_live(jdir, prev)
     left = live_members(prev)
-    if state.supervisor_alive(jdir, prev) or (left and prev.phase not in state.TERMINAL):
+    if state.supervisor_alive(jdir, prev) or (left and not prev.phase.ended):
         main = f", main pid {prev.main.pid}" if prev.main else ""
         raise JobConflictError(
             f"job {prev.name} is running (run {prev.run}{main}); "
@@ -548,7 +548,7 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
 
     def ended() -> Health | None:
         st = state.read_state(jdir)
-        if st.run == run and st.phase not in state.TERMINAL and st.restart_at is None:
+        if st.run == run and not st.phase.ended and st.restart_at is None:
             return None
         lines = hooks.last_lines(state.log_path(jdir, run), 10)
         relaunched = any(e.run == run for e in st.restart_history)
@@ -585,7 +585,7 @@ def ended_at_once(home: Path, name: str, run: int, within_s: float) -> EndedAtOn
         st = state.read_state(jdir)
         if st.run != run:
             return st  # already restarted: run N+1 exists
-        done = current_phase(jdir, st) in state.TERMINAL or st.restart_at is not None
+        done = current_phase(jdir, st).ended or st.restart_at is not None
         return st if done else None
 
     st = poll_until(ended, within_s, 0.05) if within_s > 0 else ended()

@@ -74,7 +74,7 @@ def _gpus_note(home: Path, spec: Spec | None, st: JobState) -> str | None:
             if bad
             else f"GPU {t} left out, healthy now: `trainctl restart {spec.name}` grows the run back"
         )
-    verb = "running on" if st.phase not in state.TERMINAL else "ran on"
+    verb = "running on" if not st.phase.ended else "ran on"
     return f"{verb} {len(have)} of {len(asked)} GPUs ({'; '.join(why)})"
 
 
@@ -92,7 +92,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
             raise
         return queued_status(queued)
     st = state.read_state(jdir)
-    if queued is not None and st.phase in state.TERMINAL:
+    if queued is not None and st.phase.ended:
         return queued_status(queued)  # its next run is queued: that is what it is now
     spec: Spec | None = None
     if not brief:
@@ -101,7 +101,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     seen = backends.of(st).seen(jdir, st)
     st = replace(st, exit_code=seen.exit_code)
     phase = seen.phase
-    sup_alive = phase not in state.TERMINAL and phase != Phase.LOST
+    sup_alive = phase.live
     target = target_of(st)
     # cgroup.procs is cheap and complete unless root moved a process out; `status` counts
     # by it (scan_counted), while `ps` and `stop` walk every net.
@@ -111,7 +111,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         scan_counted(target)
         if counted is None
         and seen.members is None
-        and (phase not in state.TERMINAL or last is None or not last.ok)
+        and (not phase.ended or last is None or not last.ok)
         else {}
     )
     live = [m for m in members.values() if m.alive]
@@ -120,7 +120,7 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     now = time.time()
     end = st.ended_at or now
     log = state.log_path(jdir, st.run)
-    training = _training_view(jdir, st, spec, live=phase not in state.TERMINAL)
+    training = _training_view(jdir, st, spec, live=not phase.ended)
     going = stop_under_way(jdir) if phase == Phase.STOPPING else None
     return Status(
         name=st.name,
@@ -167,11 +167,11 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
         probation=_probation(st),
         newer=state.newer_line("state", st.schema) if st.schema > state.SCHEMA else None,
         code=st.code,
-        never_ran=st.main is None and st.supervisor is None and phase in state.TERMINAL,
+        never_ran=st.main is None and st.supervisor is None and phase.ended,
         spec_changed=training.spec_changed,
         cause=cause_of(st, phase),
         restart_history=list(st.restart_history[-10:]),
-        memory=_memory_view(st, spec, live=phase not in state.TERMINAL),
+        memory=_memory_view(st, spec, live=not phase.ended),
         stop_since=going.since if going else None,
         grace_left_s=round(max(0.0, going.grace_left_s), 1) if going else None,
         stop_by=going.reason if going else None,
@@ -270,7 +270,7 @@ def cause_of(st: state.JobState, phase: Phase) -> Cause | None:
     """The run's recorded cause; `lost` for a live-looking run without its supervisor."""
     if phase == Phase.LOST:
         return LOST
-    if st.cause is None or phase not in state.TERMINAL:
+    if st.cause is None or not phase.ended:
         return None
     return st.cause
 
@@ -302,7 +302,7 @@ class _Training:
 def _probation(st: state.JobState) -> str | None:
     """The deploy trial the run's supervisor holds it to now, in words."""
     t = st.trial
-    if t is None or st.phase in state.TERMINAL:
+    if t is None or st.phase.ended:
         return None
     when = time.strftime("%H:%M:%S", time.localtime(t.until))
     if t.stage == GATE:

@@ -13,7 +13,7 @@ from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback, run_with_ticker
 from trainctl.launcher.ops import queue
-from trainctl.launcher.ops.jobs import live_jobs
+from trainctl.launcher.ops.jobs import current_phase, live_jobs
 from trainctl.launcher.ops.plan import plan_stop
 from trainctl.launcher.ops.stop import (
     ask_checkpoint,
@@ -118,9 +118,18 @@ def _await_next_save(
     run_no = state.read_state(jdir).run
     asked_at, t0 = time.time(), time.monotonic()
 
+    asked_backend = [0.0]
+
     def running() -> bool:
+        """The run is on: its record every poll, its backend (a scheduler query on Slurm)
+        once a second."""
         st = state.read_state(jdir)
-        return st.run == run_no and state.effective_phase(jdir, st) not in state.TERMINAL
+        if st.run != run_no or st.phase.ended:
+            return False
+        if time.monotonic() - asked_backend[0] < 1.0:
+            return True
+        asked_backend[0] = time.monotonic()
+        return not current_phase(jdir, st).ended
 
     def waiting() -> str:
         return _waiting_line(spec, t0, timeout_s, jdir, run_no)

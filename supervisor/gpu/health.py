@@ -22,7 +22,6 @@ from typing import TypeVar
 from trainctl.supervisor import records
 from trainctl.supervisor.errors import StateError, TrainctlError
 from trainctl.supervisor.model.state import (
-    TERMINAL,
     GpuLease,
     current_boot_id,
     flock_file,
@@ -157,7 +156,7 @@ def holder_of(home: Path, index: int) -> str | None:
     for name in list_jobs(home):
         with contextlib.suppress(OSError, TrainctlError):
             st = read_state(job_dir(home, name))
-            if st.phase not in TERMINAL and any(g.index == index for g in st.gpus):
+            if not st.phase.ended and any(g.index == index for g in st.gpus):
                 return name
     return None
 

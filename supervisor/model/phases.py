@@ -19,6 +19,18 @@ class Phase(StrEnum):
     FAILED = "failed"  # main exited non-zero / by a signal, or never started
     LOST = "lost"  # derived, never stored: supervisor gone while the run was live
 
+    # The one answer to "is the run over?" (issue 55): every reader asks the phase, the
+    # recorded one (``st.phase``) or the one its backend sees now (``jobs.current_phase``).
+    @property
+    def ended(self) -> bool:
+        """The run is over: stopped, exited or failed. LOST is not: its processes may live."""
+        return self in TERMINAL
+
+    @property
+    def live(self) -> bool:
+        """The run is on under a live supervisor (or scheduler): neither ended nor lost."""
+        return self not in TERMINAL and self is not Phase.LOST
+
 
 TERMINAL = frozenset({Phase.STOPPED, Phase.EXITED, Phase.FAILED})
 

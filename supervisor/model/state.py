@@ -662,7 +662,7 @@ def supervised(jdir: Path) -> bool:
 
 def effective_phase(jdir: Path, st: JobState) -> Phase:
     """Return the stored phase, or LOST when a live-looking run has no supervisor."""
-    if st.phase not in TERMINAL and not supervisor_alive(jdir, st):
+    if not st.phase.ended and not supervisor_alive(jdir, st):
         return Phase.LOST
     return st.phase
 

@@ -557,3 +557,26 @@ def test_state_json_has_one_named_writer_per_backend() -> None:
             if "write_state(" in text or _WRITES_STATE.search(text):
                 found.add(rel)
     assert found == set(STATE_WRITERS), sorted(found ^ set(STATE_WRITERS))
+
+
+# "Is the run over?" has one answer (issue 55 §3): the phase says it (Phase.ended / .live),
+# asked of the recorded phase or of the one the job's backend sees now (jobs.current_phase).
+# Only the local backend turns a recorded phase into a seen one (state.effective_phase).
+_RAW_TERMINAL = re.compile(r"\bin (state\.)?TERMINAL\b")
+
+
+def test_one_liveness_answer() -> None:
+    raw, derived = [], []
+    for d in ("supervisor", "launcher"):
+        for p in (ROOT / d).rglob("*.py"):
+            rel = str(p.relative_to(ROOT))
+            for i, line in enumerate(p.read_text().splitlines(), 1):
+                if _RAW_TERMINAL.search(line) and rel != "supervisor/model/phases.py":
+                    raw.append(f"{rel}:{i}")
+                if "effective_phase(" in line and "def effective_phase" not in line:
+                    derived.append(rel)
+    assert raw == [], f"ask phase.ended / phase.live instead: {raw}"
+    assert set(derived) <= {
+        "launcher/backends/local/__init__.py",
+        "launcher/backends/local/direct.py",
+    }

@@ -54,7 +54,7 @@ class Local:
     def seen(self, jdir: Path, st: JobState) -> Seen:
         """The recorded phase, or LOST when the supervisor of a live run is gone."""
         phase = state.effective_phase(jdir, st)
-        return Seen(phase, st.exit_code, st.mode, ended=phase in state.TERMINAL)
+        return Seen(phase, st.exit_code, st.mode, ended=phase.ended)
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """Nothing beyond the supervisor and member checks every backend gets."""

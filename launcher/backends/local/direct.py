@@ -35,7 +35,7 @@ def stop_direct(jdir: Path, spec: Spec, req: StopRequest) -> StopResult:
     last = st.last_stop
     held = [g for g in getattr(last, "gpus", []) if not g.ok]
     if not alive(scan(target_of(st))):
-        if held and st.phase in state.TERMINAL:
+        if held and st.phase.ended:
             # Nothing left to signal, but the last stop could not prove the GPUs free.
             return _reverify_gpus(jdir, st, spec, req)
         return _nothing_to_stop(jdir, st, spec)
@@ -75,7 +75,7 @@ def _stopped_state(st: JobState, report: StopReport, verb: str) -> JobState:
     """The state a stop without a supervisor leaves: stopped (if the run had not ended),
     its report, no members, and no restart to come."""
     changes: dict[str, object] = {}
-    if st.phase not in state.TERMINAL:
+    if not st.phase.ended:
         st = st.moved(Phase.STOPPING).moved(Phase.STOPPED)
         cause = stopped(verb, st.exit_code)
         cause = replace(cause, summary=f"{cause.summary} (its supervisor was gone)")
@@ -143,8 +143,8 @@ def unprovable(st: JobState) -> str | None:
 
 def _nothing_to_stop(jdir: Path, st: JobState, spec: Spec) -> StopResult:
     msg = f"job {st.name} is not running (phase {state.effective_phase(jdir, st)}); nothing to stop"
-    unproven = unprovable(st) if st.phase not in state.TERMINAL else None
-    if st.phase not in state.TERMINAL:
+    unproven = unprovable(st) if not st.phase.ended else None
+    if not st.phase.ended:
         found = "it could find " if unproven else ""
         lost = Cause(
             kind="lost",

@@ -62,7 +62,7 @@ def _stop_slurm(
     """Ask the node agents to stop, else scancel; wait, escalate, verify (queue + node)."""
     t0 = time.monotonic()
     info = query(st)
-    ended = info.phase in state.TERMINAL or info.phase == Phase.LOST
+    ended = info.phase.ended or info.phase == Phase.LOST
     if ended and not _silent_nodes(jdir, st.run) and not alive(scan(local_target(st))):
         return SlurmStopReport(info, spec.stop.signal, grace_s, ok=True, already_stopped=True)
     cancelled = False
@@ -90,9 +90,7 @@ def _stop_slurm(
         final,
         spec.stop.signal,
         grace_s,
-        ok=(final.phase in state.TERMINAL or final.phase == Phase.LOST)
-        and local.ok
-        and not unverified,
+        ok=(final.phase.ended or final.phase == Phase.LOST) and local.ok and not unverified,
         nodes=nodes,
         unverified=unverified,
         cancelled_after_grace=cancelled,
@@ -203,7 +201,7 @@ def _node_report(rec: nf.NodeRecord) -> StopReport | None:
 
 
 def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
-    left = poll_until(lambda: True if query(st).phase in state.TERMINAL else None, timeout_s, 0.3)
+    left = poll_until(lambda: True if query(st).phase.ended else None, timeout_s, 0.3)
     return left is True
 
 
@@ -235,7 +233,7 @@ class Slurm:
         A run recorded as ended is not asked about again: Slurm forgets jobs (MinJobAge),
         and a forgotten job must stay `exited` or `failed`, not turn `lost`.
         """
-        if st.phase in state.TERMINAL:
+        if st.phase.ended:
             final = (st.slurm.state if st.slurm is not None else None) or "ENDED"
             info = SlurmVerdict(state=final, phase=st.phase, exit_code=st.exit_code)
         else:
@@ -243,10 +241,10 @@ class Slurm:
         nodes = nf.read_records(jdir, st.run)
         if info.phase == Phase.LOST:
             info = _agents_verdict(nodes, _num_nodes(st)) or info
-        if info.phase in state.TERMINAL and st.phase not in state.TERMINAL:
+        if info.phase.ended and not st.phase.ended:
             _record_final(jdir, info)
         live = [n for n in nodes if n.stop is None and n.age_s < nf.STALE_S]
-        running = info.phase not in state.TERMINAL and info.phase != Phase.LOST
+        running = info.phase.live
         view = _view(st, info, nodes)
         rows = [_row(n.node, p) for n in live for p in n.members] if running else []
         count = sum(n.member_count for n in live) if running else 0
@@ -265,7 +263,7 @@ class Slurm:
             info.exit_code,
             "slurm",
             # LOST: Slurm has purged the job record (MinJobAge): it ended
-            ended=info.phase in state.TERMINAL or info.phase == Phase.LOST,
+            ended=info.phase.ended or info.phase == Phase.LOST,
             whole_job_here=False,
             slurm=view,
             members=count,
@@ -398,7 +396,7 @@ def _record_final(jdir: Path, info: SlurmVerdict) -> None:
     `stop` in progress records its own outcome); a view never waits, nor fails, for it."""
     with contextlib.suppress(OSError, TrainctlError), state.job_lock(jdir, 0.0):
         now = state.read_state(jdir)
-        if now.phase not in state.TERMINAL:
+        if not now.phase.ended:
             ended = replace(
                 now,
                 phase=info.phase,

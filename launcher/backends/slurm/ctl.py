@@ -200,7 +200,7 @@ def query(st: JobState) -> SlurmVerdict:
     phase = SLURM_PHASES.get(slurm_state, Phase.FAILED if slurm_state != "UNKNOWN" else Phase.LOST)
     if phase == Phase.EXITED and rc:
         phase = Phase.FAILED
-    if phase not in state.TERMINAL:
+    if not phase.ended:
         rc = None  # Slurm says 0:0 while running
     return SlurmVerdict(
         state=slurm_state,

@@ -274,7 +274,7 @@ class HomeView:
         out: dict[str, str] = {}
         for name in state.list_jobs(self.home):
             st = self.state_of(name)
-            if st is not None and st.gpus and st.phase not in state.TERMINAL:
+            if st is not None and st.gpus and not st.phase.ended:
                 for g in st.gpus:
                     out.setdefault(g.uuid, name)
         self._leases = out
@@ -298,7 +298,7 @@ def has_live_run(home: Path, name: str) -> bool:
 
 def run_is_live(jdir: Path, st: JobState) -> bool:
     """The recorded run has not ended, as its backend sees it now (a lost one counts)."""
-    return st.phase not in state.TERMINAL and current_phase(jdir, st) not in state.TERMINAL
+    return not current_phase(jdir, st).ended
 
 
 def wait_dispatched(home: Path, name: str, timeout_s: float | None) -> bool:
@@ -367,7 +367,7 @@ def record_never_ran(home: Path, e: Entry, spec: Spec, why: str, kind: str) -> N
             prev = None  # never ran: a fresh record
         # an untrusted state (StateError) is raised, never written over: the dispatcher
         # keeps the entry queued and says why
-        if prev is not None and prev.phase not in state.TERMINAL:
+        if prev is not None and not prev.phase.ended:
             return  # a run is going (started by hand): its record is not ours to replace
         if prev is not None and prev.started_at >= e.queued_at:
             return  # a run began since it was queued (a failed dispatch): its record stands
