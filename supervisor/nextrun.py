@@ -158,7 +158,7 @@ class NextRun:
             raise TrainctlError(str(p.why))
         keep = tuple(g for g in leases if g.label in p.gpus)
         if p.left_out:
-            why = lc.held_line(report) if report is not None and held else None
+            why = report.held_line() if report is not None and held else None
             why = why or "; ".join(f"GPU {i} is {w}" for i, w in sick.items())
             self.core.log.warning("gpus_left_out", gpus=[g.label for g in keep], why=why)
         return keep

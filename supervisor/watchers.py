@@ -449,25 +449,8 @@ class GpuWatcher:
         except (OSError, TrainctlError):
             keep = ()
         keep = tuple(g for g in keep if g.index != fault.gpu)
-        code = f"Xid {fault.xid}: " if fault.xid is not None else ""
-        labels = ",".join(g.label for g in keep)
-        need = self.run.spec.gpu.min_gpus
-        if need is not None and len(keep) >= need:
-            advice = (
-                f"restarting on {len(keep)} of {len(leases)} GPU(s): {labels} (min_gpus {need})"
-            )
-        elif keep:
-            advice = (
-                f"to go on on {len(keep)} GPU(s): trainctl start {self.run.spec.name} --gpus "
-                f"{labels}, (a process count of $TRAINCTL_GPU_COUNT follows it; "
-                f"--min-gpus N restarts on its own)"
-            )
-            if need is not None:
-                advice = f"{len(keep)} healthy GPU(s) left, fewer than min_gpus {need}; " + advice
-        else:
-            advice = "no other GPU of the run is left"
-        lost = lc.GpuLost(f"GPU {fault.gpu} lost ({code}{action})", advice, fault.gpu, len(keep))
-        self.run.send(lost)
+        labels = tuple(g.label for g in keep)
+        self.run.send(lc.GpuLost(fault.gpu, fault.xid, action, labels, len(leases)))
 
 
 class StallWatcher:

@@ -494,11 +494,11 @@ def _refuse_survivors(name: str, st: JobState, stopped: StopResult, spec: Spec) 
     if report and out:
         stopped.warnings.append(
             f"leaving GPU(s) {', '.join(map(str, sorted(out)))} out of the new run "
-            f"(min_gpus {spec.gpu.min_gpus}): {lc.held_line(report)}"
+            f"(min_gpus {spec.gpu.min_gpus}): {report.held_line()}"
         )
         return frozenset(out)
     if left or not stopped.ok:
-        line = lc.held_line(report) if report is not None else None
+        line = report.held_line() if report is not None else None
         # another GPU was released: min_gpus would have let the restart go on without these
         hint = report is not None and spec.gpu.min_gpus is None and any(g.ok for g in report.gpus)
         why = (

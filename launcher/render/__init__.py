@@ -1,5 +1,9 @@
 """Records into text and JSON: the only package that formats what a verb prints.
 
+Its functions return text (a ``str``, or a :class:`Said` with a stderr part) or a JSON
+document, built from records; the verb prints it (``show``, ``emit_json``), and the web
+page and MCP take the same text or document without capturing any output.
+
 It reads records (``results``) and nothing above them; operations and backends never
 format text. One module an area (as results/ is): base (the output sink and the shared
 formatters), stop, status, tools, deploy, fleet. Everything a verb calls is named here.
@@ -9,10 +13,9 @@ from __future__ import annotations
 
 from .base import (
     NAMED_LINES,
+    Said,
     age,
     ago,
-    captured_json,
-    capturing,
     clean,
     cmd_cell,
     duration,
@@ -21,6 +24,7 @@ from .base import (
     gib,
     line,
     out,
+    show,
     size,
     time_cell,
     to,
@@ -34,6 +38,7 @@ from .status import (
     health,
     job_table,
     memory_line,
+    newer_note,
     progress_line,
     ps,
     status,
@@ -53,15 +58,14 @@ from .stop import (
     stop_summary,
     survivor_line,
 )
-from .tools import doctor, gpus, hosts, stacks
+from .tools import doctor, doctor_doc, gpus, hosts, stacks
 
 __all__ = [
     "NAMED_LINES",
+    "Said",
     "age",
     "ago",
     "as_written",
-    "captured_json",
-    "capturing",
     "checkpoint_line",
     "clean",
     "cmd_cell",
@@ -69,6 +73,7 @@ __all__ = [
     "deploy_report",
     "deploy_step",
     "doctor",
+    "doctor_doc",
     "duration",
     "emit_json",
     "ended_at_once",
@@ -87,11 +92,13 @@ __all__ = [
     "job_table",
     "line",
     "memory_line",
+    "newer_note",
     "out",
     "progress_line",
     "ps",
     "queued",
     "restart_plan",
+    "show",
     "size",
     "slurm_stop",
     "stacks",

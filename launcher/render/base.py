@@ -1,5 +1,5 @@
 """The output sink and the small formatters every area shares (durations, sizes, a
-safe terminal line); one JSON document out, or kept (``captured_json``).
+safe terminal line); one JSON document out.
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ import sys
 import time
 from _thread import _local  # threading.local itself, without threading's import (~2 ms)
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
+from typing import Any, Generic, TextIO, TypeVar
 
 from trainctl.launcher import term
 from trainctl.launcher.results import (
     ENDED_STATES,
     Status,
 )
-
-if TYPE_CHECKING:
-    pass
-
+from trainctl.supervisor.records import record
 
 T = TypeVar("T")
 
@@ -44,7 +41,6 @@ class _PerThread(_local, Generic[T]):
 
 
 _SINKS: _PerThread[TextIO] = _PerThread()  # render.to() blocks: where out() writes
-_CAPTURE: _PerThread[list[Any]] = _PerThread()  # captured_json() blocks
 
 
 def out(*parts: object, sep: str = " ", end: str = "\n", flush: bool = False) -> None:
@@ -62,6 +58,25 @@ def to(stream: TextIO) -> Iterator[TextIO]:
         yield stream
 
 
+@record(frozen=True)
+class Said:
+    """What a render function says on both streams: ``out`` for stdout (the verb's
+    report), ``err`` for stderr (``trainctl: …`` notes and a failure's last log lines)."""
+
+    out: str = ""
+    err: str = ""
+
+
+def show(text: str | Said, *, flush: bool = False) -> None:
+    """Print what a render function returned: its text (nothing when empty), and a
+    :class:`Said`'s stderr part after it."""
+    said = text if isinstance(text, Said) else Said(text)
+    if said.out:
+        out(said.out, flush=flush)
+    if said.err:
+        sys.stderr.write(f"{said.err}\n")
+
+
 def line(text: str) -> None:
     """Print one line of a verb's own (a note, a refusal's context)."""
     out(text)
@@ -73,24 +88,8 @@ def error_line(text: str) -> None:
 
 
 def emit_json(doc: Any) -> None:
-    """Print one JSON document (or keep it, inside ``captured_json``)."""
-    if _CAPTURE.stack:
-        _CAPTURE.stack[-1].append(json.loads(json.dumps(doc, default=str)))
-        return
+    """Print one JSON document (a verb hands it over by ``Invocation.reply``)."""
     out(json.dumps(doc, indent=2, default=str))
-
-
-def capturing() -> bool:
-    """Tell whether this thread's JSON documents are being collected (no text may go out)."""
-    return bool(_CAPTURE.stack)
-
-
-@contextlib.contextmanager
-def captured_json() -> Iterator[list[Any]]:
-    """Collect the documents emitted inside the block (a verb run for several jobs prints
-    them as one JSON list)."""
-    with _CAPTURE.opened([]) as got:
-        yield got
 
 
 def duration(secs: float) -> str:

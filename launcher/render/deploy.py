@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -14,17 +13,18 @@ if TYPE_CHECKING:
     from trainctl.supervisor.model.deploys import DeployReport, DeployStep
 
 
-from .base import age, clean, duration, out
+from .base import Said, age, clean, duration
 
 
-def deploy_plan(p: DeployPlan) -> None:
+def deploy_plan(p: DeployPlan) -> str:
     """`deploy --dry-run`: every step it would take, and what it would touch."""
+    o: list[str] = []
     old = p.from_code.line() if p.from_code else "not recorded"
     new = p.to_code.line() if p.to_code else "not recorded"
-    out(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
-    out(f"  changes     {clean('; '.join(p.changes))}")
+    o.append(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
+    o.append(f"  changes     {clean('; '.join(p.changes))}")
     if p.at == "next-checkpoint":
-        out(
+        o.append(
             f"  checkpoint  wait for the trainer's own next save (nothing is signalled), at most "
             f"{human_duration(p.checkpoint_timeout_s)}; newest now: {p.newest_checkpoint or 'none'}"
         )
@@ -34,87 +34,96 @@ def deploy_plan(p: DeployPlan) -> None:
             if p.newest_checkpoint is None
             else (f"{p.newest_checkpoint}, {age(p.newest_age_s or 0.0)} old")
         )
-        out(
+        o.append(
             f"  checkpoint  ask for one ({p.checkpoint_signal}), wait at most "
             f"{human_duration(p.checkpoint_timeout_s)}; newest now: {seen}"
         )
     else:
-        out("  checkpoint  none asked for (--at now)")
+        o.append("  checkpoint  none asked for (--at now)")
     gpus = f" on GPU(s) {', '.join(p.gpus)}" if p.gpus else ""
-    out(f"  stop        run {p.from_run}: main pid {p.main_pid}, {p.members} member(s){gpus}")
+    o.append(f"  stop        run {p.from_run}: main pid {p.main_pid}, {p.members} member(s){gpus}")
     resume = (
         ""
         if p.newest_step is None
         else f", its first step at or past {p.newest_step - p.resume_tolerance:g}"
     )
-    out(f"  gate        progress past its first step within {human_duration(p.health_s)}{resume}")
-    out(
+    o.append(
+        f"  gate        progress past its first step within {human_duration(p.health_s)}{resume}"
+    )
+    o.append(
         f"  probation   until its first complete checkpoint, at most "
         f"{human_duration(p.probation_s)}: a crash or stall rolls back"
     )
     back = p.rollback_to if p.rollback_to else f"none ({p.no_rollback_why})"
-    out(f"  rollback    {p.rollback}: {back}")
+    o.append(f"  rollback    {p.rollback}: {back}")
+    return "\n".join(o)
 
 
-def deploy_step(step: DeployStep) -> None:
+def deploy_step(step: DeployStep) -> str:
     """One step of a deploy, as it happens."""
+    o: list[str] = []
     left = f" ({human_duration(step.left_s)} at most)" if step.left_s else ""
-    out(f"  [{step.step}] {clean(step.line)}{left}", flush=True)
+    o.append(f"  [{step.step}] {clean(step.line)}{left}")
+    return "\n".join(o)
 
 
-def deploy_report(r: DeployReport) -> None:
+def deploy_report(r: DeployReport) -> Said:
     """How a deploy ended (on stderr as well when it did not deploy)."""
+    o: list[str] = []
     line = f"deploy {r.name}: {r.outcome}: {clean(r.summary)}"
     if r.ok:
-        out(line)
+        o.append(line)
         if r.probation_until is not None:
             until = time.strftime("%H:%M:%S", time.localtime(r.probation_until))
-            out(
+            o.append(
                 f"  on probation until {until} or its first complete checkpoint: a crash or "
                 f"stall meanwhile rolls back (`trainctl status {r.name}`)"
             )
-        return
-    sys.stderr.write(f"trainctl: {line}\n")
+        return Said("\n".join(o))
+    err = [f"trainctl: {line}"]
     if r.kept:  # where the handed checkpoint is, whatever became of the original
         back = "put back over the original, " if r.restored else ""
-        sys.stderr.write(f"  checkpoint {r.checkpoint}: {back}a copy is kept in {r.kept}\n")
-    for text in r.last_lines[-10:]:
-        sys.stderr.write(f"  | {clean(text)}\n")
+        err.append(f"  checkpoint {r.checkpoint}: {back}a copy is kept in {r.kept}")
+    err.extend(f"  | {clean(text)}" for text in r.last_lines[-10:])
+    return Said(err="\n".join(err))
 
 
-def goodput(g: Goodput) -> None:
+def goodput(g: Goodput) -> str:
     """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
+    o: list[str] = []
     state = "running" if g.running else "ended"
     if g.goodput is None:
-        out(f"{g.name}: {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}")
+        o.append(f"{g.name}: {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}")
     else:
-        out(
+        o.append(
             f"{g.name}: goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} "
             f"of {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
         )
     if g.stopped_s >= 0.05:  # not lost: out of the goodput's denominator
-        out(f"  stopped   by you {duration(g.stopped_s)} (not counted against it)")
+        o.append(f"  stopped   by you {duration(g.stopped_s)} (not counted against it)")
     lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]
     steps = "" if not g.steps_lost else f" ({g.steps_lost:g} steps redone)"
-    out(f"  lost      {', '.join(lost) or 'nothing'}{steps}")
+    o.append(f"  lost      {', '.join(lost) or 'nothing'}{steps}")
     if g.typical_step_s:
-        out(f"  step      {duration(g.typical_step_s)} typical")
+        o.append(f"  step      {duration(g.typical_step_s)} typical")
     for i in g.interruptions:
         when = time.strftime("%m-%d %H:%M:%S", time.localtime(i.at))
-        out(
+        o.append(
             f"  run {i.run:<4} {when}  lost {duration(i.lost_s):>8}, {i.steps_lost:g} steps: "
             f"{clean(i.cause)}"
         )
     if g.needs_progress:
-        out(
+        o.append(
             "  no progress reported: productive time, goodput, start-up, restore, saves and "
             "steps redone need $TRAINCTL_PROGRESS or progress_regex (docs/training.md)"
         )
+    return "\n".join(o)
 
 
-def history(name: str, rows: list[HistoryRow]) -> None:
+def history(name: str, rows: list[HistoryRow]) -> str:
     """`trainctl history NAME`: a run a row, oldest first."""
-    out(f"{'RUN':>4}  {'STARTED':<19}  {'TOOK':>8}  {'CODE':<28}  {'STEPS':>8}  END")
+    o: list[str] = []
+    o.append(f"{'RUN':>4}  {'STARTED':<19}  {'TOOK':>8}  {'CODE':<28}  {'STEPS':>8}  END")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
         took = duration(r.duration_s) if r.duration_s is not None else "-"
@@ -123,9 +132,10 @@ def history(name: str, rows: list[HistoryRow]) -> None:
         if r.cause:
             end += f": {r.cause}"
         marks = f"  [{'; '.join(r.marks)}]" if r.marks else ""
-        out(
+        o.append(
             f"{r.run:>4}  {when:<19}  {took:>8}  {clean(r.code or '-'):<28}  {steps:>8}  "
             f"{term.middle(clean(end + marks), max(20, term.width() - 78))}"
         )
     if not rows:
-        out(f"job {name} has no recorded run yet")
+        o.append(f"job {name} has no recorded run yet")
+    return "\n".join(o)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from trainctl.launcher.results import (
     Status,
     StopReport,
 )
+from trainctl.supervisor.records import JsonObject
 
 if TYPE_CHECKING:
     from trainctl.launcher.results.ops import (
@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     )
 
 
-from .base import _few, age, ago, clean, duration, emit_json, gib, out, size, time_cell
+from .base import Said, _few, age, ago, clean, duration, gib, size, time_cell
 from .stop import _stop_verdict
 
 
-def status_doc(s: Status) -> None:
-    """Print a status as JSON."""
-    emit_json(s.to_doc())
+def status_doc(s: Status) -> JsonObject:
+    """A status as `status --json` prints it."""
+    return s.to_doc()
 
 
 def as_written(path: str, glob: str, cwd: str) -> str:
@@ -57,129 +57,150 @@ def checkpoint_line(ck: Checkpoint | None, glob: str, cwd: str) -> str:
     return f"newest complete checkpoint: {shown} ({at}{age(ck.age_s)} old)"
 
 
-def status(s: Status) -> None:
+def newer_note(s: Status) -> str:
+    """The one stderr line for a job written by a newer trainctl (stdout stays the status
+    as ever); empty for any other."""
+    return (
+        "" if s.newer is None else f"trainctl: job {s.name}: {s.newer}: showing what this one knows"
+    )
+
+
+def status(s: Status) -> str:
     """Render one job's status."""
-    if s.newer is not None:  # on stderr: stdout stays the status as ever
-        sys.stderr.write(f"trainctl: job {s.name}: {s.newer}: showing what this one knows\n")
+    o: list[str] = []
     if s.state == "queued" and s.queue is not None:
-        _queued_status(s, s.queue)
-        return
+        o.extend(_queued_status(s, s.queue))
+        return "\n".join(o)
     if s.never_ran:
-        _never_ran(s)
-        return
-    _status_head(s)
+        o.extend(_never_ran(s))
+        return "\n".join(o)
+    o.extend(_status_head(s))
     ended = s.ended_at is not None and s.state in ENDED_STATES
     when = f"ran {duration(s.uptime_s)}, ended {ago(s.ended_at)}" if ended else "uptime"
     up = "" if ended else f" {duration(s.uptime_s)}"
     escaped = f", {s.escaped} escaped the tree" if s.escaped else ""
-    out(f"  {when}{up}   members {s.members}{escaped}   mode {s.mode}")
+    o.append(f"  {when}{up}   members {s.members}{escaped}   mode {s.mode}")
     if s.unit:
-        out(f"  unit {s.unit}")
+        o.append(f"  unit {s.unit}")
     if s.adopted:
         a = s.adopted
         at = a.at
         when = time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else "?"
-        out(f"  adopted {a.how} at {when}: {a.containment()}")
-    _status_details(s)
+        o.append(f"  adopted {a.how} at {when}: {a.containment()}")
+    o.extend(_status_details(s))
     if s.argv:
         cmd = clean(term.argv_line(s.argv, s.cwd))
-        out(f"  cmd  {term.middle(cmd, term.width() - 7)}")
-    _settings_lines(s)
-    out(f"  log  {s.log}")
+        o.append(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+    o.extend(_settings_lines(s))
+    o.append(f"  log  {s.log}")
     if s.last_log_line:
-        out(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
+        o.append(f"  last {term.middle(clean(s.last_log_line), term.width() - 7)}")
     if s.last_stop and s.state in ("stopped", "exited", "failed"):
-        _last_stop_lines(s.last_stop)
+        o.extend(_last_stop_lines(s.last_stop))
     if s.queue is not None:
-        out(f"  next run {s.run + 1} queued: waiting for {'; '.join(s.queue.waits_for)}")
+        o.append(f"  next run {s.run + 1} queued: waiting for {'; '.join(s.queue.waits_for)}")
+    return "\n".join(o)
 
 
-def _queued_status(s: Status, q: QueueView) -> None:
+def _queued_status(s: Status, q: QueueView) -> list[str]:
     """A job that waits in the queue: its place, what it waits for, what it will run."""
-    out(f"{s.name}: {term.phase('queued', 'queued')}, run {s.run}, position {q.position}")
-    out(f"  waiting for {'; '.join(q.waits_for) or 'its turn (the dispatcher looks now)'}")
+    o: list[str] = []
+    o.append(f"{s.name}: {term.phase('queued', 'queued')}, run {s.run}, position {q.position}")
+    o.append(f"  waiting for {'; '.join(q.waits_for) or 'its turn (the dispatcher looks now)'}")
     since = time.strftime("%H:%M:%S", time.localtime(q.queued_at))
     asked = [f"gpus {q.gpus}"] if q.gpus else []
     asked += [f"after {a}" for a in q.after]
     asked += [f"singleton ({q.singleton})"] if q.singleton else []
     asked += ["backfill"] if q.backfill else []
-    out(f"  queued at {since} ({duration(s.uptime_s)} ago): {', '.join(asked) or '-'}")
+    o.append(f"  queued at {since} ({duration(s.uptime_s)} ago): {', '.join(asked) or '-'}")
     if not q.waiter_alive:
-        out("  no waiter is running (a reboot?): `trainctl queue resume` dispatches it again")
+        o.append("  no waiter is running (a reboot?): `trainctl queue resume` dispatches it again")
     if s.argv:
         cmd = clean(term.argv_line(s.argv, s.cwd))
-        out(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+        o.append(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+    return o
 
 
-def _settings_lines(s: Status) -> None:
+def _settings_lines(s: Status) -> list[str]:
     """Where the job runs and how it stops and restarts (from its spec)."""
+    o: list[str] = []
     if s.cwd:
         snap = f"  (a snapshot of {s.source})" if s.source else ""
-        out(f"  cwd  {s.cwd}{snap}")
+        o.append(f"  cwd  {s.cwd}{snap}")
     if s.settings is None:
-        return
+        return o
     js = s.settings
-    out(
+    o.append(
         f"  stop grace {human_duration(js.grace_s)} ({js.stop_signal}, order "
         f"{js.stop_order}); restart {js.restart}"
     )
     if js.checkpoint and s.checkpoint is None:
-        out(f"  ckpt nothing matches {js.checkpoint} yet")
+        o.append(f"  ckpt nothing matches {js.checkpoint} yet")
     if js.tty and s.state in ("running", "starting", "stopping"):
-        out(f"  tty  a terminal: trainctl attach {s.name}")
+        o.append(f"  tty  a terminal: trainctl attach {s.name}")
+    return o
 
 
-def _last_stop_lines(ls: StopReport | SlurmStopReport) -> None:
-    out(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
+def _last_stop_lines(ls: StopReport | SlurmStopReport) -> list[str]:
+    o: list[str] = []
+    o.append(f"  last stop: {_stop_verdict(ls)}, {ls.total_s:.2f} s ({ls.reason})")
     if isinstance(ls, StopReport) and ls.reason == "main exited" and ls.found:
         names = _few(ls.sent, 60, with_pid=False)
         more = f" and {ls.found - 3} more" if ls.found > 3 else ""
-        out(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
+        o.append(f"  leftovers {ls.found} process(es) outlived main, stopped: {names}{more}")
     if getattr(ls, "stacks", None):
-        out(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
+        o.append(f"  stacks before SIGKILL: {getattr(ls, 'stacks', '')}")
+    return o
 
 
-def _never_ran(s: Status) -> None:
+def _never_ran(s: Status) -> list[str]:
     """A run that was recorded and never started (its dependency can never be met): what
     it waits no more for, and nothing of the fields that have no value."""
+    o: list[str] = []
     why = s.cause.summary if s.cause is not None else (s.error or "it was never started")
-    out(f"{s.name}: {term.phase(s.state, s.state)}, run {s.run}: never ran: {clean(why)}")
+    o.append(f"{s.name}: {term.phase(s.state, s.state)}, run {s.run}: never ran: {clean(why)}")
     if s.argv:
         cmd = clean(term.argv_line(s.argv, s.cwd))
-        out(f"  cmd  {term.middle(cmd, term.width() - 7)}")
-    out(f"  recorded {ago(s.ended_at)}; `trainctl start {s.name}` runs it now")
+        o.append(f"  cmd  {term.middle(cmd, term.width() - 7)}")
+    o.append(f"  recorded {ago(s.ended_at)}; `trainctl start {s.name}` runs it now")
+    return o
 
 
-def _status_head(s: Status) -> None:
+def _status_head(s: Status) -> list[str]:
     """The job's state, why it ended or how its stop goes, and its processes' ids."""
+    o: list[str] = []
     code = "" if s.exit_code is None else f" (exit code {s.exit_code})"
     boot = " — recorded before the last reboot (from a previous boot)" if s.previous_boot else ""
     backoff = s.restart_in_s is not None and s.state == "starting"
     shown = f"waiting to restart (run {s.run + 1} in {age(s.restart_in_s or 0)})" if backoff else ""
     head = term.phase(shown or s.state, s.state)
-    out(f"{s.name}: {head}{'' if backoff else code}, run {s.run}{boot}")
+    o.append(f"{s.name}: {head}{'' if backoff else code}, run {s.run}{boot}")
     if s.cause is not None:
-        out(f"  cause {term.middle(clean(s.cause.summary), term.width() - 8)}")
+        o.append(f"  cause {term.middle(clean(s.cause.summary), term.width() - 8)}")
     if s.stop_since is not None and s.state == "stopping":
         by = f" ({s.stop_by})" if s.stop_by else ""
         left = f"{age(s.grace_left_s or 0)} of grace left" if s.grace_left_s else "grace over"
-        out(f"  stop since {time.strftime('%H:%M:%S', time.localtime(s.stop_since))}{by}: {left}")
+        o.append(
+            f"  stop since {time.strftime('%H:%M:%S', time.localtime(s.stop_since))}{by}: {left}"
+        )
     if s.slurm is not None:
-        return
+        return o
     sup = f"{s.supervisor_pid} ({'alive' if s.supervisor_alive else 'gone'})"
     if backoff:
-        out(f"  main pid -   (run {s.run} ended; its supervisor {sup} relaunches it)")
+        o.append(f"  main pid -   (run {s.run} ended; its supervisor {sup} relaunches it)")
     else:
         main = "-" if s.main_pid is None else s.main_pid
         pgid = "-" if s.pgid is None else s.pgid
-        out(f"  main pid {main}   pgid {pgid}   supervisor {sup}")
+        o.append(f"  main pid {main}   pgid {pgid}   supervisor {sup}")
+    return o
 
 
-def job_table(rows: list[Status | tuple[str, str]], home: str) -> None:
+def job_table(rows: list[Status | tuple[str, str]], home: str) -> str:
     """Render `trainctl list`: columns sized to their content, the table to the terminal."""
+    o: list[str] = []
     if not rows:
-        out(f"no jobs in {home}")
-        return
+        o.append(f"no jobs in {home}")
+        return "\n".join(o)
     cells = []
     for row in rows:
         if isinstance(row, tuple):
@@ -197,39 +218,41 @@ def job_table(rows: list[Status | tuple[str, str]], home: str) -> None:
     heads = ("NAME", "STATE", "", "RUN", "MAIN", "MEMBERS", "TIME")
     w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     left = term.width() - (sum(w) - w[2] + 2 * 5 + 2)  # what the last log line may take
-    out(
+    o.append(
         f"{'NAME':<{w[0]}}  {'STATE':<{w[1]}}  {'RUN':>{w[3]}}  {'MAIN':>{w[4]}}  "
         f"{'MEMBERS':>{w[5]}}  {'TIME':<{w[6]}}  {'LAST LOG LINE'[: max(4, left)]}"
     )
     for name, shown, ph, run, main, members, up, last in cells:
         state_cell = term.phase(f"{shown:<{w[1]}}", ph)
-        out(
+        o.append(
             f"{name:<{w[0]}}  {state_cell}  {run:>{w[3]}}  {main:>{w[4]}}  "
             f"{members:>{w[5]}}  {up:<{w[6]}}  {term.middle(last, max(0, left))}".rstrip()
         )
+    return "\n".join(o)
 
 
-def ps(rows: list[PsRow], cwd: str | None = None) -> None:
+def ps(rows: list[PsRow], cwd: str | None = None) -> str:
     """Render `trainctl ps` as an indented tree (a GPU column when any process holds one).
 
     Commands are shown relative to the job's cwd and without their bin/ directories, and
     cut in the middle to fit the terminal; `ps --json` keeps them whole.
     """
+    o: list[str] = []
     if not rows:
-        out("no live process")
-        return
+        o.append("no live process")
+        return "\n".join(o)
     if any(r.node for r in rows):  # published by node agents: where, who, what
         node_w = max(4, *(len(r.node or "") for r in rows))
-        out(f"{'NODE':<{node_w}} {'PID':>7} {'PPID':>7} S  CMD")
+        o.append(f"{'NODE':<{node_w}} {'PID':>7} {'PPID':>7} S  CMD")
         for r in rows:
             room = max(20, term.width() - node_w - 21)
             cmd = term.middle(clean(term.short_cmd(r.cmd, cwd)), room)
-            out(f"{r.node or '-':<{node_w}} {r.pid:>7} {r.ppid:>7} {r.state}  {cmd}")
-        return
+            o.append(f"{r.node or '-':<{node_w}} {r.pid:>7} {r.ppid:>7} {r.state}  {cmd}")
+        return "\n".join(o)
     with_gpu = any(r.gpu_holder for r in rows)
     gpu_head = f" {'GPU MEM':>9}" if with_gpu else ""
     head = f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} S {'CPU%':>5} {'RSS':>7}{gpu_head}  "
-    out(f"{head}CMD")
+    o.append(f"{head}CMD")
     for r in rows:
         flag = "  [escaped]" if r.escaped else ""
         if r.stop_role.startswith("launcher"):
@@ -238,73 +261,77 @@ def ps(rows: list[PsRow], cwd: str | None = None) -> None:
         indent = "  " * r.depth
         room = max(20, term.width() - len(head) - len(indent) - len(flag))
         cmd = term.middle(clean(term.short_cmd(r.cmd, cwd)), room)
-        out(
+        o.append(
             f"{r.pid:>7} {r.ppid:>7} {r.pgid:>7} {r.sid:>7} {r.state} {r.cpu_percent:>5.1f} "
             f"{size(r.rss_bytes):>7}{gpu}  {indent}{cmd}{term.paint(flag, 'yellow')}"
         )
+    return "\n".join(o)
 
 
-def health(name: str, run: int, h: Health) -> None:
+def health(name: str, run: int, h: Health) -> Said:
     """The health window's verdict on a restarted run."""
+    o: list[str] = []
     if not h.died:
-        out(f"{name} run {run} is up after its {h.window_s:g} s health window")
-        return
+        o.append(f"{name} run {run} is up after its {h.window_s:g} s health window")
+        return Said("\n".join(o))
     if h.superseded_by is not None:
-        out(
+        o.append(
             f"{name} run {run} was replaced by run {h.superseded_by} (another restart) within "
             f"its {h.window_s:g} s health window: not a failure"
         )
-        return
+        return Said("\n".join(o))
     why = clean(h.cause.summary) if h.cause else "it ended"
     if h.cause is not None and h.cause.kind == "stopped" and h.cause.by == "restart":
-        out(
+        o.append(
             f"{name} run {run} was stopped by another restart within its {h.window_s:g} s "
             "health window: not a failure"
         )
-        return
+        return Said("\n".join(o))
     if h.ok:
-        out(f"{name} run {run} ended within its {h.window_s:g} s health window: {why}")
-        return
-    sys.stderr.write(
-        f"trainctl: {name} run {run} died within the {h.window_s:g} s health window: {why}\n"
-    )
-    for text in h.last_lines:
-        sys.stderr.write(f"  | {clean(text)}\n")
+        o.append(f"{name} run {run} ended within its {h.window_s:g} s health window: {why}")
+        return Said("\n".join(o))
+    err = [f"trainctl: {name} run {run} died within the {h.window_s:g} s health window: {why}"]
+    err.extend(f"  | {clean(text)}" for text in h.last_lines)
+    return Said(err="\n".join(err))
 
 
-def _changed_lines(s: Status) -> None:
+def _changed_lines(s: Status) -> list[str]:
     """The run's code, and what changed on disk since it started: code, spec file."""
+    o: list[str] = []
     if s.code is not None and s.state not in ("queued",):
         untracked = len(s.code.untracked) + s.code.untracked_more
         more = f", {untracked} untracked file(s) not in it" if untracked else ""
-        out(f"  code {s.code.line()}{more}")
+        o.append(f"  code {s.code.line()}{more}")
     if s.probation:
-        out(f"  probation {s.probation}")
+        o.append(f"  probation {s.probation}")
     if s.code_changed and s.rolled_back:  # the code on disk is the code rolled back
-        out(f"  code on disk differs ({'; '.join(s.code_changed)}): the code rolled back")
+        o.append(f"  code on disk differs ({'; '.join(s.code_changed)}): the code rolled back")
     elif s.code_changed:
-        out(
+        o.append(
             f"  CODE CHANGED on disk since start ({'; '.join(s.code_changed)}) — "
             f"`trainctl deploy {s.name}` to run it"
         )
     if s.spec_changed:
         edited = os.path.basename(s.spec_file or "") or "the spec file"
-        out(
+        o.append(
             f"  SPEC CHANGED ({edited} edited: {', '.join(s.spec_changed)}) — "
             f"`trainctl restart {s.name} --reload` to take it"
         )
+    return o
 
 
-def _restart_lines(s: Status) -> None:
+def _restart_lines(s: Status) -> list[str]:
     """The restart count, the last failure, and why each recent restart was made."""
+    o: list[str] = []
     lf = s.last_failure or Failure()
     nxt = f", next run in {s.restart_in_s:.0f}s" if s.restart_in_s is not None else ""
     why = lf.cause.summary if lf.cause else f"{lf.reason}, exit code {lf.exit_code}"
-    out(f"  restarts {s.restarts}; last failure: run {lf.run} ({clean(why)}){nxt}")
+    o.append(f"  restarts {s.restarts}; last failure: run {lf.run} ({clean(why)}){nxt}")
     for h in s.restart_history[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(h.at)) if h.at else "?"
         met = f" [restart_on {h.matched}]" if h.matched else ""
-        out(f"    run {h.run} ended {when}: {clean(h.cause or h.kind or '?')}{met}")
+        o.append(f"    run {h.run} ended {when}: {clean(h.cause or h.kind or '?')}{met}")
+    return o
 
 
 def memory_line(m: MemoryView) -> str:
@@ -343,43 +370,50 @@ def progress_line(p: Progress, ended: str | None = None) -> str:
     return "  ".join(parts)
 
 
-def _gpu_lines(s: Status) -> None:
+def _gpu_lines(s: Status) -> list[str]:
     """The run's GPUs, and the faults the supervisor saw on them."""
+    o: list[str] = []
     if s.gpus:
-        out(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
+        o.append(f"  gpus {','.join(s.gpu_labels or map(str, s.gpus))}")
     if s.gpus_note:
-        out(f"  {term.paint('GPUs', 'yellow')} {s.gpus_note}")
+        o.append(f"  {term.paint('GPUs', 'yellow')} {s.gpus_note}")
     for fault in s.gpu_faults[-3:]:
-        out(f"  {term.paint('GPU FAULT', 'red')} {fault}")
+        o.append(f"  {term.paint('GPU FAULT', 'red')} {fault}")
+    return o
 
 
-def _stall_lines(s: Status) -> None:
+def _stall_lines(s: Status) -> list[str]:
+    o: list[str] = []
     if s.stall_deadline_s is not None:
-        out(f"  stall deadline {duration(s.stall_deadline_s)} (stall_timeout = auto: learned)")
+        o.append(f"  stall deadline {duration(s.stall_deadline_s)} (stall_timeout = auto: learned)")
     if s.stalled_for_s is not None:
-        out(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
+        o.append(f"  STALLED: no progress and no log output for {duration(s.stalled_for_s)}")
         if s.stall_stacks:
-            out(f"  stacks at the stall: {s.stall_stacks} (now: trainctl stack {s.name})")
+            o.append(f"  stacks at the stall: {s.stall_stacks} (now: trainctl stack {s.name})")
+    return o
 
 
-def _checkpoint_lines(ck: CheckpointSeen) -> None:
+def _checkpoint_lines(ck: CheckpointSeen) -> list[str]:
+    o: list[str] = []
     about = "≈" if ck.step_estimated else ""
     at = "" if ck.step is None else f"step {about}{ck.step:g}, "
     if ck.path:
-        out(f"  ckpt {ck.path} ({at}{age(ck.age_s)} old, complete)")
+        o.append(f"  ckpt {ck.path} ({at}{age(ck.age_s)} old, complete)")
     if ck.partial:
-        out(f"  ckpt {ck.partial}: partial ({ck.partial_why}); never resumed from")
+        o.append(f"  ckpt {ck.partial}: partial ({ck.partial_why}); never resumed from")
+    return o
 
 
-def _guard_line(s: Status) -> None:
+def _guard_line(s: Status) -> list[str]:
     """The checkpoint guard of the run: what it was handed, whether it resumed, the copy."""
+    o: list[str] = []
     g = s.guard
     if s.rolled_back:
-        out(f"  {term.paint('ROLLED BACK', 'yellow')} {clean(s.rolled_back)}")
+        o.append(f"  {term.paint('ROLLED BACK', 'yellow')} {clean(s.rolled_back)}")
     if s.from_scratch:
-        out("  guard off: started with --from-scratch")
+        o.append("  guard off: started with --from-scratch")
     if g is None or g.tripped is not None:  # a tripped guard is the run's cause
-        return
+        return o
     if g.first_step is not None:
         verdict = f"first step {g.first_step:g}: resumed"
     elif g.floor is not None:
@@ -387,15 +421,17 @@ def _guard_line(s: Status) -> None:
     else:
         verdict = "not armed (the checkpoint's step is unknown)"
     kept = f"; kept aside in {g.kept}" if g.kept else ""
-    out(f"  guard handed {g.handed} ({g.step_text()}), {verdict}{kept}")
+    o.append(f"  guard handed {g.handed} ({g.step_text()}), {verdict}{kept}")
+    return o
 
 
-def _status_details(s: Status) -> None:
+def _status_details(s: Status) -> list[str]:
     """The optional lines of `status`: Slurm, GPUs, restarts, training, notes."""
+    o: list[str] = []
     if s.slurm:
         sl = s.slurm
         reason = f" ({sl.reason})" if sl.reason not in (None, "None") else ""
-        out(f"  slurm job {sl.job_id}: {sl.state}{reason} on {sl.nodes or '-'}")
+        o.append(f"  slurm job {sl.job_id}: {sl.state}{reason} on {sl.nodes or '-'}")
         for a in sl.agents:
             how = (
                 "stopped"
@@ -404,26 +440,29 @@ def _status_details(s: Status) -> None:
                 if a.stale
                 else f"{a.members} process(es)"
             )
-            out(f"    node {a.node} (rank {a.rank}, {a.host}): {how}")
-    _gpu_lines(s)
+            o.append(f"    node {a.node} (rank {a.rank}, {a.host}): {how}")
+    o.extend(_gpu_lines(s))
     for line in s.handed_off[-3:]:
-        out(f"  {term.paint('OUTSIDE', 'yellow')} {line}")
+        o.append(f"  {term.paint('OUTSIDE', 'yellow')} {line}")
     if s.mounts_not_kept:
-        out(
+        o.append(
             f"  {term.paint('MOUNTS', 'yellow')}  {', '.join(s.mounts_not_kept)}: written by "
             "the job, not kept mounted by its scope; a host shutdown may unmount them while "
             "the job saves (`trainctl restart` orders a new run before them)"
         )
     if s.restarts or s.restart_in_s is not None:
-        _restart_lines(s)
+        o.extend(_restart_lines(s))
     if s.memory is not None:
-        out(f"  mem  {memory_line(s.memory)}")
+        o.append(f"  mem  {memory_line(s.memory)}")
     if s.checkpoint:
-        _checkpoint_lines(s.checkpoint)
-    _guard_line(s)
+        o.extend(_checkpoint_lines(s.checkpoint))
+    o.extend(_guard_line(s))
     if s.progress:
-        out(f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}")
-    _changed_lines(s)
-    _stall_lines(s)
+        o.append(
+            f"  prog {progress_line(s.progress, s.state if s.state in ENDED_STATES else None)}"
+        )
+    o.extend(_changed_lines(s))
+    o.extend(_stall_lines(s))
     if s.error:
-        out(f"  note {clean(s.error)}")
+        o.append(f"  note {clean(s.error)}")
+    return o

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+from trainctl.launcher import render  # every verb prints through it: loaded here costs none
 from trainctl.launcher.config import Config, load_config, resolve_home
 from trainctl.supervisor.records import field, record
 
@@ -66,6 +68,21 @@ class Invocation:
     _cfg: Config | None = field(default=None, repr=False)
     # --host, for the one verb that serves it itself (`mcp`: each tool call goes there)
     host_opt: str | None = None
+    # the --json documents, kept here instead of printed: MCP, the web page's actions and
+    # `stop A B --json` take a verb's documents as values (None: print each)
+    docs: list[Any] | None = field(default=None, repr=False)
+
+    def reply(self, doc: Any) -> None:
+        """Hand over one --json document: kept in ``docs`` when the caller asked, else
+        printed (the command line)."""
+        if self.docs is not None:
+            self.docs.append(doc)
+            return
+        render.emit_json(doc)
+
+    def keeping(self, docs: list[Any]) -> Invocation:
+        """The same invocation (home, config, host), its documents kept in ``docs``."""
+        return Invocation(self.home_opt, self._cfg, self.host_opt, docs)
 
     @property
     def cfg(self) -> Config:

@@ -44,7 +44,7 @@ def run(
         )
     if dry_run:
         if as_json:
-            render.emit_json({"dry_run": True, **plan.to_doc()})
+            inv.reply({"dry_run": True, **plan.to_doc()})
         else:
             _show(name, plan)
             render.line("dry run: nothing changed")
@@ -59,7 +59,7 @@ def run(
     if as_json:
         found = plan.to_doc()
         found["processes"] = found.pop("members")  # `members` is the count, as in status
-        render.emit_json({**found, **res.to_doc()})
+        inv.reply({**found, **res.to_doc()})
         return ExitCode.OK
     render.line(
         f"adopted {res.name} run {res.run}: main pid {res.main_pid}, {res.members} "

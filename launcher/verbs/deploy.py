@@ -60,24 +60,24 @@ def run(
         )  # fmt: skip
 
     if dry_run:
-        return _show_plans([plan(n) for n in names], rolling=rolling, as_json=as_json)
+        return _show_plans(inv, [plan(n) for n in names], rolling=rolling, as_json=as_json)
     reports = _one_by_one(inv, names, plan, rolling=rolling, quiet=as_json)
     if as_json:
         docs = [r.to_doc() for r in reports]
         untouched = names[len(reports) :]
-        render.emit_json({"deploys": docs, "untouched": untouched} if rolling else docs[0])
+        inv.reply({"deploys": docs, "untouched": untouched} if rolling else docs[0])
     deployed = all(r.ok for r in reports) and len(reports) == len(names)
     return ExitCode.OK if deployed else ExitCode.FAILED
 
 
-def _show_plans(plans: list[DeployPlan], *, rolling: bool, as_json: bool) -> int:
+def _show_plans(inv: Invocation, plans: list[DeployPlan], *, rolling: bool, as_json: bool) -> int:
     """--dry-run: each deploy's plan; nothing changed."""
     if as_json:
         docs = [p.to_doc() for p in plans]
-        render.emit_json({"dry_run": True, "plans": docs} if rolling else docs[0])
+        inv.reply({"dry_run": True, "plans": docs} if rolling else docs[0])
     else:
         for p in plans:
-            render.deploy_plan(p)
+            render.show(render.deploy_plan(p))
     return ExitCode.OK
 
 
@@ -131,12 +131,12 @@ def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
                 seen += 1
                 stopped = stopped or step.step != "checkpoint"
                 if not quiet:
-                    render.deploy_step(step)
+                    render.show(render.deploy_step(step), flush=True)
             rep = files.read_report(jdir, plan.id)
             if rep is not None:
                 proc.poll()  # detached on purpose: it may still be on its way out
                 if not quiet:
-                    render.deploy_report(rep)
+                    render.show(render.deploy_report(rep))
                 return rep
             if verdict_by is None and proc.poll() is not None:
                 if proc.returncode != 0:
@@ -163,7 +163,7 @@ def _interrupted(where: Path, plan: DeployPlan, pid: int, *, stopped: bool) -> D
         for _ in range(100):  # the deployer sees it before its stop (or is past it)
             rep = files.read_report(where, plan.id)
             if rep is not None:
-                render.deploy_report(rep)
+                render.show(render.deploy_report(rep))
                 return rep
             time.sleep(FOLLOW_S)
     sys.stderr.write(

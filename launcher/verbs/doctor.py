@@ -12,5 +12,5 @@ from . import Invocation
 def run(inv: Invocation, *, as_json: bool = False) -> int:
     """Print every check; exit 1 when one needs action."""
     checks = run_doctor(inv.home)
-    render.doctor(checks, as_json=as_json)
+    inv.reply(render.doctor_doc(checks)) if as_json else render.show(render.doctor(checks))
     return ExitCode.OK if all(ch.ok for ch in checks) else ExitCode.FAILED

@@ -19,34 +19,34 @@ def run(inv: Invocation, *, as_json: bool = False, all_hosts: bool = False) -> i
     read is a row with its error, and the others are shown as usual.
     """
     if all_hosts:
-        return _all_hosts(as_json=as_json)
+        return _all_hosts(inv, as_json=as_json)
     try:
         inventory = gpu_inventory(inv.home)
     except NoDriverError as e:
-        render.emit_json({"gpus": [], "error": str(e)}) if as_json else render.line(str(e))
+        inv.reply({"gpus": [], "error": str(e)}) if as_json else render.line(str(e))
         return ExitCode.OK
     except GpuError as e:
         if as_json:
-            render.emit_json({"gpus": [], "error": str(e)})
+            inv.reply({"gpus": [], "error": str(e)})
         else:
             render.error_line(str(e))
         return ExitCode.FAILED
     if as_json:
-        render.emit_json(inventory.to_doc())
+        inv.reply(inventory.to_doc())
     else:
-        render.gpus(inventory)
+        render.show(render.gpus(inventory))
     return ExitCode.OK
 
 
-def _all_hosts(*, as_json: bool) -> int:
+def _all_hosts(inv: Invocation, *, as_json: bool) -> int:
     """Free and held GPUs per host of hosts.toml: where the next job fits."""
     from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
 
     answers = over_hosts(["gpus"])
     if as_json:
-        render.emit_json([a.to_doc() for a in answers])
+        inv.reply([a.to_doc() for a in answers])
     else:
-        render.fleet_gpus(answers)
+        render.show(render.fleet_gpus(answers))
     return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
 
 
@@ -57,7 +57,7 @@ def clear(inv: Invocation, index: int, *, as_json: bool = False) -> int:
     was = health.unhealthy(inv.home).get(index)
     cleared = health.clear(inv.home, index)
     if as_json:
-        render.emit_json({"gpu": index, "cleared": cleared, "was": was.line() if was else None})
+        inv.reply({"gpu": index, "cleared": cleared, "was": was.line() if was else None})
     elif cleared:
         render.line(f"GPU {index} is marked healthy again (it was {was.line() if was else '?'})")
     else:

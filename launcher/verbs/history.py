@@ -13,7 +13,7 @@ def run(inv: Invocation, name: str, *, as_json: bool = False) -> int:
     """Print the lineage of job NAME (oldest run first)."""
     rows = job_history(inv.home, name)
     if as_json:
-        render.emit_json([r.to_doc() for r in rows])
+        inv.reply([r.to_doc() for r in rows])
     else:
-        render.history(name, rows)
+        render.show(render.history(name, rows))
     return ExitCode.OK

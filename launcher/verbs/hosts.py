@@ -10,15 +10,15 @@ from . import Invocation
 
 
 def run(inv: Invocation, *, check: bool = False, as_json: bool = False) -> int:
-    """List the aliases; --check connects to each (exit 5 when one fails)."""
-    del inv  # hosts.toml is the client's own, not a home's
+    """List the aliases; --check connects to each (exit 5 when one fails). hosts.toml is
+    the client's own, not a home's."""
     rows = [HostRow(h, check_host(h) if check else None) for h in load_hosts().values()]
     if as_json:
-        render.emit_json([r.to_doc() for r in rows])
+        inv.reply([r.to_doc() for r in rows])
     elif not rows:
         render.line(f"no host aliases ({hosts_path()} does not define any)")
     else:
-        render.hosts(rows)
+        render.show(render.hosts(rows))
     failed = any(
         r.check is not None and not (r.check.trainctl and r.check.compatible) for r in rows
     )

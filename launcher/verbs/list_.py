@@ -19,7 +19,7 @@ def run(
 ) -> int:
     """Print the job table (or its JSON); jobs ended over 7 days ago only with --all."""
     if all_hosts:
-        return _all_hosts(show_all=show_all, as_json=as_json)
+        return _all_hosts(inv, show_all=show_all, as_json=as_json)
     rows = all_statuses(inv.home, brief=not as_json)  # the table shows no training view
     if not show_all:
         cutoff = time.time() - RECENT_S
@@ -28,7 +28,7 @@ def run(
             render.line(f"({len(rows) - len(kept)} finished more than 7 days ago: list --all)")
         rows = kept
     if as_json:
-        render.emit_json(
+        inv.reply(
             [
                 r.to_doc()
                 if not isinstance(r, tuple)
@@ -37,17 +37,17 @@ def run(
             ]
         )
     else:
-        render.job_table(rows, str(inv.home))
+        render.show(render.job_table(rows, str(inv.home)))
     return ExitCode.OK
 
 
-def _all_hosts(*, show_all: bool, as_json: bool) -> int:
+def _all_hosts(inv: Invocation, *, show_all: bool, as_json: bool) -> int:
     """Every host of hosts.toml, asked at once: a HOST column; a silent host says why."""
     from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
 
     answers = over_hosts(["list", *(["--all"] if show_all else [])])
     if as_json:
-        render.emit_json([a.to_doc() for a in answers])
+        inv.reply([a.to_doc() for a in answers])
     else:
-        render.fleet_jobs(answers)
+        render.show(render.fleet_jobs(answers))
     return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE

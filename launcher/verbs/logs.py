@@ -87,7 +87,7 @@ def run(
         doc["lines"] = [t.rstrip("\n") for t in text]
         if timestamps:
             doc["times"] = times
-        render.emit_json(doc)
+        inv.reply(doc)
         return ExitCode.OK
     if timestamps:
         text = [f"{stamp(at)} {line}" for at, line in zip(times, text, strict=True)]

@@ -23,7 +23,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from trainctl.launcher import inputs, render, verbs
+from trainctl.launcher import inputs, verbs
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.ops.jobs import stop_under_way
 from trainctl.supervisor.errors import ConfigError, TrainctlError
@@ -71,12 +71,12 @@ class Tools:
         """Run one verb with --json; its document, or a ToolError with its one line."""
         if self.host is not None:
             return self.remote(name, cli)
-        inv = Invocation(self.inv.home_opt)  # a fresh one: the config is read anew
-        with render.captured_json() as got:
-            try:
-                code = local(inv)
-            except TrainctlError as e:
-                raise ToolError(str(e)) from None
+        got: list[Any] = []  # the verb's documents, as values: nothing printed, nothing parsed
+        inv = Invocation(self.inv.home_opt, docs=got)  # a fresh one: the config is read anew
+        try:
+            code = local(inv)
+        except TrainctlError as e:
+            raise ToolError(str(e)) from None
         if not got:
             raise ToolError(f"{name} printed no document (exit {code})")
         return got[0] if len(got) == 1 else got

@@ -33,7 +33,7 @@ def run(inv: Invocation, *, older_than: str, dry_run: bool = False, as_json: boo
         removed.append((name, ended_at))
     trimmed = {} if dry_run else _trim_snapshots(inv)
     if as_json:
-        render.emit_json(
+        inv.reply(
             {
                 "dry_run": dry_run,
                 "removed": [{"name": n, "ended_at": at} for n, at in removed],

@@ -13,10 +13,10 @@ def run(inv: Invocation, name: str, *, as_json: bool = False) -> int:
     """Print the tree (escapees marked), or every row as JSON."""
     rows = job_ps(inv.home, name)
     if as_json:
-        render.emit_json([r.to_doc() for r in rows])
+        inv.reply([r.to_doc() for r in rows])
         return ExitCode.OK
     unit = job_unit(inv.home, name)
     if unit:
         render.line(f"unit {unit}")
-    render.ps(rows, job_cwd(inv.home, name))
+    render.show(render.ps(rows, job_cwd(inv.home, name)))
     return ExitCode.OK

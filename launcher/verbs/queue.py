@@ -16,7 +16,7 @@ def run(inv: Invocation, action: str = "list", *, as_json: bool = False) -> int:
     if action == "resume":
         started = dispatch.ensure_waiters(inv.home)
         if as_json:
-            render.emit_json({"resumed": started})
+            inv.reply({"resumed": started})
         elif started:
             render.line(f"resumed {len(started)} queued job(s): {', '.join(started)}")
         else:
@@ -24,9 +24,9 @@ def run(inv: Invocation, action: str = "list", *, as_json: bool = False) -> int:
         return ExitCode.OK
     rows = [queued_status(queue.queued_of(inv.home, e)) for e in queue.entries(inv.home)]
     if as_json:
-        render.emit_json([r.to_doc() for r in rows])
+        inv.reply([r.to_doc() for r in rows])
     elif rows:
-        render.job_table(list(rows), str(inv.home))
+        render.show(render.job_table(list(rows), str(inv.home)))
     else:
         render.line(f"nothing queued in {inv.home}")
     return ExitCode.OK

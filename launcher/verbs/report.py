@@ -13,7 +13,7 @@ def run(inv: Invocation, name: str, *, as_json: bool = False) -> int:
     """Print how much of job NAME's time was productive, and where the rest went."""
     g = report(inv.home, name)
     if as_json:
-        render.emit_json(g.to_doc())
+        inv.reply(g.to_doc())
     else:
-        render.goodput(g)
+        render.show(render.goodput(g))
     return ExitCode.OK

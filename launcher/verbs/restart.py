@@ -54,13 +54,13 @@ def run(
         inv.home, name, inv.cfg, grace_s=grace_s, reload=reload, from_scratch=from_scratch
     )
     if not as_json:
-        render.stop(stopped)
-        render.start(started)
+        render.show(render.stop(stopped))
+        render.show(render.start(started))
     seen = watch_health(inv.home, name, started.run, window) if window > 0 else None
     if as_json:
-        render.emit_json(_doc(pre.to_doc() or {}, stopped, started, seen))
+        inv.reply(_doc(pre.to_doc() or {}, stopped, started, seen))
     elif seen is not None:
-        render.health(name, started.run, seen)
+        render.show(render.health(name, started.run, seen))
     if seen is not None and not seen.ok:
         return ExitCode.FAILED
     if follow:
@@ -91,7 +91,7 @@ def _dry_run(inv: Invocation, name: str, *, from_scratch: bool, as_json: bool) -
     """`restart --dry-run`: the checkpoint the new run would be handed, the copy kept
     aside, the guard's floor; nothing changes."""
     plan = plan_restart(inv.home, name, from_scratch=from_scratch)
-    render.emit_json(asdict(plan)) if as_json else render.restart_plan(plan)
+    inv.reply(asdict(plan)) if as_json else render.show(render.restart_plan(plan))
     return ExitCode.OK
 
 

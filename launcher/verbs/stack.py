@@ -12,5 +12,5 @@ from . import Invocation
 def run(inv: Invocation, name: str, *, native: bool = False, as_json: bool = False) -> int:
     """Print the job's stacks grouped (or their JSON); nothing is signalled."""
     report = job_stacks(inv.home, name, native=native)
-    render.emit_json(report.to_doc()) if as_json else render.stacks(report)
+    inv.reply(report.to_doc()) if as_json else render.show(render.stacks(report))
     return ExitCode.OK

@@ -129,7 +129,7 @@ def run(inv: Invocation, f: StartFlags, *, follow: bool = False, as_json: bool =
         inv.home, spec, inv.cfg, request, f.ask(), from_scratch=f.from_scratch
     )
     if isinstance(got, Queued):
-        render.emit_json(got.to_doc()) if as_json else render.queued(got)
+        inv.reply(got.to_doc()) if as_json else render.show(render.queued(got))
         return ExitCode.OK
     return _started(inv, got, spec.name, watch_s, follow=follow, as_json=as_json)
 
@@ -148,14 +148,14 @@ def _started(
         if ended is not None:
             doc["cause"] = ended.cause
             doc["exit_code"] = ended.exit_code
-        render.emit_json(doc)
+        inv.reply(doc)
     else:
-        render.start(res)
+        render.show(render.start(res))
         if ended is not None:
-            render.ended_at_once(ended)
+            render.show(render.ended_at_once(ended))
     if follow:
         follow_new_run(inv, name, Path(res.log))
         ended = ended_at_once(inv.home, res.name, res.run, 0.0)
         if ended is not None and ended.failed:
-            render.ended_at_once(ended, shown_log=True)
+            render.show(render.ended_at_once(ended, shown_log=True))
     return ExitCode.FAILED if ended is not None and ended.failed else ExitCode.OK

@@ -13,5 +13,7 @@ def run(inv: Invocation, name: str | None, *, as_json: bool = False) -> int:
     if name is None:
         return int(load("list").run(inv, as_json=as_json))  # the table: list's own module
     s = job_status(inv.home, name)
-    render.status_doc(s) if as_json else render.status(s)
+    if s.newer is not None:  # on stderr: stdout stays the status (or its document) as ever
+        render.show(render.Said(err=render.newer_note(s)))
+    inv.reply(render.status_doc(s)) if as_json else render.show(render.status(s))
     return status_exit_code(s)

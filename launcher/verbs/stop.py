@@ -199,7 +199,9 @@ def run(
             f"note: the queued job(s) waiting for {name} can no longer start and end failed "
             f"(cause dependency): {', '.join(doomed)}"
         )
-    render.stop_doc(res, pre) if as_json else render.stop(res, verbose=verbose)
+    inv.reply(render.stop_doc(res, pre)) if as_json else render.show(
+        render.stop(res, verbose=verbose)
+    )
     return stop_exit_code(res)
 
 
@@ -215,12 +217,12 @@ def _dry_run(inv: Invocation, name: str, *, as_json: bool) -> int:
     if queue.read_entry(inv.home, name) is not None and not queue.has_live_run(inv.home, name):
         doc = {"name": name, "state": "queued", "queued": True, "members": []}
         if as_json:
-            render.emit_json(doc)
+            inv.reply(doc)
         else:
             render.line(f"{name} is queued: a stop would dequeue it; nothing of it runs")
         return ExitCode.OK
     p = plan_stop(inv.home, name)
-    render.emit_json(p.to_doc()) if as_json else render.stop_plan(p)
+    inv.reply(p.to_doc()) if as_json else render.show(render.stop_plan(p))
     return ExitCode.OK
 
 
@@ -235,20 +237,17 @@ def _dequeue(inv: Invocation, name: str, *, as_json: bool) -> int | None:
             render.line(f"dequeued the next run of {name} (run {d.run}); stopping the live one")
         return None
     if as_json:
-        render.emit_json(d.to_doc())
+        inv.reply(d.to_doc())
     else:
         render.line(f"dequeued {name}: run {d.run} never started, nothing ran")
     return ExitCode.OK
 
 
-def _each(docs: list[object], as_json: bool, step: Callable[[bool], T]) -> T:
+def _each(
+    inv: Invocation, docs: list[object], as_json: bool, step: Callable[[Invocation, bool], T]
+) -> T:
     """Run one job's step; with ``as_json`` its documents join ``docs`` (one list)."""
-    if not as_json:
-        return step(False)
-    with render.captured_json() as got:
-        out = step(True)
-    docs.extend(got)
-    return out
+    return step(inv.keeping(docs), True) if as_json else step(inv, False)
 
 
 def _dequeue_first(
@@ -262,10 +261,10 @@ def _dequeue_first(
     left = []
     for name in names:
 
-        def dequeue_one(j: bool, n: str = name) -> int | None:
-            return _dequeue(inv, n, as_json=j)
+        def dequeue_one(i: Invocation, j: bool, n: str = name) -> int | None:
+            return _dequeue(i, n, as_json=j)
 
-        code = _each(docs, as_json, dequeue_one)
+        code = _each(inv, docs, as_json, dequeue_one)
         if code is None:
             left.append(name)
         else:
@@ -312,10 +311,10 @@ def run_many(
         chosen = _dequeue_first(inv, chosen, codes, docs, as_json=as_json)
     for name in chosen:
 
-        def stop_one(j: bool, n: str = name) -> int:
-            return run(inv, n, as_json=j, **opts)
+        def stop_one(i: Invocation, j: bool, n: str = name) -> int:
+            return run(i, n, as_json=j, **opts)
 
-        codes.append(_each(docs, as_json, stop_one))
+        codes.append(_each(inv, docs, as_json, stop_one))
     if as_json:
-        render.emit_json(docs)
+        inv.reply(docs)
     return max(codes)

@@ -29,9 +29,9 @@ def run(
     if every < MIN_INTERVAL_S:
         raise ConfigError(f"--interval must be at least {MIN_INTERVAL_S:g}s")
     if all_hosts:
-        return _all_hosts(every, once=once or as_json, as_json=as_json)
+        return _all_hosts(inv, every, once=once or as_json, as_json=as_json)
     if as_json:
-        render.emit_json(screen.frame_doc(inv.home))
+        inv.reply(screen.frame_doc(inv.home))
     elif once:
         screen.print_once(inv.home)
     elif not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -44,7 +44,7 @@ def run(
 FLEET_MIN_INTERVAL_S = 2.0  # every host is asked over ssh each round
 
 
-def _all_hosts(every: float, *, once: bool, as_json: bool) -> int:
+def _all_hosts(inv: Invocation, every: float, *, once: bool, as_json: bool) -> int:
     """Every host of hosts.toml: its jobs and GPUs, one frame (--once, --json) or a frame
     every ``every`` (at least FLEET_MIN_INTERVAL_S) until Ctrl-C."""
     from trainctl.launcher.ops.fleet import over_hosts  # noqa: PLC0415  (ssh, threads)
@@ -52,11 +52,11 @@ def _all_hosts(every: float, *, once: bool, as_json: bool) -> int:
     while True:
         answers = over_hosts(["top"])  # each host's one frame, as `top --json`
         if as_json:
-            render.emit_json([a.to_doc() for a in answers])
+            inv.reply([a.to_doc() for a in answers])
             return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
         if not once:
             sys.stdout.write("\x1b[H\x1b[2J")  # a plain refresh: clear, then the frame
-        render.fleet_top(answers)
+        render.show(render.fleet_top(answers))
         if once:
             return ExitCode.OK if all(a.error is None for a in answers) else ExitCode.REMOTE
         try:

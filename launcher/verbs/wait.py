@@ -24,7 +24,7 @@ def run(inv: Invocation, name: str, *, timeout: str | None = None, as_json: bool
         if not dispatched:
             say = f"{name} left the queue before it started (dequeued): nothing ran"
             if as_json:
-                render.emit_json({"name": name, "state": "dequeued", "exit_code": None})
+                inv.reply({"name": name, "state": "dequeued", "exit_code": None})
             else:
                 render.line(say)
             return ExitCode.NOT_RUNNING
@@ -35,7 +35,7 @@ def run(inv: Invocation, name: str, *, timeout: str | None = None, as_json: bool
         return ExitCode.TIMEOUT
     cause = cause_of(st, st.phase)
     if as_json:
-        render.emit_json(
+        inv.reply(
             {
                 "name": st.name,
                 "run": st.run,

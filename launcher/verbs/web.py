@@ -9,6 +9,7 @@ import secrets
 import socket
 import webbrowser
 from collections.abc import Callable
+from typing import Any
 
 from trainctl.launcher import render, verbs
 from trainctl.launcher.exitcodes import ExitCode, exit_code_for
@@ -87,10 +88,11 @@ def in_process(home_opt: str | None) -> Callable[[str, str], JsonObject]:
             "restart": lambda i: verbs.load("restart").run(i, name, as_json=True),
             "deploy": lambda i: verbs.load("deploy").run(i, [name], as_json=True),
         }
-        text = io.StringIO()
-        with render.to(text), render.captured_json() as docs:
+        text = io.StringIO()  # the verb's own lines go here, never to the server's stdout
+        docs: list[Any] = []  # its --json documents, as values
+        with render.to(text):
             try:
-                code = runs[what](Invocation(home_opt))
+                code = runs[what](Invocation(home_opt, docs=docs))
                 error = None
             except TrainctlError as e:
                 code, error = int(exit_code_for(e)), str(e)

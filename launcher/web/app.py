@@ -18,7 +18,6 @@ Guards, each checked before any route runs:
 
 from __future__ import annotations
 
-import io
 import json
 import secrets
 import socket
@@ -282,16 +281,15 @@ class _Web:
         one error line and its --json document."""
         if self.cfg.act is None:
             return JSONResponse({"ok": False, "error": "this server runs no actions"}, 403)
-        return JSONResponse(self.cfg.act(what, name))
+        # the verb's document as it is (a path or a time in it written as --json writes it)
+        body = json.dumps(self.cfg.act(what, name), default=str)
+        return Response(body, media_type="application/json")
 
 
 def _stacks_text(report: StackReport) -> str:
     """Stacks as `trainctl stack` shows them (each distinct stack once, who stands at
     it), rendered into the page through the render package's output sink."""
-    buf = io.StringIO()
-    with render.to(buf):
-        render.stacks(report)
-    return buf.getvalue()
+    return render.stacks(report)
 
 
 async def _guarded(make: Callable[[str], Response], name: str) -> Response:

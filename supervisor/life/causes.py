@@ -408,6 +408,37 @@ def stopped(by: str, code: int | None, grace_s: float | None = None) -> Cause:
     )
 
 
+@record(frozen=True)
+class LostGpu:
+    """The facts of a GPU a run lost (the lifecycle's GpuLost event, as causes reads it)."""
+
+    gpu: int | None
+    xid: int | None
+    action: str
+    healthy: tuple[str, ...]  # the labels of the run's GPUs left healthy
+    leased: int
+
+
+def gpu_lost(lost: LostGpu, *, job: str, min_gpus: int | None, code: int | None) -> Cause:
+    """A run stopped for a lost GPU: what was lost, and how the run goes on (on its own
+    with ``min_gpus``, or the command that starts it on the GPUs left)."""
+    xid = f"Xid {lost.xid}: " if lost.xid is not None else ""
+    what = f"GPU {lost.gpu} lost ({xid}{lost.action})"
+    n, labels = len(lost.healthy), ",".join(lost.healthy)
+    if min_gpus is not None and n >= min_gpus:
+        advice = f"restarting on {n} of {lost.leased} GPU(s): {labels} (min_gpus {min_gpus})"
+    elif n:
+        advice = (
+            f"to go on on {n} GPU(s): trainctl start {job} --gpus {labels}, (a process count "
+            "of $TRAINCTL_GPU_COUNT follows it; --min-gpus N restarts on its own)"
+        )
+        if min_gpus is not None:
+            advice = f"{n} healthy GPU(s) left, fewer than min_gpus {min_gpus}; {advice}"
+    else:
+        advice = "no other GPU of the run is left"
+    return Cause(kind="gpu", summary=f"{what}; {advice}", gpu=what, exit_code=code)
+
+
 def gave_up(kind: str, last: Cause, restarts: int, why: str) -> Cause:
     """restarts-exhausted / crash-loop: the restart policy's end, keeping the run's cause."""
     line = last.summary

@@ -118,12 +118,13 @@ class StartedOver:
 class GpuLost:
     """A leased GPU took a reset- or reboot-class fault: the run cannot go on on it.
 
-    ``summary``: ``GPU 2 lost (Xid 79: reboot needed)``; ``advice``: how to go on."""
+    Facts only (the watcher words nothing): ``causes.gpu_lost`` writes the run's cause."""
 
-    summary: str
-    advice: str = ""
     gpu: int | None = None  # the GPU's index
-    healthy: int = 0  # the run's GPUs left healthy: min_gpus decides whether it goes on
+    xid: int | None = None
+    action: str = ""  # what the fault needs: "reboot needed", "reset the GPU", ...
+    healthy: tuple[str, ...] = ()  # the labels of the run's GPUs left healthy
+    leased: int = 0  # how many GPUs the run held
 
 
 @record(frozen=True)
@@ -524,7 +525,7 @@ def _stop_requested(life: Life, ev: StopRequested, spec: Spec) -> Outcome:
     return life, [Reply((ev.token,), life.report or NOTHING_TO_STOP)]
 
 
-def _cause_of(life: Life, ev: StopFinished) -> Cause:
+def _cause_of(life: Life, ev: StopFinished, spec: Spec) -> Cause:
     """The run's cause: who stopped it, or the supervisor's analysis of its own end."""
     # the grace the stop applied (a joining `stop --grace S` may have shortened it)
     grace = life.grace_s
@@ -536,10 +537,13 @@ def _cause_of(life: Life, ev: StopFinished) -> Cause:
         return causes.stopped("stall watchdog", life.main_code, grace)
     if (ours := _verdict_cause(life, ev)) is not None:
         return ours
-    if life.stop_reason == "gpu fault" and life.gpu_lost is not None:
-        lost = life.gpu_lost
-        summary = f"{lost.summary}; {lost.advice}" if lost.advice else lost.summary
-        return Cause(kind="gpu", summary=summary, gpu=lost.summary, exit_code=life.main_code)
+    if life.stop_reason == "gpu fault" and (lost := life.gpu_lost) is not None:
+        return causes.gpu_lost(
+            causes.LostGpu(lost.gpu, lost.xid, lost.action, lost.healthy, lost.leased),
+            job=spec.name,
+            min_gpus=spec.gpu.min_gpus,
+            code=life.main_code,
+        )
     if ev.cause is not None:
         return ev.cause
     return causes.ended_on_its_own(life.main_code, None, causes.Reason())
@@ -578,7 +582,7 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         return life, []
     reason = "stop" if life.user_stop else str(life.stop_reason)
     report = replace(ev.report, reason=reason)
-    cause, leftover_log = _with_leftovers(life, _cause_of(life, ev), report)
+    cause, leftover_log = _with_leftovers(life, _cause_of(life, ev, spec), report)
     lost = gpu_fault_of(life)
     left_out = gpus_left_out(report, spec, lost)
     verdict = decide(
@@ -591,8 +595,8 @@ def _stop_finished(life: Life, ev: StopFinished, spec: Spec) -> Outcome:
         now=life.now,
         ckpt_step=ev.ckpt_step,
         no_checkpoint=ev.no_checkpoint,
-        healthy_gpus=(lost.healthy - len(left_out or ())) if lost is not None else None,
-        held=held_line(report),
+        healthy_gpus=(len(lost.healthy) - len(left_out or ())) if lost is not None else None,
+        held=report.held_line(),
     )
     ended = {"exit_code": life.main_code, "ended_at": life.now, "members": ()}
     end = _Ending(
@@ -643,16 +647,6 @@ def gpus_left_out(report: StopReport, spec: Spec, lost: GpuLost | None) -> set[i
     if held and (need is None or len(report.gpus) - len(held | lost_gpu) < need):
         return None
     return held
-
-
-def held_line(report: StopReport) -> str | None:
-    """The GPUs the stop found still held, each with what holds it (or None)."""
-    parts = []
-    for g in report.held_gpus:
-        who = ", ".join(f"pid {h.pid}" + (f" ({h.cmd[:40]})" if h.cmd else "") for h in g.holders)
-        gib = f"{(g.excess_bytes or 0) / (1 << 30):.1f} GiB" if g.excess_bytes else "memory"
-        parts.append(f"GPU {g.label} still holds {gib}" + (f": {who}" if who else ""))
-    return "; ".join(parts) or None
 
 
 def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause, list[Action]]:

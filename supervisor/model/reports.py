@@ -302,6 +302,17 @@ class StopReport:
         """The GPUs this stop found still held (not those it could not check)."""
         return [g for g in self.gpus if not g.ok and g.error is None]
 
+    def held_line(self) -> str | None:
+        """The GPUs this stop found still held, each with what holds it (None: none)."""
+        parts = []
+        for g in self.held_gpus:
+            who = ", ".join(
+                f"pid {h.pid}" + (f" ({h.cmd[:40]})" if h.cmd else "") for h in g.holders
+            )
+            gib = f"{(g.excess_bytes or 0) / (1 << 30):.1f} GiB" if g.excess_bytes else "memory"
+            parts.append(f"GPU {g.label} still holds {gib}" + (f": {who}" if who else ""))
+        return "; ".join(parts) or None
+
     @property
     def unverified_gpus(self) -> list[GpuRelease]:
         """The GPUs whose release could not be checked (the driver could not say)."""
