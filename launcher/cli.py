@@ -7,20 +7,32 @@ the fast path in ``main.py`` calls; errors end in ``exitcodes.exit_for_exception
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from trainctl.supervisor.errors import ConfigError
 from trainctl.supervisor.model.spec import BACKENDS
 
-from . import __version__, verbs
+from . import __version__, options, verbs
 from .exitcodes import ExitCode, exit_for_exception
 from .inputs import closest
 from .verbs import Invocation
 
 pass_ctx = click.make_pass_decorator(Invocation)
-json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(o: options.Opt, help: str | None = None) -> Callable[[F], F]:
+    """The click declaration of a table option (``options.py``): the fast path parses
+    the same one. ``help``: a verb's own words for it (start's grace is the default)."""
+    if o.takes_value:
+        return click.option(*o.flags, o.dest, metavar=o.metavar, help=help or o.help)
+    return click.option(*o.flags, o.dest, is_flag=True, help=help or o.help)
+
+
+json_opt = option(options.JSON)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,10 +86,9 @@ def cli(ctx: click.Context, host: str | None, home: str | None) -> None:
     metavar="KEY=VAL",
     help="Extra environment variable (repeatable).",
 )
-@click.option(
-    "--grace",
-    metavar="DURATION",
-    help="Seconds between stop signal and SIGKILL [default from config].",
+@option(
+    options.GRACE,
+    help="Seconds (or 90s, 2m, 1h) between `stop`'s signal and SIGKILL [default from config].",
 )
 @click.option(
     "--stop-signal", metavar="SIG", help="First signal of `stop`: TERM, INT, ... [default TERM]."
@@ -273,16 +284,9 @@ def _refuse_unknown_option(argv: tuple[str, ...]) -> None:
 @click.argument("names", nargs=-1, metavar="NAME...")
 @click.option("--all", "every", is_flag=True, help="Stop every live job of the home.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stop --all.")
-@click.option("--grace", metavar="DURATION", help="Override the job's grace period.")
-@click.option(
-    "--order",
-    metavar="ORDER",
-    help="Who gets the stop signal when: tree (top of the process tree first, a child once "
-    "its parent exited; launchers such as torchrun are skipped for their workers), all "
-    "(everyone at once), main (main, then the rest once it exited) [default: the job's "
-    "stop_order, else tree].",
-)
-@click.option("--main-only", is_flag=True, help="The same as --order main.")
+@option(options.GRACE)
+@option(options.ORDER)
+@option(options.MAIN_ONLY)
 @click.option(
     "--gpu-timeout",
     metavar="DURATION",
@@ -345,7 +349,7 @@ def stop(
 
 @cli.command()
 @click.argument("name")
-@click.option("--grace", metavar="DURATION", help="Override the job's grace period.")
+@option(options.GRACE)
 @click.option(
     "--health",
     metavar="DURATION",
@@ -465,7 +469,7 @@ def restart(
     show_default=True,
     help="How long to wait for the checkpoint; none within it: nothing is stopped.",
 )
-@click.option("--grace", metavar="DURATION", help="Override the job's grace for the stop.")
+@option(options.GRACE)
 @click.option(
     "--rolling", is_flag=True, help="Several jobs, one at a time; stop at the first failure."
 )

@@ -31,7 +31,10 @@ import _socket  # the C module: `socket` itself imports enum and selectors (~4 m
 import os
 import sys
 
-from trainctl.launcher import durations  # the one grammar of a duration (no import)
+from trainctl.launcher import (
+    durations,  # the one grammar of a duration (no import)
+    options,  # the fast shapes' options, as click declares them (no import)
+)
 from trainctl.supervisor.model import (
     layout,  # plain strings: the job layout, spelt once
     wire,  # the requests' one encoder (no import)
@@ -192,34 +195,18 @@ def unclaimed() -> list[tuple[str, _socket.socket]]:
 
 
 def _parse(argv: list[str]) -> tuple[str | None, str, str | None, float | None] | None:
-    home = None
-    if argv[:1] == ["--home"] and len(argv) >= 2:
-        home, argv = argv[1], argv[2:]
-        if not home:
-            return None  # an empty --home is refused by the verb, never read as the default
-    if len(argv) < 2 or argv[0] != "stop" or argv[1].startswith("-"):
+    line = options.parse_fast(argv, ("stop",))  # the fast path's one parser, click's table
+    if line is None:
         return None
-    name, rest = argv[1], argv[2:]
-    order: str | None = None
+    home, name, given = line.home, line.name, line.given
+    order = given.get("order")
+    if order is not None and order not in _ORDERS:
+        return None
+    order = str(order) if order is not None else None
     grace_s: float | None = None
-    main_only = False
-    seen: set[str] = set()
-    while rest:
-        arg = rest.pop(0)
-        if arg in seen:
-            return None
-        seen.add(arg)
-        if arg == "--json":
-            continue
-        if arg == "--main-only":
-            main_only = True
-        elif arg == "--order" and rest and rest[0] in _ORDERS:
-            order = rest.pop(0)
-        elif arg == "--grace" and rest and (g := _seconds(rest.pop(0))) is not None:
-            grace_s = g
-        else:
-            return None
-    if main_only:
+    if "grace" in given and (grace_s := _seconds(str(given["grace"]))) is None:
+        return None
+    if given.get("main_only"):
         if order not in (None, "main"):
             return None  # a contradiction: the verb says so
         order = "main"

@@ -5,10 +5,11 @@
 ~20 ms to import on these machines. The simple shapes
 
     [--home DIR] status NAME [--json]
-    [--home DIR] stop NAME [--json] [--main-only] [--grace SECONDS] [--order ORDER]
+    [--home DIR] stop NAME [--json] [--main-only] [--grace DURATION] [--order ORDER]
 
-are therefore parsed here by hand and handed to the same verb ``run()`` that click's
-callback calls. Every other command line, including any help, typo or unusual spelling,
+are therefore parsed here from the option table click's declarations are built from
+(``options.py``), and handed to the same verb ``run()`` that click's callback
+calls. Every other command line, including any help, typo or unusual spelling,
 goes through click unchanged. Both end every error in ``exitcodes.exit_for_exception``,
 and both write through ``output``'s stdout, which a closed pipe cannot break.
 """
@@ -19,67 +20,23 @@ import os
 import sys
 
 from trainctl.supervisor.errors import TrainctlError
-from trainctl.supervisor.records import record
 
 from . import early, output, verbs
 from .exitcodes import ExitCode, exit_for_exception
 from .globalopts import global_options_end
-
-_FLAGS = {"status": {"--json"}, "stop": {"--json", "--main-only"}}
-_VALUED = {"status": set(), "stop": {"--grace", "--order"}}
+from .options import FastLine, parse_fast
 
 
-@record(frozen=True)
-class FastCall:
-    """A command line the fast path can serve."""
-
-    verb: str
-    name: str
-    home: str | None
-    flags: frozenset[str]
-    values: dict[str, str]
-
-
-def parse(argv: list[str]) -> FastCall | None:
+def parse(argv: list[str]) -> FastLine | None:
     """Return the parsed call, or None to let click handle the command line."""
-    home = None
-    if argv[:1] == ["--home"] and len(argv) >= 2:
-        home, argv = argv[1], argv[2:]
-        if not home:
-            return None  # click refuses the empty value in its one line
-    if len(argv) < 2 or argv[0] not in _FLAGS or argv[1].startswith("-"):
-        return None
-    verb, name, rest = argv[0], argv[1], argv[2:]
-    flags: set[str] = set()
-    values: dict[str, str] = {}
-    while rest:
-        arg = rest.pop(0)
-        if arg in _FLAGS[verb] and arg not in flags:
-            flags.add(arg)
-        elif arg in _VALUED[verb] and arg not in values and rest:
-            values[arg] = rest.pop(0)
-        else:
-            return None
-    return FastCall(verb, name, home, frozenset(flags), values)
+    return parse_fast(argv)
 
 
-def run_fast(call: FastCall) -> int:
+def run_fast(call: FastLine) -> int:
     """Run a parsed call through the verb's own ``run()``, exactly as click would."""
     inv = verbs.Invocation(call.home)
-    as_json = "--json" in call.flags
     try:
-        if call.verb == "status":
-            return int(verbs.load("status").run(inv, call.name, as_json=as_json))
-        return int(
-            verbs.load("stop").run(
-                inv,
-                call.name,
-                grace=call.values.get("--grace"),
-                order=call.values.get("--order"),
-                main_only="--main-only" in call.flags,
-                as_json=as_json,
-            )
-        )
+        return int(verbs.load(call.verb).run(inv, call.name, **call.given))
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (every error: the one mapping)
         return exit_for_exception(e)
 

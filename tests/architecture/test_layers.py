@@ -22,7 +22,9 @@ LAUNCHER = ROOT / "launcher"
 
 # Bottom to top (docs/design.md, "The layers of launcher/", draws the same picture).
 LAYERS: list[tuple[str, set[str]]] = [
-    ("records", {"results", "durations"}),  # durations: the one grammar of a duration
+    # durations: the one grammar of a duration; options: the table click and the fast
+    # path (main.py, early.py) both build from
+    ("records", {"results", "durations", "options"}),
     (
         "leaves",
         {
@@ -267,6 +269,7 @@ def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
         "trainctl.supervisor.model.layout",  # plain strings: the job layout
         "trainctl.supervisor.model.wire",  # the requests' one encoder, no import (issue 55)
         "trainctl.launcher.durations",  # the one grammar of a duration, no import (issue 55)
+        "trainctl.launcher.options",  # the option table click and the fast path share
     }
     assert new <= allowed, sorted(new - allowed)
 
