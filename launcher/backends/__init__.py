@@ -123,6 +123,19 @@ class Backend(Protocol):
         supervisor, a queued start that failed): the backend's one writer on this side
         (tests/architecture: the named writers of state.json)."""
 
+    def watch_run(self, jdir: Path, run: int) -> RunWatch:
+        """A watch on run ``run`` that says when it ended or was relaunched, the backend's
+        own way (its supervisor's events; the scheduler): never by reading state.json
+        again and again (issue 55: no module of launcher/ polls it)."""
+
+
+class RunWatch(Protocol):
+    """A watch on one run (``Backend.watch_run``)."""
+
+    def over(self) -> bool:
+        """The run has ended, or its job has moved on to a later run (cheap: call it
+        every few tens of ms)."""
+
 
 _MODULES = {"local": "local", "slurm": "slurm"}
 _LOADED: dict[str, Backend] = {}

@@ -545,18 +545,23 @@ def watch_health(home: Path, name: str, run: int, window_s: float) -> Health:
     dies in the first second, long before anyone looks at `status`.
     """
     jdir = existing_job(home, name)
+    if not _ends_within(jdir, run, window_s, HEALTH_POLL_S):
+        return Health(window_s)
+    st = state.read_state(jdir)  # once, for how it ended
+    lines = hooks.last_lines(state.log_path(jdir, run), 10)
+    relaunched = any(e.run == run for e in st.restart_history)
+    if st.run > run and not relaunched:  # not the restart policy: a later restart
+        return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
+    return Health(window_s, died=True, cause=st.cause, last_lines=lines)
 
-    def ended() -> Health | None:
-        st = state.read_state(jdir)
-        if st.run == run and not st.phase.ended and st.restart_at is None:
-            return None
-        lines = hooks.last_lines(state.log_path(jdir, run), 10)
-        relaunched = any(e.run == run for e in st.restart_history)
-        if st.run > run and not relaunched:  # not the restart policy: a later restart
-            return Health(window_s, died=True, superseded_by=st.run, last_lines=lines)
-        return Health(window_s, died=True, cause=st.cause, last_lines=lines)
 
-    return poll_until(ended, window_s, HEALTH_POLL_S) or Health(window_s)
+def _ends_within(jdir: Path, run: int, within_s: float, every_s: float) -> bool:
+    """Whether run ``run`` ends (or is relaunched) within ``within_s``, as its backend's
+    watch says (the supervisor's events; the scheduler): state.json is not polled."""
+    watch = backends.of(state.read_state(jdir)).watch_run(jdir, run)
+    if within_s <= 0:
+        return watch.over()
+    return poll_until(lambda: True if watch.over() else None, within_s, every_s) is not None
 
 
 # How long `start` watches a new run before it returns (--no-wait: not at all). A command
@@ -580,17 +585,9 @@ def ended_at_once(home: Path, name: str, run: int, within_s: float) -> EndedAtOn
     A run the restart policy is about to start again counts as ended ("restarting"):
     the user still learns at once that their command fails."""
     jdir = state.job_dir(home, name)
-
-    def ended() -> state.JobState | None:
-        st = state.read_state(jdir)
-        if st.run != run:
-            return st  # already restarted: run N+1 exists
-        done = current_phase(jdir, st).ended or st.restart_at is not None
-        return st if done else None
-
-    st = poll_until(ended, within_s, 0.05) if within_s > 0 else ended()
-    if st is None:
+    if not _ends_within(jdir, run, within_s, 0.05):
         return None
+    st = state.read_state(jdir)  # once, for how it ended
     restarting = st.run != run or st.restart_at is not None
     phase = "restarting" if restarting else str(current_phase(jdir, st))
     cause = st.cause.summary if st.cause is not None else f"exit code {st.exit_code}"

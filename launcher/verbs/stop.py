@@ -7,13 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainctl.launcher import render
+from trainctl.launcher import backends, render
 from trainctl.launcher.checkpoint import newest_checkpoint, save_cadence, wait_next_save
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import confirm, parse_duration, parse_seconds
 from trainctl.launcher.live import run_with_feedback, run_with_ticker
 from trainctl.launcher.ops import queue
-from trainctl.launcher.ops.jobs import current_phase, live_jobs
+from trainctl.launcher.ops.jobs import live_jobs
 from trainctl.launcher.ops.plan import plan_stop
 from trainctl.launcher.ops.stop import (
     ask_checkpoint,
@@ -115,21 +115,13 @@ def _await_next_save(
     (a trainer with no handler that saves every N steps loses no step), then go at once.
     A Ctrl-C meanwhile ends the command and changes nothing (no signal was sent)."""
     jdir = job_dir(inv.home, name)
-    run_no = state.read_state(jdir).run
+    st = state.read_state(jdir)
+    run_no = st.run
     asked_at, t0 = time.time(), time.monotonic()
-
-    asked_backend = [0.0]
+    watch = backends.of(st).watch_run(jdir, run_no)  # its end, the backend's way
 
     def running() -> bool:
-        """The run is on: its record every poll, its backend (a scheduler query on Slurm)
-        once a second."""
-        st = state.read_state(jdir)
-        if st.run != run_no or st.phase.ended:
-            return False
-        if time.monotonic() - asked_backend[0] < 1.0:
-            return True
-        asked_backend[0] = time.monotonic()
-        return not current_phase(jdir, st).ended
+        return not watch.over()
 
     def waiting() -> str:
         return _waiting_line(spec, t0, timeout_s, jdir, run_no)

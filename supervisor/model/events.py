@@ -385,6 +385,33 @@ def read_typed(jdir: Path) -> list[Event]:
     return [ev for doc in read_events(jdir) if (ev := typed(doc)) is not None]
 
 
+class Follow:
+    """The typed events appended to a job's log from the moment this is made: each look
+    reads only what was appended since the last one (whole lines; a line still being
+    written waits for the next look). How the CLI follows a run without reading
+    state.json over and over (issue 55)."""
+
+    def __init__(self, jdir: Path) -> None:
+        self.path = path(jdir)
+        try:
+            self.offset = os.stat(self.path).st_size
+        except OSError:
+            self.offset = 0
+        self.partial = b""
+
+    def new(self) -> list[Event]:
+        """The typed events appended since the last look, oldest first."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [ev for line in lines if (doc := _decode(line)) and (ev := typed(doc))]
+
+
 def newest_typed(jdir: Path, nbytes: int) -> Iterator[Event]:
     """The typed events in the log's last ``nbytes``, newest first."""
     for doc in newest_first(jdir, nbytes):

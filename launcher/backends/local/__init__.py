@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
+from trainctl.launcher.backends import (
+    Asked,
+    Capabilities,
+    RunWatch,
+    StartRequest,
+    StopRequest,
+)
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.supervisor.errors import (
@@ -25,7 +31,7 @@ from trainctl.supervisor.errors import (
     StateError,
 )
 from trainctl.supervisor.linux import procfs
-from trainctl.supervisor.model import control, state
+from trainctl.supervisor.model import control, events, state
 from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.model.state import JobState
 from trainctl.supervisor.tree.proctree import alive, scan, target_of
@@ -34,6 +40,29 @@ from .record import record
 
 if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
     from trainctl.launcher.specfile import SpecDraft
+
+
+class _EventWatch:
+    """A local run followed by its supervisor's events (``events.Follow``): over at its
+    ``ended`` or ``restart_scheduled`` event, or a later run's ``started``. state.json is
+    read once, after the follow began, for a run that ended before it. A supervisor that
+    dies writes nothing more: its run is lost, not over (as `status` says), and the
+    watch's caller waits out its time."""
+
+    def __init__(self, jdir: Path, run: int) -> None:
+        self.run = run
+        self.follow = events.Follow(jdir)  # first: nothing after this look is missed
+        st = state.read_state(jdir)
+        self.done = st.run != run or st.phase.ended or st.restart_at is not None
+
+    def over(self) -> bool:
+        if self.done:
+            return True
+        for ev in self.follow.new():
+            ours = isinstance(ev, events.Ended | events.RestartScheduled) and ev.run == self.run
+            later = isinstance(ev, events.Started) and ev.run > self.run
+            self.done = self.done or ours or later
+        return self.done
 
 
 class Local:
@@ -55,6 +84,11 @@ class Local:
         """The recorded phase, or LOST when the supervisor of a live run is gone."""
         phase = state.effective_phase(jdir, st)
         return Seen(phase, st.exit_code, st.mode, ended=phase.ended)
+
+    def watch_run(self, jdir: Path, run: int) -> RunWatch:
+        """The run's supervisor's events (its end, a relaunch, a later run's start), and
+        its lock (a supervisor that died says nothing more)."""
+        return _EventWatch(jdir, run)
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """Nothing beyond the supervisor and member checks every backend gets."""

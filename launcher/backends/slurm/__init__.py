@@ -13,7 +13,13 @@ import socket
 import time
 from pathlib import Path
 
-from trainctl.launcher.backends import Asked, Capabilities, StartRequest, StopRequest
+from trainctl.launcher.backends import (
+    Asked,
+    Capabilities,
+    RunWatch,
+    StartRequest,
+    StopRequest,
+)
 from trainctl.launcher.checkpoint import wait_new_checkpoint
 from trainctl.launcher.results import (
     Checkpoint,
@@ -205,6 +211,26 @@ def _wait_left_queue(st: JobState, timeout_s: float) -> bool:
     return left is True
 
 
+class _SlurmWatch:
+    """A Slurm run, watched by asking the scheduler (``Slurm.seen``) at most once a second:
+    state.json is read once, for the job's id."""
+
+    ASK_EVERY_S = 1.0
+
+    def __init__(self, backend: Slurm, jdir: Path, run: int) -> None:
+        self.backend, self.jdir, self.run = backend, jdir, run
+        self.st = state.read_state(jdir)
+        self.done = self.st.run != run or self.st.phase.ended
+        self.asked = -self.ASK_EVERY_S
+
+    def over(self) -> bool:
+        if self.done or time.monotonic() - self.asked < self.ASK_EVERY_S:
+            return self.done
+        self.asked = time.monotonic()
+        self.done = self.backend.seen(self.jdir, self.st).ended
+        return self.done
+
+
 class Slurm:
     """In a Slurm allocation: sbatch submits, a node agent supervises on each node."""
 
@@ -269,6 +295,10 @@ class Slurm:
             members=count,
             processes=rows,
         )
+
+    def watch_run(self, jdir: Path, run: int) -> RunWatch:
+        """Slurm's verdict (``seen``), asked at most once a second."""
+        return _SlurmWatch(self, jdir, run)
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """The name is busy while Slurm still queues or runs the job."""
