@@ -34,7 +34,7 @@ def plain(v: float) -> str:
 
 @record(frozen=True)
 class Series:
-    """One line: its name and its (time, value) points, oldest first."""
+    """One line: its name and its (x, value) points in x's order (x: a time, or a step)."""
 
     label: str
     points: Sequence[tuple[float, float]]
@@ -60,6 +60,16 @@ class Chart:
     y_max: float | None = None  # a cap to draw against (memory_max): a dashed line
     from_zero: bool = True  # False: the axis spans the values (a loss curve)
     reach: float | None = None  # the axis goes at least this high (100 for a percentage)
+    x: str = "time"  # what the x of each point is: "time" (epoch seconds) or "step"
+    log_y: bool = False  # a log scale (a loss), when every value is above zero
+
+    def x_label(self, v: float, span: float) -> str:
+        """An x value as an axis or a hover says it: a time, or a step."""
+        return when(v, span) if self.x == "time" else f"step {plain(v)}"
+
+    def logged(self) -> bool:
+        """Whether the y axis is drawn on a log scale: asked for, and possible."""
+        return self.log_y and all(p[1] > 0 for s in self.series for p in s.points)
 
 
 HOVER_POINTS = 120  # per series: each a <title> with its time and value
@@ -119,15 +129,18 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
     if t1 <= t0:
         t1 = t0 + 1
     tops = [v for v in (chart.y_max, chart.reach) if v is not None]
-    lo, hi = _span([p[1] for p in pts] + tops, chart.from_zero, None)
+    scale = math.log10 if chart.logged() else float  # a loss falls by decades: log
+    lo, hi = _span([scale(p[1]) for p in pts] + [scale(v) for v in tops],
+                   chart.from_zero and not chart.logged(), None)  # fmt: skip
 
     def x(t: float) -> float:
         return PAD_LEFT + (t - t0) / (t1 - t0) * plot_w
 
     def y(v: float) -> float:
-        return PAD_TOP + plot_h - (v - lo) / (hi - lo) * plot_h
+        return PAD_TOP + plot_h - (scale(v) - lo) / (hi - lo) * plot_h
 
-    out = [head, _axes(chart, t0, t1, lo, hi, x, y, width, height)]
+    unscale = (lambda v: 10**v) if chart.logged() else float
+    out = [head, _axes(chart, t0, t1, unscale(lo), unscale(hi), x, y, width, height)]
     out.append(_marks(chart, t0, t1, x, y, plot_w, plot_h))
     for i, s in enumerate(chart.series):
         drawn = thin(s.points, t0, t1, plot_w)
@@ -139,6 +152,9 @@ def render(chart: Chart, width: int = 720, height: int = 180) -> str:
             f'points="{coords}"><title>{html.escape(s.label)}</title></polyline>'
         )
         out.append(_hover(chart, s.label, drawn, x, y, t1 - t0))
+    if chart.logged():
+        out.append(f'<text class="tick" x="{width - PAD_RIGHT}" y="{height - 8}" '
+                   'text-anchor="end" dy="-12">log scale</text>')  # fmt: skip
     out.append(_legend(chart, width))
     out.append("</svg>")
     return "".join(out)
@@ -184,7 +200,8 @@ def _hover(
     name = html.escape(label)
     return "".join(
         f'<circle class="hover" cx="{x(t):.1f}" cy="{y(v):.1f}" r="4">'
-        f"<title>{name} {html.escape(when(t, span_s))}: {html.escape(chart.fmt(v))}</title>"
+        f"<title>{name} {html.escape(chart.x_label(t, span_s))}: {html.escape(chart.fmt(v))}"
+        "</title>"
         f"</circle>"
         for t, v in drawn[::step]
         if math.isfinite(v)
@@ -203,7 +220,8 @@ def _axes(
     height: int,
 ) -> str:
     parts = []
-    for v in (lo, (lo + hi) / 2, hi):
+    mid = math.sqrt(lo * hi) if chart.logged() else (lo + hi) / 2  # halfway up the axis
+    for v in (lo, mid, hi):
         parts.append(
             f'<line class="grid" x1="{PAD_LEFT}" x2="{width - PAD_RIGHT}" y1="{y(v):.1f}" '
             f'y2="{y(v):.1f}"/><text class="tick" x="{PAD_LEFT - 4}" y="{y(v) + 4:.1f}" '
@@ -212,7 +230,7 @@ def _axes(
     for t, anchor in ((t0, "start"), ((t0 + t1) / 2, "middle"), (t1, "end")):
         parts.append(
             f'<text class="tick" x="{x(t):.1f}" y="{height - 8}" text-anchor="{anchor}">'
-            f"{html.escape(when(t, t1 - t0))}</text>"
+            f"{html.escape(chart.x_label(t, t1 - t0))}</text>"
         )
     return "".join(parts)
 

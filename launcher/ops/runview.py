@@ -9,22 +9,33 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from trainctl.launcher.results import Skipped, StackReport
-from trainctl.launcher.results.ops import CheckpointFile, LogTail, StopTimeline, TimelineEntry
+from trainctl.launcher.results.ops import (
+    CheckpointFile,
+    LogTail,
+    ProgressPoint,
+    StopTimeline,
+    TimelineEntry,
+)
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import newest_typed
 from trainctl.supervisor.model.reports import StopReport
-from trainctl.supervisor.model.tail import latest_frame, read_end
+from trainctl.supervisor.model.steps import numbers, progress_of
+from trainctl.supervisor.model.tail import latest_frame, read_end, tail_lines
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
 from .stack import add_threads
 
 MAX_CHECKPOINTS = 500  # the newest ones, when a glob matches more
+# a run's progress points: every line of its progress file (a line a step, ~60 bytes, is
+# about 70,000 steps), or the log's lines that match progress_regex, read from the end
+POINTS_BYTES = 4 << 20
 TAIL_BYTES = 64 << 10  # the first look at a log: its end
 EVENTS_BYTES = 1 << 20  # a stop's events are near the end of events.jsonl
 
@@ -63,6 +74,39 @@ def stored_stacks(path: str | None, name: str, run: int) -> StackReport | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return report
+
+
+def progress_points(home: Path, name: str, runs: int = 8) -> list[ProgressPoint]:
+    """Every progress report of the job's last ``runs`` runs, oldest first: the lines of
+    each run's $TRAINCTL_PROGRESS file (a step, and a time when the trainer gave one),
+    else its log's lines that match ``progress_regex`` (no time: the supervisor's samples
+    time those). A run's file is read from its last POINTS_BYTES."""
+    jdir = existing_job(home, name)
+    st = state.read_state(jdir)
+    try:
+        rx = state.read_spec(jdir).watch.progress_regex
+    except TrainctlError:
+        rx = None
+    pattern = re.compile(rx) if rx else None
+    out: list[ProgressPoint] = []
+    for run in range(max(1, st.run - runs + 1), st.run + 1):
+        for line in tail_lines(state.progress_path(jdir, run), POINTS_BYTES):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and (nums := numbers(doc)) is not None:
+                out.append(_point(run, nums))
+        if pattern is not None:
+            for line in tail_lines(state.log_path(jdir, run), POINTS_BYTES):
+                if (nums := progress_of(line, pattern)) is not None:
+                    out.append(_point(run, nums))
+    return out
+
+
+def _point(run: int, nums: dict[str, float]) -> ProgressPoint:
+    values = {k: v for k, v in nums.items() if k not in ("step", "t")}
+    return ProgressPoint(run, nums["step"], nums.get("t"), values)
 
 
 def checkpoints(home: Path, name: str) -> list[CheckpointFile]:

@@ -88,17 +88,20 @@ def deploy_report(r: DeployReport) -> Said:
     return Said(err="\n".join(err))
 
 
-def goodput(g: Goodput) -> str:
-    """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
-    o: list[str] = []
+def goodput_line(g: Goodput) -> str:
+    """A job's goodput in one line (`report`'s first, the web page's `goodput` row)."""
     state = "running" if g.running else "ended"
     if g.goodput is None:
-        o.append(f"{g.name}: {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}")
-    else:
-        o.append(
-            f"{g.name}: goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} "
-            f"of {duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
-        )
+        return f"{duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
+    return (
+        f"goodput {g.goodput:.2f}: productive {duration(g.productive_s or 0.0)} of "
+        f"{duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
+    )
+
+
+def goodput(g: Goodput) -> str:
+    """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
+    o: list[str] = [f"{g.name}: {goodput_line(g)}"]
     if g.stopped_s >= 0.05:  # not lost: out of the goodput's denominator
         o.append(f"  stopped   by you {duration(g.stopped_s)} (not counted against it)")
     lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]

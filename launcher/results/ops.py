@@ -200,6 +200,17 @@ class HostAnswer:
 
 
 @record(frozen=True)
+class ProgressPoint:
+    """One progress report of a run, as the trainer wrote it (every line, not a sample):
+    its step, its time when it said one, and its other numbers (loss, lr, ...)."""
+
+    run: int
+    step: float
+    t: float | None
+    values: dict[str, float]
+
+
+@record(frozen=True)
 class CheckpointFile:
     """One checkpoint on disk, for the job page's time axis."""
 

@@ -36,7 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from trainctl.launcher import render
-from trainctl.launcher.ops import runview
+from trainctl.launcher.ops import goodput, runview
 from trainctl.launcher.ops.history import job_history
 from trainctl.launcher.ops.status import all_statuses, job_status
 from trainctl.launcher.results import StackReport, Status
@@ -204,7 +204,8 @@ class _Web:
         ckpts = runview.checkpoints(self.cfg.home, name)
         history = job_history(self.cfg.home, name)
         samples = runview.job_samples(self.cfg.home, name)  # every run, boundaries marked
-        return pages.chart_set(samples, ckpts, s, history), ckpts, history
+        points = runview.progress_points(self.cfg.home, name)  # every point the trainer wrote
+        return pages.chart_set(samples, points, ckpts, s, history), ckpts, history
 
     def _job_page(self, name: str) -> Response:
         s = job_status(self.cfg.home, name)
@@ -217,7 +218,10 @@ class _Web:
             )
             if (report := runview.stored_stacks(path, name, s.run)) is not None
         ]
-        html = pages.job_page(s, charts, ckpts, history, stacks, self.cfg.allowed, self.cfg.token)
+        line = render.goodput_line(goodput.report(self.cfg.home, name))
+        html = pages.job_page(
+            s, charts, ckpts, history, stacks, self.cfg.allowed, self.cfg.token, goodput=line
+        )
         return HTMLResponse(html)
 
     async def charts(self, request: Request) -> Response:

@@ -10,7 +10,12 @@ from typing import TypedDict
 
 from trainctl.launcher import charts, render
 from trainctl.launcher.results import Status
-from trainctl.launcher.results.ops import CheckpointFile, HistoryRow, StopTimeline
+from trainctl.launcher.results.ops import (
+    CheckpointFile,
+    HistoryRow,
+    ProgressPoint,
+    StopTimeline,
+)
 from trainctl.supervisor.watch.samples import Sample
 
 ACTIONS = ("stop", "restart", "deploy")
@@ -122,7 +127,11 @@ def _keyed(samples: list[Sample], section: str, key: str) -> list[tuple[float, f
 
 
 def chart_set(
-    samples: list[Sample], ckpts: list[CheckpointFile], status: Status, history: list[HistoryRow]
+    samples: list[Sample],
+    points: list[ProgressPoint],
+    ckpts: list[CheckpointFile],
+    status: Status,
+    history: list[HistoryRow],
 ) -> str:
     """The job's charts: progress, GPU memory and utilisation per GPU, job memory and CPU."""
     marks = [charts.Marker(c.at, f"checkpoint {c.path}", "checkpoint") for c in ckpts]
@@ -132,7 +141,7 @@ def chart_set(
         if r.started_at is not None and r.run > 1
     ]
     cap = status.memory.max_bytes if status.memory is not None else None
-    out = [*_progress_charts(samples, marks), *_gpu_charts(samples, marks)]
+    out = [*_progress_charts(samples, points, marks), *_gpu_charts(samples, marks)]
     out.append(
         charts.Chart(
             "job memory" + (" (against its cap)" if cap else ""),
@@ -152,18 +161,41 @@ def chart_set(
     return "".join(charts.render(c) for c in out)
 
 
-def _progress_charts(samples: list[Sample], marks: list[charts.Marker]) -> list[charts.Chart]:
-    """Step, then up to four other numbers the job reports (loss, ...), each its own axis."""
-    # `t` is a progress line's time (trainer.report writes it), not a number to chart
-    keys = sorted({k for s in samples for k in s.progress if k not in ("step", "t")})[:4]
+def _progress_charts(
+    samples: list[Sample], points: list[ProgressPoint], marks: list[charts.Marker]
+) -> list[charts.Chart]:
+    """The step over time, then up to four other numbers the job reports (loss, ...),
+    each against the step and against the time. From every point the trainer wrote (its
+    progress file, or the log lines progress_regex matches), not the supervisor's samples
+    (one each ~10 s), which serve only where a point has no time. A line a run against
+    the step: a run that resumed behind its predecessor redoes steps, and shows it. A
+    loss is drawn on a log scale."""
+    timed = [p for p in points if p.t is not None]
+    steps = [(p.t, p.step) for p in timed if p.t is not None]
     out = [
         charts.Chart(
-            "step", [charts.Series("step", _keyed(samples, "progress", "step"))], markers=marks
+            "step",
+            [charts.Series("step", steps or _keyed(samples, "progress", "step"))],
+            markers=marks,
         )
     ]
-    for k in keys:
-        series = [charts.Series(k, _keyed(samples, "progress", k))]
-        out.append(charts.Chart(k, series, from_zero=False, markers=marks))
+    # `t` is a progress line's time (trainer.report writes it), not a number to chart
+    sampled = {k for s in samples for k in s.progress if k not in ("step", "t")}
+    for k in sorted({k for p in points for k in p.values} or sampled)[:4]:
+        log = "loss" in k.lower()
+        by_run: dict[int, list[tuple[float, float]]] = {}
+        for p in points:
+            if k in p.values:
+                by_run.setdefault(p.run, []).append((p.step, p.values[k]))
+        if by_run:
+            lines = [charts.Series(f"run {r}" if len(by_run) > 1 else k, xs)
+                     for r, xs in sorted(by_run.items())]  # fmt: skip
+            out.append(charts.Chart(f"{k} by step", lines, from_zero=False, x="step", log_y=log))
+        by_time = [(p.t, p.values[k]) for p in timed if p.t is not None and k in p.values]
+        series = [charts.Series(k, by_time or _keyed(samples, "progress", k))]
+        out.append(
+            charts.Chart(f"{k} over time", series, from_zero=False, markers=marks, log_y=log)
+        )
     return out
 
 
@@ -207,8 +239,10 @@ def job_page(
     stacks: list[tuple[str, str]],
     allowed: frozenset[str],
     token: str,
+    goodput: str | None = None,
 ) -> str:
-    """One job: status, charts, checkpoints, causes and restarts, deploys, log tail, stacks."""
+    """One job: status, charts, checkpoints, causes and restarts, deploys, log tail, stacks;
+    ``goodput``: `trainctl report`'s first line."""
     p = s.progress
     body = [
         "<p><a href='/'>← jobs</a></p>",
@@ -228,6 +262,7 @@ def job_page(
                     else f"{p.step:g}" + (f" / {p.total_steps}" if p.total_steps else ""),
                 ),
                 ("ETA", duration(p.eta_s) if p is not None else None),
+                ("goodput", goodput),
                 ("cause", s.cause.summary if s.cause else None),
                 ("command", " ".join(s.argv)),
                 ("log", s.log),

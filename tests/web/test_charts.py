@@ -47,6 +47,31 @@ def test_svg_has_its_points_markers_cap_and_escaped_labels() -> None:
     assert "no samples yet" in empty
 
 
+def test_a_loss_on_a_log_scale_against_the_step() -> None:
+    """issue 56 §5: a loss falling by decades gets a log axis (its middle tick is the
+    geometric mean), and a chart against the step says steps, not times."""
+    loss = [(float(s), 10.0 / (1 + s)) for s in range(0, 1000)]  # 10 down to 0.01
+    svg = charts.render(charts.Chart("loss by step", [charts.Series("loss", loss)],
+                                     from_zero=False, x="step", log_y=True))  # fmt: skip
+    ticks = re.findall(r'class="tick"[^>]*>([^<]+)<', svg)
+    assert ticks[:3] == ["0.01", "0.3162", "10"], ticks  # sqrt(0.01 * 10)
+    assert "step 0" in ticks
+    assert "step 999" in ticks
+    assert "log scale" in ticks
+    hovers = re.findall(r'<circle class="hover"[^>]*><title>([^<]+)</title>', svg)
+    assert hovers[0] == "loss step 0: 10", hovers[0]
+    # decades get equal heights: at step 20 (loss 0.48, 5% of the top value) the line is
+    # still above the middle, where a linear axis would have it near the bottom
+    drawn = re.search(r' points="([^"]+)"', svg)
+    assert drawn is not None
+    ys = [float(p.split(",")[1]) for p in drawn.group(1).split()]
+    assert ys[20] < (ys[0] + ys[-1]) / 2
+    # a value at or below zero: a log axis cannot show it, the chart stays linear
+    flat = charts.Chart("x", [charts.Series("x", [(0.0, 0.0), (1.0, 2.0)])], log_y=True)
+    assert not flat.logged()
+    assert "log scale" not in charts.render(flat)
+
+
 def test_the_timelines_verdict_is_the_stops_own() -> None:
     """The page says what `stop` says: held or unverified GPUs and unproven stops too."""
     held = StopReport(ok=True, total_s=1.5, gpus=[GpuRelease(index=3, ok=False)])

@@ -316,7 +316,10 @@ def test_the_stop_button_when_allowed(harness: Harness) -> None:
 
 def test_the_charts_cover_every_run_and_leave_out_the_time_field(harness: Harness) -> None:
     """issue 44 §12: every run of the job is charted (its boundaries marked), and a
-    progress line's reserved `t` is not charted as a number."""
+    progress line's reserved `t` is not charted as a number. issue 56 §5: the loss is
+    charted from every point the trainer wrote (not the supervisor's ~0.2 s samples),
+    against the step (a line a run) and the time, on a log scale; the page says the
+    job's goodput."""
     h = harness
     log1 = start_trainer(h)
     # this trainer counts from step 1 at every start: started over on purpose, or the
@@ -324,14 +327,26 @@ def test_the_charts_cover_every_run_and_leave_out_the_time_field(harness: Harnes
     h.tc("restart", "train", "--from-scratch", "--json", check=True)
     log2 = log1.with_name("run-2.log")
     wait_for(lambda: len(read_series(log2)) >= 3, 30, "run 2's samples")
+    # every progress line of both runs (those written by now, at least): the trainer
+    # writes one each 0.05 s, the supervisor samples each 0.2 s, so they outnumber them
+    lines = sum(len(p.read_text().splitlines()) for p in log1.parent.glob("*.progress.jsonl"))
     with serve(h) as server:
         status, _, body = server.request("GET", "/jobs/train/charts")
+        page = server.request("GET", "/jobs/train")[2].decode()
     assert status == 200
     svg = body.decode()
-    assert 'aria-label="loss"' in svg
-    assert 'aria-label="t"' not in svg
+    assert 'aria-label="loss by step"' in svg
+    assert 'aria-label="loss over time"' in svg
+    assert 'aria-label="t' not in svg
     assert "run 2: " in svg  # the boundary, marked
     [step_points] = re.findall(r'aria-label="step".*?data-points="(\d+)"', svg)
     both = len(read_series(log1)) + len(read_series(log2))
     assert int(step_points) >= both - 2, (step_points, both)  # run 1's samples too
+    by_step = re.search(r'aria-label="loss by step">(.*?)</svg>', svg)
+    assert by_step is not None
+    drawn = [int(n) for n in re.findall(r'data-points="(\d+)"', by_step.group(1))]
+    assert len(drawn) == 2, drawn  # a line a run
+    assert sum(drawn) >= min(lines, 1000) > both, (drawn, lines, both)
+    assert "log scale" in by_step.group(1)
+    assert re.search(r"<th>goodput</th><td>[^<]*since its first start, 2 run\(s\)", page), page
     h.tc("stop", "train", check=True)
