@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from trainctl.launcher.checkpoint import newest_checkpoint
-from trainctl.launcher.results.ops import Goodput, Interruption
+from trainctl.launcher.results.ops import Goodput, Interruption, InterruptionParts
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.steps import steps_path, timed_steps
@@ -78,6 +78,9 @@ class _Run:
     by_deploy: bool = False  # a deploy started it
     gpu_fault: bool = False  # it ended on a GPU fault (cause kind "gpu")
     points: list[tuple[float, float]] = field(default_factory=list)
+    acted_at: float | None = None  # trainctl's first move on it (a stall mark, a stop)
+    ended_at: float | None = None  # its end as its supervisor recorded it
+    backoff_s: float = 0.0
 
 
 def _runs(jdir: Path) -> tuple[dict[int, _Run], float, list[tuple[float, float]]]:
@@ -92,6 +95,9 @@ def _runs(jdir: Path) -> tuple[dict[int, _Run], float, list[tuple[float, float]]
             e.cause_kind == "stopped",
             e.by_deploy,
             e.cause_kind == "gpu",
+            acted_at=e.acted_at,
+            ended_at=e.ended_at,
+            backoff_s=e.backoff_s or 0.0,
         )
         for n, e in led.runs.items()
         if e.started_at is not None
@@ -254,6 +260,30 @@ def _interruption(
         cause=r.cause or "?",
         lost_s=round(redone_s + down + restore, 3),
         steps_lost=steps,
+        parts=_parts(r, nxt, end, typical, steps),
+    )
+
+
+def _parts(
+    r: _Run, nxt: _Run | None, end: float, typical: float | None, steps: float
+) -> InterruptionParts | None:
+    """The interruption's timeline cut at each move: run ``r``'s last step, the first
+    move on it (main's exit, a stall mark, a stop's start), its recorded end, the next
+    run's start, its first step. None without progress or a next run that stepped."""
+    if not r.points or typical is None or nxt is None or not nxt.points:
+        return None
+    last = r.points[-1][0]
+    moves = [t for t in (r.acted_at, end) if t is not None and t >= last]
+    acted = min(moves) if moves else end
+    ended = max(acted, r.ended_at if r.ended_at is not None else end)
+    start, first = max(ended, nxt.start), nxt.points[0][0]
+    return InterruptionParts(
+        detect=round(max(0.0, acted - last), 3),
+        stop=round(ended - acted, 3),
+        down=round(start - ended, 3),
+        backoff=round(r.backoff_s, 3),
+        restore=round(max(0.0, first - start), 3),
+        redo=round(steps * typical, 3),
     )
 
 

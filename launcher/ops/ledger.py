@@ -27,6 +27,9 @@ class RunEntry:
     run: int
     started_at: float | None = None
     main_exited_at: float | None = None  # main's exit (goodput's end of the run)
+    # trainctl's first move on the run: the stall watchdog's mark, or a stop's start
+    acted_at: float | None = None
+    backoff_s: float | None = None  # the restart policy's wait before its relaunch
     ended_at: float | None = None  # its end as recorded (ended, or the relaunch's)
     phase: str | None = None  # how it ended: stopped | exited | failed | failed (restarted)...
     cause: str | None = None
@@ -88,6 +91,9 @@ def fold(evs: list[events.Event]) -> RunLedger:
         elif isinstance(ev, events.MainExited):
             if current is not None and led.entry(current).main_exited_at is None:
                 led.entry(current).main_exited_at = ev.ts
+        elif isinstance(ev, events.Stalled | events.Stopping):
+            if current is not None and led.entry(current).acted_at is None:
+                led.entry(current).acted_at = ev.ts
         elif isinstance(ev, events.Ended | events.RestartScheduled):
             run = current if ev.run is None else ev.run
             if run is not None:
@@ -119,6 +125,7 @@ def _ended(e: RunEntry, ev: events.Ended | events.RestartScheduled) -> None:
         e.phase = ev.phase
     else:
         e.phase = "failed (rolled back)" if ev.rollback else "failed (restarted)"
+        e.backoff_s = ev.backoff_s
 
 
 def _deployed(led: RunLedger, ev: events.Deploy) -> None:

@@ -9,7 +9,7 @@ from trainctl.launcher import term
 from trainctl.launcher.inputs import human_duration
 
 if TYPE_CHECKING:
-    from trainctl.launcher.results.ops import DeployPlan, Goodput, HistoryRow
+    from trainctl.launcher.results.ops import DeployPlan, Goodput, HistoryRow, InterruptionParts
     from trainctl.supervisor.model.deploys import DeployReport, DeployStep
 
 
@@ -88,6 +88,15 @@ def deploy_report(r: DeployReport) -> Said:
     return Said(err="\n".join(err))
 
 
+def parts_line(p: InterruptionParts) -> str:
+    """``detect 1.2s, stop 0.4s, down 1.1s (backoff 1.0s), restore 4.1s, redo 2.0s``."""
+    backoff = f" (backoff {duration(p.backoff)})" if p.backoff else ""
+    return (
+        f"detect {duration(p.detect)}, stop {duration(p.stop)}, down {duration(p.down)}"
+        f"{backoff}, restore {duration(p.restore)}, redo {duration(p.redo)}"
+    )
+
+
 def goodput_line(g: Goodput) -> str:
     """A job's goodput in one line (`report`'s first, the web page's `goodput` row)."""
     state = "running" if g.running else "ended"
@@ -115,6 +124,8 @@ def goodput(g: Goodput) -> str:
             f"  run {i.run:<4} {when}  lost {duration(i.lost_s):>8}, {i.steps_lost:g} steps: "
             f"{clean(i.cause)}"
         )
+        if i.parts is not None:
+            o.append(f"{'':<26}{parts_line(i.parts)}")
     if g.needs_progress:
         o.append(
             "  no progress reported: productive time, goodput, start-up, restore, saves and "

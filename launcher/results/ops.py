@@ -265,6 +265,27 @@ class Interruption:
     cause: str
     lost_s: float  # the steps redone, the time down, the next run's restore
     steps_lost: float
+    # where its time went, from the run's last step to the next run's first (None: not
+    # known, e.g. no progress): each part's seconds; detect + stop + down + restore from
+    # the last step, plus the steps redone (redo), is what the interruption cost
+    parts: InterruptionParts | None = None
+
+
+@record(frozen=True)
+class InterruptionParts:
+    """One interruption, part by part (seconds): ``detect``, the last step to the first
+    move (main's exit, the stall watchdog's mark, a stop's start); ``stop``, that to the
+    run's recorded end (the stop, the release proof, the cleanup); ``down``, that to the
+    next run's start (the restart's backoff, ``backoff`` of it, and its launch);
+    ``restore``, that to the next run's first step (interpreter, imports, rendezvous,
+    checkpoint load); ``redo``, the steps done again (at the typical step time)."""
+
+    detect: float
+    stop: float
+    down: float
+    backoff: float
+    restore: float
+    redo: float
 
 
 @record(frozen=True)

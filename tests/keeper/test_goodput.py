@@ -63,6 +63,16 @@ def test_report_matches_the_scripted_run(harness: Harness) -> None:
     assert first["run"] == 1
     assert first["steps_lost"] == 7
     assert "SIGKILL" in first["cause"] or "-9" in first["cause"] or "killed" in first["cause"]
+    # issue 56 §1: the interruption part by part, from step 57 to run 2's first step
+    parts = first["parts"]
+    assert parts["detect"] <= 0.5, parts  # it killed itself right after its step 57
+    assert parts["stop"] <= 1.5, parts  # the cleanup: nothing of it was left to stop
+    assert parts["backoff"] == 1.0, parts
+    assert 0.95 <= parts["down"] <= 3.0, parts  # the backoff, and the relaunch
+    near(parts["restore"], 2.1, "restore part")
+    near(parts["redo"], 0.7, "redo part")
+    total = parts["detect"] + parts["stop"] + parts["down"] + parts["restore"] + parts["redo"]
+    assert abs(total - first["lost_s"]) <= 0.05, (total, first["lost_s"])  # one timeline
     # productive: the steps that count (62 or so, at 0.1 s), nothing redone
     steps_kept = progress(h, "gp", 2)
     near(g["productive_s"], steps_kept * 0.1, "productive")
@@ -72,6 +82,8 @@ def test_report_matches_the_scripted_run(harness: Harness) -> None:
     text = h.tc("report", "gp", check=True).out
     assert "goodput 0." in text
     assert "7 steps redone" in text
+    assert "restore 2." in text, text
+    assert "(backoff 1.0s)" in text, text
 
 
 def test_report_without_progress_and_of_an_unknown_job(harness: Harness) -> None:
