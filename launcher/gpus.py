@@ -134,6 +134,7 @@ def resolve_gpus(
         raise GpuError(f"--gpus: {e}") from None
     try:
         gpus = backend.gpus()
+        health.look(home, gpus)  # a fault on a GPU no run watches: marked before the choice
         markers, leased = known_markers(home)
         parsed = _parse(request, gpus)
         leasable = [g for g in gpus if g.leasable]
@@ -276,9 +277,11 @@ def gpu_inventory(home: Path) -> GpuInventory:
     try:
         markers, leased = known_markers(home)
         fds = fd_scan(backend)
+        gpus = backend.gpus()
+        health.look(home, gpus)  # the box's own look: whether or not a run holds the GPU
         sick, seen = health.unhealthy(home), health.last_faults(home)
         out = []
-        for g in backend.gpus():
+        for g in gpus:
             procs: list[GpuHolder] = []
             error = g.error
             if error is None and not g.mig_mode:

@@ -31,6 +31,10 @@ class NoDriverError(GpuError):
     """There is no NVIDIA driver (or no NVML library) on this machine."""
 
 
+class GpuLostError(GpuError):
+    """The driver has lost the GPU (NVML's GPU_IS_LOST: fallen off the bus, Xid 79)."""
+
+
 @record(frozen=True)
 class Gpu:
     """One GPU (or one MIG instance of it) as the driver reports it now.
@@ -50,6 +54,7 @@ class Gpu:
     persistence: bool | None = None  # persistence mode (off: every NVML start costs seconds)
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver load
     error: str | None = None  # why this GPU could not be read; the numbers above mean nothing
+    lost: bool = False  # the driver has lost it (GPU_IS_LOST): gone until a reset or reboot
     # what the driver says this GPU needs now (nvmlGpuRecoveryAction_t; 0 none; gpu/xid.py),
     # None where the driver does not report it
     recovery_action: int | None = None

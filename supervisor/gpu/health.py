@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,6 +25,7 @@ from trainctl.supervisor.errors import StateError, TrainctlError
 from trainctl.supervisor.model.state import (
     GpuLease,
     current_boot_id,
+    ensure_home,
     flock_file,
     job_dir,
     list_jobs,
@@ -32,6 +34,7 @@ from trainctl.supervisor.model.state import (
 )
 from trainctl.supervisor.records import asdict
 
+from . import Gpu, xid
 from .xid import ACTION_WORDS, REBOOT, Fault
 
 T = TypeVar("T")
@@ -148,6 +151,33 @@ def note(home: Path, fault: Fault, job: str | None) -> None:
             return
         doc[str(fault.gpu)] = asdict(entry)
         write_json_atomic(home / FAULTS, doc)
+
+
+def look(home: Path, gpus: Iterable[Gpu]) -> list[Fault]:
+    """The box's own look at its GPUs (issue 56 §6), made by every command that reads them
+    (`trainctl gpus`, the choice of GPUs for a start, a restart or the queue's dispatch),
+    so that a fault on a GPU no run holds is known with no process left watching: a GPU
+    the driver has lost, or whose driver asks for a reset or a reboot (its recovery
+    action, drivers 550+), is marked unhealthy and kept as its last fault, once (an
+    earlier look's or a run's mark stands). The faults newly marked."""
+    sick = unhealthy(home)
+    new = []
+    for g in gpus:
+        if g.mig is not None or g.index in sick:
+            continue
+        lost = xid.lost(g.index, g.error or "lost") if g.lost else None
+        fault = lost or xid.from_recovery(g.index, g.recovery_action or 0)
+        if fault is None or not fault.unhealthy:
+            continue
+        holder = holder_of(home, g.index)
+        # the home may not exist yet (`trainctl gpus` before any job), or be read-only
+        # here (`--home` of another user's): the look is kept where it can be
+        with contextlib.suppress(OSError, TrainctlError):
+            ensure_home(home)
+            record(home, fault, None if g.lost else g.uuid, holder)
+            note(home, fault, holder)
+        new.append(fault)
+    return new
 
 
 def holder_of(home: Path, index: int) -> str | None:

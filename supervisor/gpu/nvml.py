@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from trainctl.supervisor.errors import GpuError
 
-from . import DriverInfo, Gpu, GpuProc, NoDriverError
+from . import DriverInfo, Gpu, GpuLostError, GpuProc, NoDriverError
 
 try:
     import pynvml
@@ -80,7 +80,7 @@ def explain(e: BaseException, gpu: int | None = None) -> GpuError:
         # NVMLLibraryMismatchError has no code: a call this driver does not have
         None: f"NVML: {on}this driver lacks a call the library needs ({e})",
     }.get(code, f"NVML: {on}{e}")
-    return GpuError(text)
+    return GpuLostError(text) if code == pynvml.NVML_ERROR_GPU_IS_LOST else GpuError(text)
 
 
 def _call(fn: Callable[..., T], *args: Any, gpu: int | None = None) -> T:
@@ -126,12 +126,12 @@ class NvmlBackend:
         out: list[Gpu] = []
         for i, h in enumerate(self._handles):
             if isinstance(h, GpuError):
-                out.append(_broken(i, str(h)))
+                out.append(_broken(i, h))
                 continue
             try:
                 gpu = self._read(i, h)
             except GpuError as e:
-                out.append(_broken(i, str(e)))
+                out.append(_broken(i, e))
                 continue
             out.append(gpu)
             if gpu.mig_mode:
@@ -176,7 +176,7 @@ class NvmlBackend:
             try:
                 out.append(self._read(i, mh, mig=m, parent=f"{gpu.name} MIG"))
             except GpuError as e:
-                out.append(_broken(i, str(e), mig=m))
+                out.append(_broken(i, e, mig=m))
         return out
 
     def _handle(self, gpu: Gpu) -> Any:
@@ -273,8 +273,9 @@ class NvmlBackend:
         return self._handles
 
 
-def _broken(index: int, why: str, mig: int | None = None) -> Gpu:
-    return Gpu(index, "?", "?", 0, 0, None, mig=mig, error=why)
+def _broken(index: int, why: GpuError, mig: int | None = None) -> Gpu:
+    lost = isinstance(why, GpuLostError)
+    return Gpu(index, "?", "?", 0, 0, None, mig=mig, error=str(why), lost=lost)
 
 
 def _optional(fn: Callable[..., Any], h: Any, attr: str) -> int | None:

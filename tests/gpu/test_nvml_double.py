@@ -590,3 +590,47 @@ def test_a_stuck_process_of_the_job_is_named_as_the_jobs_holder(
     assert [(x["pid"], x["owner"]) for x in g["job_holders"]] == [(main, "this job")]
     human = h.tc("stop", "fz", "--gpu-timeout", "1")
     assert f"pid {main} (this job) sleep 600" in human.out, human.out
+
+
+def test_a_fault_on_a_gpu_no_run_holds_is_seen_by_the_boxs_own_look(harness: Harness) -> None:
+    """issue 56 §6: with no run on any GPU there is no run's watch; the box's own look,
+    made by each command that reads the GPUs (`gpus`, a start's choice, the queue's
+    dispatch), finds what the driver says now: a GPU it has lost, one whose recovery
+    action asks for a reboot. Each is marked unhealthy (no run of the home's) and
+    handed to no run; a --clear holds only once the driver says the GPU is well."""
+    h = harness
+    d = driver(h, 4)
+    d.device(1, recovery_action=2)  # the driver asks for a reboot of GPU 1: nothing on it
+    d.device(3, lost=True)  # GPU 3 fell off the bus, idle
+    assert health.unhealthy(h.home) == {}  # nothing watched: nothing known yet
+    view = h.tc("gpus")
+    assert view.rc == 0, view
+    assert "GPU 1  UNHEALTHY" in view.out, view.out
+    assert "the driver asks for a reboot" in view.out, view.out
+    sick = health.unhealthy(h.home)
+    assert set(sick) == {1, 3}, sick
+    assert sick[1].job is None
+    assert sick[1].klass == sick[3].klass == "reboot"
+    assert health.last_faults(h.home)[1].job is None  # `gpus` says: no run held it
+    # a start is handed the healthy ones; a GPU named is refused with its fault
+    two = h.tc("start", "--name", "two", "--gpus", "2", "--json", "--", "sleep", "600")
+    assert two.rc == 0, two
+    assert two.json()["gpus"] == "0,2"  # type: ignore[index]
+    one_line(h.tc("start", "--name", "on1", "--gpus", "1,", "--", "sleep", "600"), 1, "GPU 1")
+    # the queue: a job that needs a GPU waits, and says which are out and why
+    q = h.tc("start", "--name", "q", "--gpus", "1", "--queue", "--", "sleep", "600")
+    assert q.rc == 0, q
+    wait_for(lambda: "GPU 1" in h.tc("status", "q").out, 20, "the queue's reason")
+    assert "reboot" in h.tc("status", "q").out
+    # a person clears GPU 1 while the driver still asks for a reboot: the next look
+    # marks it again; once the driver says it is well, the clear holds
+    assert h.tc("gpus", "--clear", "1").rc == 0
+    assert "GPU 1  UNHEALTHY" in h.tc("gpus").out  # looked again: the driver still asks
+    assert 1 in health.unhealthy(h.home)
+    d.device(1, recovery_action=0)
+    assert h.tc("gpus", "--clear", "1").rc == 0
+    assert "GPU 1  UNHEALTHY" not in h.tc("gpus").out
+    assert 1 not in health.unhealthy(h.home)
+    wait_for(lambda: h.tc("status", "q").rc == 0, 20, "the queued job on GPU 1")
+    assert h.tc("stop", "q").rc == 0
+    assert h.tc("stop", "two").rc == 0
