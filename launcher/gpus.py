@@ -134,12 +134,11 @@ def resolve_gpus(
         raise GpuError(f"--gpus: {e}") from None
     try:
         gpus = backend.gpus()
-        health.look(home, gpus)  # a fault on a GPU no run watches: marked before the choice
         markers, leased = known_markers(home)
         parsed = _parse(request, gpus)
         leasable = [g for g in gpus if g.leasable]
         candidates = leasable if isinstance(parsed, int) else parsed
-        busy = _unhealthy(home, candidates)  # reset- or reboot-class faults: never handed out
+        busy = _unhealthy(home, candidates, gpus)  # reset-/reboot-class: never handed out
         fds = fd_scan(backend)
         for g in [g for g in candidates if g.uuid not in busy]:
             try:
@@ -172,8 +171,10 @@ def resolve_gpus(
         backend.close()
 
 
-def _unhealthy(home: Path, candidates: list[Gpu]) -> dict[str, str]:
-    """{uuid: why} of the candidates a reset- or reboot-class fault made unhealthy."""
+def _unhealthy(home: Path, candidates: list[Gpu], gpus: list[Gpu]) -> dict[str, str]:
+    """{uuid: why} of the candidates a reset- or reboot-class fault made unhealthy: as
+    marked, and as the box's own look at ``gpus`` finds them now (no run need watch)."""
+    health.look(home, gpus)
     sick = health.unhealthy(home)
     busy = {}
     for g in candidates:

@@ -130,13 +130,18 @@ class _Line:
         self.last_plain = time.monotonic() + PLAIN_FIRST_S - 1.0  # the first after PLAIN_FIRST_S
         self.shown = False
         self.since = time.time() - 1.0  # a `stopping` event older than this is another stop's
+        self.st: state.JobState | None = None  # read once: the run and whom to count
+        self.joined = False  # a stop was under way before ours: its grace is shown
 
     def draw(self) -> None:
-        try:
-            st = state.read_state(self.jdir)
-        except TrainctlError:
-            return
-        grace = self._grace(joined=st.phase == state.Phase.STOPPING)
+        if self.st is None:
+            try:
+                self.st = state.read_state(self.jdir)
+            except TrainctlError:
+                return
+            self.joined = self.st.phase == state.Phase.STOPPING
+        st = self.st
+        grace = self._grace(joined=self.joined)
         if grace is None:
             return  # no stop is under way (yet): say nothing rather than something wrong
         members = sorted(alive(scan(target_of(st))).values(), key=lambda m: m.stat.pid)

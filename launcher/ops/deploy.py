@@ -456,10 +456,10 @@ def _none() -> None:
 
 def _await_next_save(d: _Deploy, spec: Spec) -> Checkpoint | None:
     p = d.plan
+    watch = backends.of(state.read_state(d.jdir)).watch_run(d.jdir, p.from_run)
 
     def running() -> bool:
-        st = state.read_state(d.jdir)
-        return st.run == p.from_run and not current_phase(d.jdir, st).ended
+        return not watch.over()  # the supervisor's events: state.json is not polled
 
     return wait_next_save(
         spec, time.time(), p.checkpoint_timeout_s, running,

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from trainctl.launcher import backends
 from trainctl.supervisor.errors import ConfigError, StateError
+from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model import nodefiles as nf
-from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import Phase
 from trainctl.supervisor.model.tail import last_lines_at, read_from
 from trainctl.supervisor.tree.proctree import scan, target_of
@@ -144,18 +145,23 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
     reader = _LogReader(path, from_end=True)
+    news = events.Follow(jdir)  # a later run's start: the supervisor's events, not state.json
+    end = _End(jdir, run)
     while True:
         chunk = reader.read()
         if chunk:
             yield chunk
             continue
-        st = state.read_state(jdir)
-        if st.run > run:
+        later = max((ev.run for ev in news.new() if isinstance(ev, events.Started)), default=0)
+        if later > run or state.log_path(jdir, run + 1).exists():
             run += 1
             reader = _LogReader(state.log_path(jdir, run), from_end=False)
+            end = _End(jdir, run)
             yield f"==> {name} run {run} <==\n"
             continue
-        if _finished(jdir, st) and not state.is_locked(jdir, state.JOB_LOCK):
+        if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
+            if state.log_path(jdir, run + 1).exists():
+                continue  # relaunched meanwhile: follow it
             yield reader.read(final=True)
             return
         if reader_gone():
@@ -164,11 +170,25 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
         time.sleep(poll_s)
 
 
-def _finished(jdir: Path, st: state.JobState) -> bool:
-    phase = current_phase(jdir, st)
-    if phase == Phase.LOST:
-        return not any(m.alive for m in scan(target_of(st)).values())
-    return phase.ended
+class _End:
+    """Whether run ``run`` is over for `logs -f`: its backend's watch (the supervisor's
+    events; the scheduler), or, with its supervisor gone (lost), no process of it left.
+    state.json is read once; the supervisor's lock and the processes once a second."""
+
+    def __init__(self, jdir: Path, run: int) -> None:
+        self.jdir, self.st = jdir, state.read_state(jdir)
+        self.watch = backends.of(self.st).watch_run(jdir, run)
+        self.looked = 0.0
+
+    def finished(self) -> bool:
+        if self.watch.over():
+            return True
+        if time.monotonic() - self.looked < 1.0:
+            return False
+        self.looked = time.monotonic()
+        if current_phase(self.jdir, self.st) != Phase.LOST:
+            return False
+        return not any(m.alive for m in scan(target_of(self.st)).values())
 
 
 class _LogReader:

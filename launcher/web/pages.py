@@ -241,8 +241,7 @@ def job_page(
     token: str,
     goodput: str | None = None,
 ) -> str:
-    """One job: status, charts, checkpoints, causes and restarts, deploys, log tail, stacks;
-    ``goodput``: `trainctl report`'s first line."""
+    """One job: status, goodput, charts, checkpoints, causes, deploys, log tail, stacks."""
     p = s.progress
     body = [
         "<p><a href='/'>← jobs</a></p>",
