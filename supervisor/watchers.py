@@ -90,7 +90,7 @@ class Watchers:
         self.drift_at = 0.0
         last_step = self.last_step
         self.gpus = GpuWatcher(run)  # the run's GPUs: memory, Xid events, ECC
-        self.stall = StallWatcher(run, last_step)  # no progress, no output
+        self.stall = StallWatcher(run, last_step, self.stepped_in)  # no progress, no output
         self.oom = OomWatcher(run)  # OOM kills in the run's memory group
         self.ckpt_age = CheckpointAgeWatcher(run, last_step)  # on_checkpoint_stale
         self.verdicts = VerdictWatcher(run)  # the checkpoint guard, a deploy's trial
@@ -125,6 +125,10 @@ class Watchers:
     def last_step(self) -> float | None:
         """The newest progress step sampled from the log, if any (hooks carry it)."""
         return self.sampled_step[1] if self.sampled_step else None
+
+    def stepped_in(self, run: int) -> bool:
+        """Whether a step of run ``run`` was sampled (its start is over)."""
+        return self.sampled_step is not None and self.sampled_step[0] == run
 
     async def _snapshots(self) -> None:
         """Keep state.json's member snapshot current, at a cost that follows the job's size.
@@ -457,9 +461,15 @@ class StallWatcher:
     """The stall watchdog: no progress and no output for the deadline (a fixed one, or
     the one learned from the run's own pace: stall.py)."""
 
-    def __init__(self, run: RunView, last_step: Callable[[], float | None]) -> None:
-        self.run, self.last_step = run, last_step
+    def __init__(
+        self,
+        run: RunView,
+        last_step: Callable[[], float | None],
+        stepped_in: Callable[[int], bool],
+    ) -> None:
+        self.run, self.last_step, self.stepped_in = run, last_step, stepped_in
         self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
+        self._reports_steps = False  # a run of the job wrote a progress file
         self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
 
     def _stall_idle(self) -> tuple[float, float, bool]:
@@ -474,13 +484,26 @@ class StallWatcher:
             return last, now - last, now - last >= timeout
         ckpt = self._newest_checkpoint_mtime()
         learner = self._stall_learner
-        learner.observe(last, ckpt)
+        if learner.run != st.run:
+            learner.begin(st.run, st.started_at)
+        learner.observe(last, ckpt, stepped=self._stepped(st.run, progress, last > st.started_at))
         deadline = learner.deadline_s
         if deadline is not None and (
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
         ):
             self.run.observe(stall_deadline_s=round(deadline, 2))
         return last, now - last, learner.stalled_for(now, ckpt) is not None
+
+    def _stepped(self, run: int, progress: Path, written: bool) -> bool:
+        """Whether run ``run`` is past its start: its first reported step (its progress
+        file, or a step progress_regex matched), or, for a job that reports no steps
+        (none of its runs wrote a progress file), its first write."""
+        if progress.exists() or self.stepped_in(run):
+            self._reports_steps = True
+            return True
+        if not self._reports_steps and run > 1:
+            self._reports_steps = progress_path(self.run.jdir, run - 1).exists()
+        return written and not (self._reports_steps or self.run.spec.watch.progress_regex)
 
     def _newest_checkpoint_mtime(self) -> float:
         pattern = self.run.spec.watch.checkpoint

@@ -10,6 +10,13 @@ deadline (4.4 s -> 19.8 s -> 1m23s after two); any other gap is a step. The dead
 :data:`FACTOR` times the longest step gap seen, at least :data:`FLOOR_S`; no stall is
 called while a save is under way (a checkpoint written within :data:`SAVING_S`), nor
 before :data:`LEARN_GAPS` step gaps were seen.
+
+A run's start (from its start to its first step: the interpreter, imports, rendezvous,
+the checkpoint's load) is not a step gap: a relaunch's seconds of start learned as one
+made the deadline of every later run four times as long (a hang seen after 19 s instead
+of 2). Starts are learned apart, and a start that hangs (a rendezvous that never
+completes) is called against :data:`FACTOR` times the longest start seen; the first start
+of a supervisor is never called.
 """
 
 from __future__ import annotations
@@ -35,9 +42,26 @@ class StallLearner:
     longest_save_s: float = 0.0
     step_gaps: int = 0
     stalls: int = 0  # gaps at least as long as the deadline: not learned
+    # the run watched: its start, whether it is still starting (no step yet), and the
+    # longest start seen (a run's start to its first step)
+    run: int | None = None
+    run_started: float = 0.0
+    starting: bool = False
+    longest_start_s: float = 0.0
 
-    def observe(self, activity: float, newest_ckpt: float) -> None:
-        """Feed the newest write time of the run's log/progress and of its checkpoints."""
+    def begin(self, run: int, started_at: float) -> None:
+        """Run ``run`` started (a relaunch): until its first step it is starting."""
+        self.run, self.run_started, self.starting = run, started_at, True
+        self.last_activity = None
+
+    def observe(self, activity: float, newest_ckpt: float, *, stepped: bool = True) -> None:
+        """Feed the newest write time of the run's log/progress and of its checkpoints;
+        ``stepped``: the run has reported a step (its start is over)."""
+        if self.starting:
+            if not stepped:
+                return
+            self.starting = False
+            self.longest_start_s = max(self.longest_start_s, activity - self.run_started)
         last, self.last_activity = self.last_activity, activity
         if last is None or activity <= last:
             return
@@ -61,6 +85,10 @@ class StallLearner:
 
     def stalled_for(self, now: float, newest_ckpt: float) -> float | None:
         """Seconds past the deadline the run has been quiet (None: not stalled)."""
+        if self.starting:  # against the longest start seen; a first start is never called
+            idle = now - self.run_started
+            limit = max(FLOOR_S, FACTOR * self.longest_start_s)
+            return idle if self.longest_start_s and idle >= limit else None
         deadline = self.deadline_s
         if deadline is None or self.last_activity is None:
             return None

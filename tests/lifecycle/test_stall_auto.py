@@ -94,3 +94,41 @@ def test_a_gap_called_a_stall_is_never_learned_as_a_step() -> None:
     t += 1.5
     learner.observe(t, 0.0)
     assert learner.deadline_s == 6.0
+
+
+def test_a_relaunchs_start_is_not_learned_as_a_step_gap() -> None:
+    """issue 56 §2, found by scripts/bench_goodput.py: a run relaunched by the restart
+    policy under the same supervisor took 4.5 s from its start to its first step; learned
+    as a step gap, it made the deadline 18 s, and the next hang was seen after 18.9 s.
+    A start is learned apart; a start that hangs is called against 4x the longest one."""
+    learner = StallLearner()
+    t = 1000.0
+    learner.begin(1, t)
+    t += 4.0
+    learner.observe(t, 0.0, stepped=False)  # the banner: still starting
+    t += 0.5
+    learner.observe(t, 0.0, stepped=True)  # its first step, 4.5 s after its start
+    for _ in range(10):
+        t += 0.5
+        learner.observe(t, 0.0)
+    assert learner.deadline_s == 2.0
+    assert learner.longest_start_s == 4.5
+    # the relaunch: its start (4.5 s again, with a write at 1 s) leaves the deadline alone
+    learner.begin(2, t)
+    assert learner.stalled_for(t + 4.0, 0.0) is None  # a start this long is not a stall
+    learner.observe(t + 1.0, 0.0, stepped=False)
+    learner.observe(t + 4.5, 0.0, stepped=True)
+    t += 4.5
+    for _ in range(10):
+        t += 0.5
+        learner.observe(t, 0.0)
+    assert learner.deadline_s == 2.0  # 18 s when the start was learned as a step gap
+    assert learner.stalled_for(t + 2.5, 0.0) is not None  # a hang: seen after 2 s, not 19
+    # a start that hangs (a rendezvous): called after 4x the longest start, not before
+    learner.begin(3, t)
+    assert learner.stalled_for(t + 17.0, 0.0) is None
+    assert learner.stalled_for(t + 18.5, 0.0) is not None
+    # a supervisor's first start is never called: nothing to measure it against
+    fresh = StallLearner()
+    fresh.begin(1, 0.0)
+    assert fresh.stalled_for(600.0, 0.0) is None
