@@ -22,7 +22,9 @@ of each look, one point a look):
   resumed) are the time from its start to its first step;
 - **steps redone**: at each interruption, the steps since the checkpoint the next run
   resumed from (its first step - 1), plus the time from the last step to the end; the
-  last run, stopped, is measured against the newest complete checkpoint;
+  last run, stopped, is measured against the newest complete checkpoint; and a run that
+  started over (its first step 1: no checkpoint handed, or code that ignored it) did
+  again every step up to the highest an earlier run reached;
 - **down** is the time between a run's end and the next run's start (a restart backoff, a
   person's reaction), **deploys** that time when a deploy started the next run, **queued**
   the time the queue held the job for its GPUs;
@@ -186,10 +188,18 @@ def _walk(
     productive = 0.0
     steps_lost = 0.0
     interruptions: list[Interruption] = []
+    reached = 0.0  # the highest step an earlier run reached
+    measured_from: int | None = None  # the run its predecessor's redone steps came from
     for i, r in enumerate(ordered):
         nxt = ordered[i + 1] if i + 1 < len(ordered) else None
         end = r.end if r.end is not None else (now if nxt is None and live else None)
         productive += _steps_time(r, typical, stalls, lost)
+        if r.run != measured_from:  # a run that started over, skipped by the one before
+            again = _started_over(r, reached)
+            steps_lost += again
+            lost["steps_redone"] += again * (typical or 0.0)
+            productive -= again * (typical or 0.0)
+        reached = max([reached, *(s for _, s in r.points[-1:])])
         _start_cost(r, i, typical, lost, after_gpu_fault=i > 0 and ordered[i - 1].gpu_fault)
         if nxt is not None:
             gap = max(0.0, nxt.start - (end or nxt.start))
@@ -197,6 +207,7 @@ def _walk(
         # the run that picked up its work: the next one that resumed (a run that started
         # over, rolled back by a deploy, did not: the one after it did)
         resumer = next((x for x in ordered[i + 1 :] if x.points and x.points[0][1] > 1), nxt)
+        measured_from = resumer.run if resumer is not None else None
         steps, redone_s = _redone(r, resumer, typical, end, final_ck=_final_ck(jdir, st, r, nxt))
         steps_lost += steps
         lost["gpu_faults" if r.gpu_fault else "steps_redone"] += redone_s
@@ -206,6 +217,17 @@ def _walk(
         if end is not None and (nxt is not None or (r.end is not None and not r.stopped)):
             interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s))
     return productive, steps_lost, interruptions
+
+
+def _started_over(r: _Run, reached: float) -> float:
+    """The steps run ``r`` did again because it started over (its first step 1, a start
+    that handed no checkpoint, a deploy's code that ignored it): those up to the highest
+    step an earlier run had reached. Asked only of a run its predecessor's end was not
+    measured against (a rollback after it resumed): otherwise they are counted there,
+    as the steps past the point it started from."""
+    if not r.points or r.points[0][1] > 1 + 1e-9:
+        return 0.0
+    return max(0.0, min(r.points[-1][1], reached) - r.points[0][1] + 1)
 
 
 def _gap_bucket(r: _Run, nxt: _Run) -> str:

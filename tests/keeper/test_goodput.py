@@ -101,3 +101,74 @@ def test_report_without_progress_and_of_an_unknown_job(harness: Harness) -> None
     assert res.rc == 2
     assert len(res.err.strip().splitlines()) == 1
     assert "no job named" in res.err
+
+
+COUNTER = """\
+import json, os, time
+step = 0  # counts from 1 at every start: it never resumes
+while True:
+    step += 1
+    time.sleep(0.05)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+"""
+
+
+def test_a_run_that_started_over_did_its_steps_again(harness: Harness) -> None:
+    """A run whose first step is 1 after an earlier run reached step S did its steps up
+    to S again: they are redone, not productive (the goodput of a deploy whose new code
+    ignored the checkpoint, or a start that handed none, once counted them as progress)."""
+    h = harness
+    h.tc("start", "--name", "so", "--", sys.executable, "-c", COUNTER, check=True)
+    wait_for(lambda: progress(h, "so", 1) >= 40, 30, "run 1 at step 40")
+    h.tc("restart", "so", "--from-scratch", check=True)
+    wait_for(lambda: progress(h, "so", 2) >= 20, 30, "run 2 at step 20")
+    h.tc("stop", "so", check=True)
+    first = progress(h, "so", 1)
+    second = progress(h, "so", 2)
+    g = h.tc("report", "so", "--json", check=True).json()
+    # run 1's interruption: nothing resumed from it (run 2 started over), so its own
+    # steps are not counted there; run 2's are redone up to where run 1 had been
+    assert g["steps_lost"] == min(first, second), (g["steps_lost"], first, second)
+    new = first + max(0, second - first)  # the steps done once
+    assert g["productive_s"] <= new * g["typical_step_s"] * 1.5 + 0.5, g
+
+
+SAVER = """\
+import json, os, sys, time
+out = sys.argv[1]
+resume = os.environ.get("TRAINCTL_RESUME_FROM")
+step = int(open(resume).read()) if resume else 0
+while True:
+    step += 1
+    time.sleep(0.1)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+    if step % 50 == 0:
+        with open(f"{out}/.tmp", "w") as f:
+            f.write(str(step))
+        os.replace(f"{out}/.tmp", f"{out}/ckpt-{step}.txt")
+"""
+
+
+def test_a_run_that_started_over_between_two_that_resumed(harness: Harness) -> None:
+    """The rollback's shape: run 2 started over (it ignored the checkpoint) and run 3
+    resumed from run 1's checkpoint: run 1's end is measured against run 3, so run 2's
+    steps were counted nowhere, and as productive; they are redone (issue 56: a goodput
+    anyone could quote)."""
+    h = harness
+    out = h.tmp / "ck"
+    out.mkdir()
+    h.tc("start", "--name", "rb", "--set", f"checkpoint={out}/ckpt-*.txt", "--",
+         sys.executable, "-c", SAVER, str(out), check=True)  # fmt: skip
+    wait_for(lambda: progress(h, "rb", 1) >= 55, 30, "run 1 past its save at step 50")
+    h.tc("restart", "rb", "--from-scratch", check=True)
+    wait_for(lambda: progress(h, "rb", 2) >= 10, 30, "run 2 at step 10")
+    h.tc("restart", "rb", check=True)  # hands the newest complete checkpoint: step 50
+    wait_for(lambda: progress(h, "rb", 3) >= 55, 30, "run 3 under way")
+    h.tc("stop", "rb", check=True)
+    s1, s2 = progress(h, "rb", 1), progress(h, "rb", 2)
+    assert s2 < 50, s2  # run 2 saved nothing: run 3 resumed from run 1's step 50
+    g = h.tc("report", "rb", "--json", check=True).json()
+    # run 2 did steps 1..s2 again; run 3 did 51..s1 again
+    assert g["steps_lost"] == s2 + s1 - 50, (g["steps_lost"], s1, s2)
