@@ -661,6 +661,17 @@ def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause
     return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
 
 
+def _saved_since(history: tuple[RestartEntry, ...], ckpt_step: float | None) -> bool:
+    """The newest complete checkpoint is past the one of the last restart's failure."""
+    last = next((h for h in reversed(history) if h.kind != "gpu"), None)
+    return (
+        last is not None
+        and last.ckpt_step is not None
+        and ckpt_step is not None
+        and ckpt_step > last.ckpt_step
+    )
+
+
 def _schedule_relaunch(
     life: Life, spec: Spec, end: _Ending, wait_s: float | None = None
 ) -> Outcome:
@@ -671,10 +682,14 @@ def _schedule_relaunch(
     cause = end.cause
     # a GPU fault restarts at once: the hardware failed, not the code; so does the first
     # failure after a healthy stretch (nothing restarted within the window, and the run
-    # ran HEALTHY_STRETCH_S): a backoff is for a loop, and a week-long run's one crash
-    # cost every fault its 5 s (issue 56)
+    # ran HEALTHY_STRETCH_S), and a failure after the run saved a checkpoint past the one
+    # of the last failure: a backoff is for a loop, and a loop saves nothing new (a
+    # week-long run's one crash cost every fault its 5 s, two faults a minute apart 2 s
+    # more: issue 56)
     count = count_in_window(spec, life.history, life.now)
-    healthy = count == 0 and 0 < life.started_at <= life.now - HEALTHY_STRETCH_S
+    healthy = (count == 0 and 0 < life.started_at <= life.now - HEALTHY_STRETCH_S) or (
+        _saved_since(life.history, end.ckpt_step)
+    )
     wait = 0.0 if cause.kind == "gpu" or healthy else backoff_s(spec, count)
     wait = wait if wait_s is None else wait_s
     failure = Failure(

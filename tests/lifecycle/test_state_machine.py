@@ -331,3 +331,19 @@ def test_a_stall_is_stopped_with_the_stall_grace_not_the_whole_grace() -> None:
     life, actions = run([lc.Stalled()], spec=asked)
     assert actions[0] == lc.RunStop("stalled", 60.0, None)
     assert life.grace_s == 60.0  # the cause names the grace the stop gave
+
+
+def test_no_backoff_after_a_run_that_saved_since_the_last_failure() -> None:
+    """issue 56 §1: a backoff is for a loop, and a loop saves nothing new. Two faults
+    25 s apart (too soon for a healthy stretch): the second relaunch waits 2 s when the
+    run saved nothing since the first failure, and not at all when it saved a
+    checkpoint past it."""
+    first = RestartEntry(run=1, at=100.0, cause="exit code 1", kind="exit", ckpt_step=40.0)
+    base = lc.Life(restarts=1, history=(first,), started_at=110.0, now=125.0)
+    _, looped = run([lc.MainExited(1), lc.StopFinished(CLEAN, ckpt_step=40.0)], life=base)
+    assert lc.WaitBackoff(2.0) in looped
+    _, saved = run([lc.MainExited(1), lc.StopFinished(CLEAN, ckpt_step=80.0)], life=base)
+    assert lc.WaitBackoff(0.0) in saved
+    # unknown steps (no checkpoint glob, or a step nobody can read): the backoff, as ever
+    _, unknown = run([lc.MainExited(1), lc.StopFinished(CLEAN, ckpt_step=None)], life=base)
+    assert lc.WaitBackoff(2.0) in unknown
