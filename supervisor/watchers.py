@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -457,6 +458,13 @@ class GpuWatcher:
         self.run.send(lc.GpuLost(fault.gpu, fault.xid, action, labels, len(leases)))
 
 
+def _has_lines(path: Path) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
+
+
 class StallWatcher:
     """The stall watchdog: no progress and no output for the deadline (a fixed one, or
     the one learned from the run's own pace: stall.py)."""
@@ -486,7 +494,7 @@ class StallWatcher:
         learner = self._stall_learner
         if learner.run != st.run:
             learner.begin(st.run, st.started_at)
-        learner.observe(last, ckpt, stepped=self._stepped(st.run, progress, last > st.started_at))
+        learner.observe(last, ckpt, stepped=self._stepped(st.run, progress, st.started_at, last))
         deadline = learner.deadline_s
         if deadline is not None and (
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
@@ -494,16 +502,21 @@ class StallWatcher:
             self.run.observe(stall_deadline_s=round(deadline, 2))
         return last, now - last, learner.stalled_for(now, ckpt) is not None
 
-    def _stepped(self, run: int, progress: Path, written: bool) -> bool:
+    def _stepped(self, run: int, progress: Path, started_at: float, last: float) -> bool:
         """Whether run ``run`` is past its start: its first reported step (its progress
-        file, or a step progress_regex matched), or, for a job that reports no steps
-        (none of its runs wrote a progress file), its first write."""
-        if progress.exists() or self.stepped_in(run):
+        file, or a step progress_regex matched). A job that has reported no step in
+        STEP_FIRST_S (it reports none: its log is all there is) is past its start at its
+        first write after that; a torchrun banner a second in is not a step."""
+        # the supervisor makes each run's progress file, empty, at its start: a step is
+        # a line in it
+        if _has_lines(progress) or self.stepped_in(run):
             self._reports_steps = True
             return True
         if not self._reports_steps and run > 1:
-            self._reports_steps = progress_path(self.run.jdir, run - 1).exists()
-        return written and not (self._reports_steps or self.run.spec.watch.progress_regex)
+            self._reports_steps = _has_lines(progress_path(self.run.jdir, run - 1))
+        if self._reports_steps or self.run.spec.watch.progress_regex:
+            return False
+        return last >= started_at + STEP_FIRST_S
 
     def _newest_checkpoint_mtime(self) -> float:
         pattern = self.run.spec.watch.checkpoint

@@ -132,3 +132,46 @@ def test_a_relaunchs_start_is_not_learned_as_a_step_gap() -> None:
     fresh = StallLearner()
     fresh.begin(1, 0.0)
     assert fresh.stalled_for(600.0, 0.0) is None
+
+
+SLOW_START = """\
+import json, os, sys, time
+print("banner: importing", flush=True)  # a write at once, as torchrun's
+time.sleep(3.0)  # the start: imports, a rendezvous, a checkpoint's load
+step = 0
+while True:
+    step += 1
+    time.sleep(0.1)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+"""
+
+
+def test_the_deadline_is_learned_from_steps_not_from_a_start(harness: Harness) -> None:
+    """issue 56 §2, found by bench_goodput's parts: the supervisor makes each run's
+    progress file at its start, so "the file exists" ended the start at once and a 3 s
+    start was learned as a step gap (a 12 s deadline; the bench's hang was seen after 15
+    s). The start ends at the first progress line, in the first run and in a relaunch."""
+    h = harness
+    h.tc(
+        "start", "--name", "ss", "--set", "stall_timeout=auto", "--set", "restart=on-failure",
+        "--set", "restart_backoff=0.2s", "--", sys.executable, "-c", SLOW_START,
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: h.state("ss")["stall_deadline_s"] is not None, 30, "a learned deadline")
+    assert h.state("ss")["stall_deadline_s"] < 3, h.state("ss")["stall_deadline_s"]
+    os.kill(h.state("ss")["main"]["pid"], signal.SIGKILL)  # ours: the test's marker
+    wait_for(lambda: h.state("ss")["run"] == 2, 30, "the relaunch")
+    wait_for(lambda: h.state("ss")["stall_deadline_s"] is not None, 30, "run 2's deadline")
+    deadline = h.state("ss")["stall_deadline_s"]
+    assert deadline < 3, deadline  # run 2's 3 s start is not a step gap either
+    assert "stalled" not in [e["event"] for e in h.events("ss")]  # nor was its start a stall
+    pid = h.state("ss")["main"]["pid"]
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "stalled" in [e["event"] for e in h.events("ss")], 30, "the stall")
+        assert time.monotonic() - stopped_at < deadline + 3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    h.tc("stop", "ss", check=True)
