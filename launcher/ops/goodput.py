@@ -295,13 +295,16 @@ def _parts(
     if not r.points or typical is None or nxt is None or not nxt.points:
         return None
     last = r.points[-1][0]
-    moves = [t for t in (r.acted_at, end) if t is not None and t >= last]
-    acted = min(moves) if moves else end
-    ended = max(acted, r.ended_at if r.ended_at is not None else end)
+    # trainctl's first move, when it came before main's exit (a job that steps on after
+    # the signal, finishing its step and saving, was moved on before its last step:
+    # nothing to detect, and its exit is the stop's)
+    acted = r.acted_at if r.acted_at is not None and r.acted_at <= end else end
+    since = max(acted, last)
+    ended = max(since, r.ended_at if r.ended_at is not None else end)
     start, first = max(ended, nxt.start), nxt.points[0][0]
     return InterruptionParts(
         detect=round(max(0.0, acted - last), 3),
-        stop=round(ended - acted, 3),
+        stop=round(ended - since, 3),
         down=round(start - ended, 3),
         backoff=round(r.backoff_s, 3),
         restore=round(max(0.0, first - start), 3),

@@ -274,8 +274,9 @@ class Interruption:
 @record(frozen=True)
 class InterruptionParts:
     """One interruption, part by part (seconds): ``detect``, the last step to the first
-    move (main's exit, the stall watchdog's mark, a stop's start); ``stop``, that to the
-    run's recorded end (the stop, the release proof, the cleanup); ``down``, that to the
+    move (main's exit, the stall watchdog's mark, a stop's start; 0 when the job stepped
+    on after it); ``stop``, that (or the last step) to the run's recorded end (the job's
+    exit on the signal, the stop, the release proof, the cleanup); ``down``, that to the
     next run's start (the restart's backoff, ``backoff`` of it, and its launch);
     ``restore``, that to the next run's first step (interpreter, imports, rendezvous,
     checkpoint load); ``redo``, the steps done again (at the typical step time)."""
