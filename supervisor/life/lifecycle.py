@@ -661,15 +661,17 @@ def _with_leftovers(life: Life, cause: Cause, report: StopReport) -> tuple[Cause
     return cause, [Log("leftovers_cleaned", {"count": left, "cmds": cmds})]
 
 
-def _saved_since(history: tuple[RestartEntry, ...], ckpt_step: float | None) -> bool:
-    """The newest complete checkpoint is past the one of the last restart's failure."""
+def _saved_since(
+    history: tuple[RestartEntry, ...], ckpt_step: float | None, resumed_step: float | None
+) -> bool:
+    """The newest complete checkpoint is past the one of the last restart's failure, or,
+    at a first failure, past the one the run was handed (any, when it was handed none)."""
+    if ckpt_step is None:
+        return False
     last = next((h for h in reversed(history) if h.kind != "gpu"), None)
-    return (
-        last is not None
-        and last.ckpt_step is not None
-        and ckpt_step is not None
-        and ckpt_step > last.ckpt_step
-    )
+    if last is not None:
+        return last.ckpt_step is not None and ckpt_step > last.ckpt_step
+    return resumed_step is None or ckpt_step > resumed_step
 
 
 def _schedule_relaunch(
@@ -688,7 +690,7 @@ def _schedule_relaunch(
     # more: issue 56)
     count = count_in_window(spec, life.history, life.now)
     healthy = (count == 0 and 0 < life.started_at <= life.now - HEALTHY_STRETCH_S) or (
-        _saved_since(life.history, end.ckpt_step)
+        _saved_since(life.history, end.ckpt_step, end.resumed_step)
     )
     wait = 0.0 if cause.kind == "gpu" or healthy else backoff_s(spec, count)
     wait = wait if wait_s is None else wait_s

@@ -347,3 +347,19 @@ def test_no_backoff_after_a_run_that_saved_since_the_last_failure() -> None:
     # unknown steps (no checkpoint glob, or a step nobody can read): the backoff, as ever
     _, unknown = run([lc.MainExited(1), lc.StopFinished(CLEAN, ckpt_step=None)], life=base)
     assert lc.WaitBackoff(2.0) in unknown
+
+
+def test_no_backoff_at_a_first_failure_after_the_run_saved() -> None:
+    """A first failure 20 s into a run (too soon for a healthy stretch) goes at once when
+    the run saved past the checkpoint it was handed, or saved at all when handed none; a
+    run that crashes before any save (an import error) gets the backoff from the first."""
+    young = lc.Life(started_at=100.0, now=120.0)
+
+    def wait_after(ckpt: float | None, resumed: float | None) -> list[lc.Action]:
+        ev = lc.StopFinished(CLEAN, ckpt_step=ckpt, resumed_step=resumed)
+        return run([lc.MainExited(1), ev], life=young)[1]
+
+    assert lc.WaitBackoff(0.0) in wait_after(80.0, 40.0)  # saved past what it was handed
+    assert lc.WaitBackoff(0.0) in wait_after(40.0, None)  # handed none, saved one
+    assert lc.WaitBackoff(1.0) in wait_after(40.0, 40.0)  # saved nothing new: a loop's shape
+    assert lc.WaitBackoff(1.0) in wait_after(None, None)  # nothing known: as ever
