@@ -136,6 +136,10 @@ class RunWatch(Protocol):
         """The run has ended, or its job has moved on to a later run (cheap: call it
         every few tens of ms)."""
 
+    def final(self) -> bool:
+        """The run has ended for good: no relaunch of it is scheduled (`logs -f` goes on
+        through a restart's backoff). Asked after ``over``."""
+
 
 _MODULES = {"local": "local", "slurm": "slurm"}
 _LOADED: dict[str, Backend] = {}

@@ -13,8 +13,8 @@ from typing import TypeVar
 
 from trainctl.launcher import backends
 from trainctl.supervisor.errors import ConfigError, StateError
-from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model import nodefiles as nf
+from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import Phase
 from trainctl.supervisor.model.tail import last_lines_at, read_from
 from trainctl.supervisor.tree.proctree import scan, target_of
@@ -145,15 +145,13 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
     reader = _LogReader(path, from_end=True)
-    news = events.Follow(jdir)  # a later run's start: the supervisor's events, not state.json
     end = _End(jdir, run)
     while True:
         chunk = reader.read()
         if chunk:
             yield chunk
             continue
-        later = max((ev.run for ev in news.new() if isinstance(ev, events.Started)), default=0)
-        if later > run or state.log_path(jdir, run + 1).exists():
+        if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
             run += 1
             reader = _LogReader(state.log_path(jdir, run), from_end=False)
             end = _End(jdir, run)
@@ -171,8 +169,9 @@ def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
 
 
 class _End:
-    """Whether run ``run`` is over for `logs -f`: its backend's watch (the supervisor's
-    events; the scheduler), or, with its supervisor gone (lost), no process of it left.
+    """Whether run ``run`` is over for `logs -f`: ended for good as its backend's watch
+    says (the supervisor's events; the scheduler: a relaunch's backoff is not an end), or,
+    with its supervisor gone (lost), no process of it left.
     state.json is read once; the supervisor's lock and the processes once a second."""
 
     def __init__(self, jdir: Path, run: int) -> None:
@@ -181,7 +180,7 @@ class _End:
         self.looked = 0.0
 
     def finished(self) -> bool:
-        if self.watch.over():
+        if self.watch.final():
             return True
         if time.monotonic() - self.looked < 1.0:
             return False

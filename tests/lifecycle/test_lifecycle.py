@@ -178,6 +178,23 @@ def test_logs_tail_and_follow_across_restart(harness: Harness) -> None:
     assert out.index("version A") < out.index("version B")
 
 
+def test_logs_follow_goes_on_through_a_policy_restarts_backoff(harness: Harness) -> None:
+    """`logs -f` ends when the job has ended for good, not when a run failed and the
+    restart policy waits its backoff to relaunch it (no lock is held meanwhile)."""
+    h = harness
+    h.tc(
+        "start", "--name", "pr", "--no-wait", "--set", "restart=on-failure",
+        "--set", "restart_backoff=1.5s", "--set", "max_restarts=1",
+        "--", "sh", "-c", "echo run $TRAINCTL_RUN; sleep 1; exit 3",
+        check=True,
+    )  # fmt: skip
+    follow = h.tc("logs", "pr", "-f", timeout=60)
+    assert follow.rc == 0, follow
+    for needle in ("run 1", "==> pr run 2 <==", "run 2"):
+        assert needle in follow.out, follow.out
+    assert h.state("pr")["phase"] == "failed"  # it followed to the very end
+
+
 def test_restart_of_a_job_whose_supervisor_died(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "rs", "--", "sleep", "600", check=True)

@@ -53,16 +53,23 @@ class _EventWatch:
         self.run = run
         self.follow = events.Follow(jdir)  # first: nothing after this look is missed
         st = state.read_state(jdir)
-        self.done = st.run != run or st.phase.ended or st.restart_at is not None
+        relaunch = st.run != run or st.restart_at is not None
+        self.done = relaunch or st.phase.ended
+        self.ended = st.run == run and st.phase.ended and st.restart_at is None
 
     def over(self) -> bool:
         if self.done:
             return True
         for ev in self.follow.new():
-            ours = isinstance(ev, events.Ended | events.RestartScheduled) and ev.run == self.run
+            ended = isinstance(ev, events.Ended) and ev.run == self.run
+            relaunch = isinstance(ev, events.RestartScheduled) and ev.run == self.run
             later = isinstance(ev, events.Started) and ev.run > self.run
-            self.done = self.done or ours or later
+            self.ended = self.ended or ended
+            self.done = self.done or ended or relaunch or later
         return self.done
+
+    def final(self) -> bool:
+        return self.over() and self.ended
 
 
 class Local:
@@ -86,8 +93,7 @@ class Local:
         return Seen(phase, st.exit_code, st.mode, ended=phase.ended)
 
     def watch_run(self, jdir: Path, run: int) -> RunWatch:
-        """The run's supervisor's events (its end, a relaunch, a later run's start), and
-        its lock (a supervisor that died says nothing more)."""
+        """The run's supervisor's events: its end, a relaunch, a later run's start."""
         return _EventWatch(jdir, run)
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:

@@ -230,6 +230,9 @@ class _SlurmWatch:
         self.done = self.backend.seen(self.jdir, self.st).ended
         return self.done
 
+    def final(self) -> bool:
+        return self.over()  # Slurm relaunches nothing of trainctl's
+
 
 class Slurm:
     """In a Slurm allocation: sbatch submits, a node agent supervises on each node."""
