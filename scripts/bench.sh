@@ -23,7 +23,7 @@ if [ "${1:-}" = "--goodput" ]; then  # a real torchrun job under faults (the tor
   exec python "$ROOT/scripts/bench_goodput.py"
 fi
 if [ "${1:-}" = "--web" ]; then  # the web page and the samples (needs the web extra)
-  _pip "$ROOT[web]" --config-settings editable_mode=strict
+  _pip -e "$ROOT[web]" --config-settings editable_mode=strict  # -e: the dev venv stays editable
   exec python "$ROOT/scripts/bench_web.py"
 fi
 if [ "${1:-}" = "--fleet" ]; then  # needs sshd (the remote tests' bed)
