@@ -36,10 +36,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from trainctl.launcher import render
-from trainctl.launcher.ops import goodput, runview
+from trainctl.launcher.ops import runview
 from trainctl.launcher.ops.history import job_history
 from trainctl.launcher.ops.status import all_statuses, job_status
-from trainctl.launcher.results import StackReport, Status
+from trainctl.launcher.results import Status
 from trainctl.launcher.results.ops import CheckpointFile, HistoryRow
 from trainctl.supervisor.errors import ConfigError, JobNotFoundError, TrainctlError
 from trainctl.supervisor.model import state
@@ -211,17 +211,14 @@ class _Web:
         s = job_status(self.cfg.home, name)
         charts, ckpts, history = self._charts(name, s)
         stacks = [
-            (label, _stacks_text(report))
+            (label, render.stacks(report))
             for label, path in (
                 ("at the stall", s.stall_stacks),
                 ("before SIGKILL", getattr(s.last_stop, "stacks", None)),
             )
             if (report := runview.stored_stacks(path, name, s.run)) is not None
         ]
-        line = render.goodput_line(goodput.report(self.cfg.home, name))
-        html = pages.job_page(
-            s, charts, ckpts, history, stacks, self.cfg.allowed, self.cfg.token, goodput=line
-        )
+        html = pages.job_page(s, charts, ckpts, history, stacks, self.cfg.allowed, self.cfg.token)
         return HTMLResponse(html)
 
     async def charts(self, request: Request) -> Response:
@@ -288,12 +285,6 @@ class _Web:
         # the verb's document as it is (a path or a time in it written as --json writes it)
         body = json.dumps(self.cfg.act(what, name), default=str)
         return Response(body, media_type="application/json")
-
-
-def _stacks_text(report: StackReport) -> str:
-    """Stacks as `trainctl stack` shows them (each distinct stack once, who stands at
-    it), rendered into the page through the render package's output sink."""
-    return render.stacks(report)
 
 
 async def _guarded(make: Callable[[str], Response], name: str) -> Response:

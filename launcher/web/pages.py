@@ -239,9 +239,8 @@ def job_page(
     stacks: list[tuple[str, str]],
     allowed: frozenset[str],
     token: str,
-    goodput: str | None = None,
 ) -> str:
-    """One job: status, goodput, charts, checkpoints, causes, deploys, log tail, stacks."""
+    """One job: status, charts, checkpoints, causes and restarts, deploys, log tail, stacks."""
     p = s.progress
     body = [
         "<p><a href='/'>← jobs</a></p>",
@@ -261,7 +260,6 @@ def job_page(
                     else f"{p.step:g}" + (f" / {p.total_steps}" if p.total_steps else ""),
                 ),
                 ("ETA", duration(p.eta_s) if p is not None else None),
-                ("goodput", goodput),
                 ("cause", s.cause.summary if s.cause else None),
                 ("command", " ".join(s.argv)),
                 ("log", s.log),
