@@ -270,7 +270,7 @@ static int valid(void *h) {
 
 /* -------------------------------------------------------------- processes that hold a GPU */
 
-typedef struct { unsigned pid; unsigned long long used; } proc_t;
+typedef struct { unsigned pid; unsigned long long used, start; } proc_t; /* start: scan-time */
 
 static int pid_alive(unsigned pid) {
   char path[64];
@@ -374,7 +374,12 @@ static int scan_holders(const char *node, proc_t *out, int max) {
   int n = 0;
   for (int i = 0; i < fd_cache_n && n < max; i++) {
     if (strcmp(fd_cache[i].node, node) || !running(fd_cache[i].pid)) continue;
+    /* The start time is read once, here: read again later, a holder exiting in between
+     * was counted live and as a ghost too (the Python fake's CI failure, the same race). */
+    unsigned long long start = start_of(fd_cache[i].pid);
+    if (!start) continue;
     out[n].pid = fd_cache[i].pid;
+    out[n].start = start;
     out[n++].used = holder_bytes(fd_cache[i].pid);
   }
   return n;
@@ -410,7 +415,7 @@ static int holders(jval *dev, proc_t *live, int max, unsigned long long *ghost_b
     if (strcmp(path, node)) { fprintf(w, "%s %u %llu %llu %.3f\n", path, pid, start, bytes, died); continue; }
     int is_live = 0;
     for (int i = 0; i < n; i++) {
-      if (live[i].pid != pid || start_of(pid) != start) continue;
+      if (live[i].pid != pid || live[i].start != start) continue;
       is_live = 1;
       /* An exiting process's environ reads empty: its memory is what was seen before. */
       if (live[i].used < bytes) live[i].used = bytes;
@@ -423,7 +428,7 @@ static int holders(jval *dev, proc_t *live, int max, unsigned long long *ghost_b
     }
   }
   for (int i = 0; i < n; i++)
-    fprintf(w, "%s %u %llu %llu 0\n", node, live[i].pid, start_of(live[i].pid), live[i].used);
+    fprintf(w, "%s %u %llu %llu 0\n", node, live[i].pid, live[i].start, live[i].used);
   fclose(w);
   rewind(f);
   if (ftruncate(fd, 0) == 0) fwrite(out, 1, out_len, f);
