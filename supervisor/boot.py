@@ -85,17 +85,40 @@ def _spec_of(req: JsonObject) -> Spec:
     return spec_from_doc(doc)
 
 
+class _NoSpecError(Exception):
+    """The CLI closed the handshake before sending anything: nothing to start."""
+
+
 def _read_request(sock: socket.socket) -> JsonObject:
     buf = b""
     while not buf.endswith(b"\n"):
         chunk = sock.recv(1 << 16)
+        if not chunk and not buf:
+            raise _NoSpecError
         if not chunk:
             raise SpawnError("the CLI went away before sending the job spec")
         buf += chunk
-    doc = json.loads(buf)
+    try:
+        doc = json.loads(buf)
+    except ValueError:
+        raise SpawnError("malformed handshake from the CLI") from None
     if not isinstance(doc, dict):
         raise SpawnError("malformed handshake from the CLI")
     return doc
+
+
+def _handshake(sock: socket.socket) -> JsonObject | None:
+    """The CLI's request; None when there is none to act on: the CLI closed the socket
+    before sending anything (a start refused, or not handed to this supervisor), or a
+    broken one (answered, where the CLI still listens)."""
+    try:
+        return _read_request(sock)
+    except _NoSpecError:
+        return None
+    except (SpawnError, OSError) as e:
+        with contextlib.suppress(OSError):
+            _reply(sock, Ready(error=str(e)).to_doc())
+        return None
 
 
 def launch(jdir: Path, spec: Spec, ho: Handover) -> tuple[JobState, Spawned, Path | None]:
@@ -207,6 +230,7 @@ def _started(spec: Spec, state: JobState, ho: Handover) -> events.Started:
         resumed_from=ho.resume_from,
         from_scratch=ho.from_scratch,
         rolled_back=ho.rolled_back,
+        prespawned=ho.prespawned,
     )
 
 
@@ -488,27 +512,39 @@ def _abort_main(spawned: Spawned, cgroup: Path | None) -> None:
         cg.remove_when_empty(cgroup)
 
 
-def main(argv: list[str]) -> int:
-    """Handshake with the CLI, start the job, then supervise it until it ends."""
+def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trainctl-supervisor")
     p.add_argument("--home", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--fd", type=int, required=True)
     p.add_argument("--lock-fd", type=int, help="supervisor.lock handed over by our predecessor")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _lock(jdir: Path, handed: int | None) -> int:
+    if handed is None:
+        return hold_supervisor_lock(jdir)
+    os.set_inheritable(handed, False)  # already locked: the flock came with the open file
+    return handed
+
+
+def main(argv: list[str]) -> int:
+    """Handshake with the CLI, start the job, then supervise it until it ends."""
+    args = _args(argv)
     # Meant for the job, not for us (see service._signals); spawn_main resets them for main.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     jdir = job_dir(Path(args.home), args.name)
-    if args.lock_fd is not None:
-        lock_fd = args.lock_fd  # already locked: the flock came with the open file
-        os.set_inheritable(lock_fd, False)
-    else:
-        lock_fd = hold_supervisor_lock(jdir)
+    # The spec first, then the lock: spawned as `trainctl start` began (prespawn.py),
+    # this supervisor may wait while that start is refused, and the lock tells the CLI a
+    # job's supervisor is live.
+    req = _handshake(sock)
+    if req is None:
+        return 0
+    lock_fd = _lock(jdir, args.lock_fd)
     set_subreaper()
     try:
-        req = _read_request(sock)
         spec = _spec_of(req)
         handover = Handover.from_doc(req)
         listener = control.bind(jdir)

@@ -62,6 +62,9 @@ class Started:
     resumed_from: str | None = None  # the checkpoint handed ($TRAINCTL_RESUME_FROM)
     from_scratch: bool = False  # `--from-scratch`: nothing handed, no guard
     rolled_back: str | None = None  # back on the code a deploy replaced: why
+    # its supervisor was spawned as `trainctl start` began, and imported while the CLI
+    # validated (launcher/prespawn.py); False: spawned once the CLI had the spec
+    prespawned: bool = False
     ts: float = 0.0
 
 

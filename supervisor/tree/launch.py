@@ -7,9 +7,12 @@ Used by `trainctl start` and by a supervisor that relaunches its job after a fai
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +64,8 @@ class Handover:
     from_scratch: bool = False
     # a relaunch back to the code a deploy replaced (its new code kept failing): why
     rolled_back: str | None = None
+    # handed to a supervisor spawned as `trainctl start` began (launcher/prespawn.py)
+    prespawned: bool = False
 
     def to_doc(self) -> JsonObject:
         """Return the JSON form sent over the handshake socket."""
@@ -96,15 +101,44 @@ def launch_supervisor(
     handover: Handover,
     timeout_s: float,
     lock_fd: int | None = None,
+    standby: tuple[int, int] | None = None,
 ) -> Ready:
-    """Start a detached supervisor for ``spec`` and wait until main has exec'd."""
-    ours, theirs = socket.socketpair()
+    """Start a detached supervisor for ``spec`` and wait until main has exec'd.
+
+    ``standby``: (socket fd, pid) of a supervisor with this very command line spawned
+    before the CLI had the spec (launcher/prespawn.py), our own child: it is handed the
+    spec instead of a new one being spawned, unless the launch needs a systemd scope or
+    hands a lock over (then its socket is closed and it exits)."""
     sd = systemd.detect() if spec.isolation.systemd else None
     unit = systemd.unit_name(spec.name, handover.run, handover.marker)
     keep = written_dirs(home, jdir, spec)
     if sd is not None and not sd.user:  # recorded: `status` names what is not kept
         handover = replace(handover, mounts_kept=tuple(systemd.mounts_for(keep)))
-    scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
+    doc = {"spec": spec_to_doc(spec), **handover.to_doc()}
+    handed = None
+    if standby is not None and sd is None and lock_fd is None:
+        early = control.encode({**doc, "prespawned": True})
+        handed = _hand(socket.socket(fileno=standby[0]), standby[1], early, timeout_s)
+    elif standby is not None:
+        os.close(standby[0])
+    msg = control.encode(doc)
+    if handed is None:  # spawned now: the standby was not usable, or gone before the spec
+        scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
+        ours, pid = _spawn(scope, home, spec, lock_fd)
+        handed = _hand(ours, pid, msg, timeout_s) or (pid, None)
+    pid, reply = handed
+    if reply is None or not reply.ok or reply.main_pid is None:
+        _refused(pid, reply, f"the supervisor of {spec.name} failed to start", jdir)
+    if sd is not None and sd.warning:
+        reply = replace(reply, warning=sd.warning)
+    return reply
+
+
+def _spawn(
+    scope: list[str], home: Path, spec: Spec, lock_fd: int | None
+) -> tuple[socket.socket, int]:
+    """Spawn the supervisor; return our end of its handshake socket and its pid."""
+    ours, theirs = socket.socketpair()
     argv = [*scope, *_supervisor_argv(home, spec, theirs.fileno(), lock_fd)]
     pass_fds = [theirs.fileno(), *([lock_fd] if lock_fd is not None else [])]
     try:
@@ -120,20 +154,32 @@ def launch_supervisor(
             pass_fds=tuple(pass_fds),
             cwd="/",
         )
-        theirs.close()
-        ours.settimeout(timeout_s)
-        ours.sendall(control.encode({"spec": spec_to_doc(spec), **handover.to_doc()}))
-        reply = _read_reply(ours)
-    finally:
+    except BaseException:
         ours.close()
+        raise
+    finally:
         theirs.close()
-    if reply is None or not reply.ok or reply.main_pid is None:
-        _refused(proc, reply, f"the supervisor of {spec.name} failed to start", jdir)
-    # The supervisor outlives us on purpose; init (or a subreaper) reaps it.
+    # The supervisor outlives us on purpose; init (or a subreaper) reaps it. Popen never
+    # waits for it: _refused reaps the one that failed.
     proc.returncode = 0
-    if sd is not None and sd.warning:
-        reply = replace(reply, warning=sd.warning)
-    return reply
+    return ours, proc.pid
+
+
+def _hand(
+    sock: socket.socket, pid: int, msg: bytes, timeout_s: float
+) -> tuple[int, Ready | None] | None:
+    """Send the spec to supervisor ``pid`` and read its answer (None: no answer); None
+    when it was gone before it took the spec (a standby that did not come up)."""
+    try:
+        sock.settimeout(timeout_s)
+        try:
+            sock.sendall(msg)
+        except OSError:
+            _reap(pid, 0.0)
+            return None
+        return pid, _read_reply(sock)
+    finally:
+        sock.close()
 
 
 def _supervisor_argv(home: Path, spec: Spec, fd: int, lock_fd: int | None) -> list[str]:
@@ -142,16 +188,27 @@ def _supervisor_argv(home: Path, spec: Spec, fd: int, lock_fd: int | None) -> li
     return argv + (["--lock-fd", str(lock_fd)] if lock_fd is not None else [])
 
 
-def _refused(proc: subprocess.Popen[bytes], reply: Ready | None, what: str, jdir: Path) -> NoReturn:
+def _refused(pid: int, reply: Ready | None, what: str, jdir: Path) -> NoReturn:
     """The supervisor did not start main: reap it (our own child) and say why."""
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # our own child, not yet reaped: its pid cannot have been reused
-        proc.wait()
+    _reap(pid, 5.0)
     if reply is None:
         raise SpawnError(f"{what} (see {jdir / 'events.jsonl'})")
     raise SpawnError(str(reply.error))
+
+
+def _reap(pid: int, within_s: float) -> None:
+    """Wait up to ``within_s`` for our own child ``pid`` to end, then kill it; not yet
+    reaped, its pid cannot have been reused."""
+    deadline = time.monotonic() + within_s
+    try:
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.02)
+    except ChildProcessError:
+        pass  # reaped already
 
 
 def _stop_budget(spec: Spec) -> float:
