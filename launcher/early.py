@@ -109,7 +109,7 @@ def _job(home_opt: str | None, name: str) -> tuple[str, _socket.socket] | None:
     verb would find the same way; None for anything unusual (the verb decides it)."""
     if os.environ.get("TRAINCTL_HOST") or os.environ.get("TRAINCTL_CLIENT_VERSION"):
         return None  # --host through the environment, or the remote end (its version check)
-    home = _home(home_opt)
+    home = home_of(home_opt)
     if home is None or not layout.name_ok(name):
         return None
     jdir = layout.job_dir(home, name)
@@ -223,7 +223,7 @@ def _seconds(text: str) -> float | None:
 _YEAR_S = 365 * 24 * 3600.0  # inputs.MAX_DURATION_S: beyond it, the verb's own refusal
 
 
-def _home(home_opt: str | None) -> str | None:
+def home_of(home_opt: str | None) -> str | None:
     """The home as `resolve_home` makes it; None where the config file decides it."""
     chosen = home_opt or os.environ.get("TRAINCTL_HOME")
     if not chosen:

@@ -21,7 +21,7 @@ import sys
 
 from trainctl.supervisor.errors import TrainctlError
 
-from . import early, output, verbs
+from . import early, output, prespawn, verbs
 from .exitcodes import ExitCode, exit_for_exception
 from .globalopts import global_options_end
 from .options import FastLine, parse_fast
@@ -76,5 +76,6 @@ def main() -> None:
             code = click_main()
     if early.sent():  # a stop went out before the verb loaded: it is loaded by now
         verbs.load("stop").note_unclaimed(wait=code != ExitCode.INTERRUPTED)
+    prespawn.dismiss()  # a start's supervisor that was not handed a spec: it exits
     sys.stdout.flush()
     sys.exit(code)

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "gpus",
             "inputs",
             "output",
+            "prespawn",
             "progress",
             "remote",
             "snapshot",
@@ -264,6 +265,7 @@ def test_the_stops_request_goes_out_before_anything_heavy_is_imported() -> None:
         "trainctl.launcher",
         "trainctl.launcher.early",
         "trainctl.launcher.entry",
+        "trainctl.launcher.prespawn",  # a start's supervisor, forked (os, _socket, layout)
         "trainctl.supervisor",  # its __init__ is a docstring
         "trainctl.supervisor.model",  # so is this one's
         "trainctl.supervisor.model.layout",  # plain strings: the job layout

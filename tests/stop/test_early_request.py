@@ -152,13 +152,13 @@ def test_the_module_reads_the_home_as_the_cli_does(
     here: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert early._home("rel/./h//") == f"{tmp_path}/rel/h"
+    assert early.home_of("rel/./h//") == f"{tmp_path}/rel/h"
     monkeypatch.delenv("TRAINCTL_HOME")
     monkeypatch.setenv("TRAINCTL_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "st"))
-    assert early._home(None) == f"{tmp_path}/st/trainctl"
+    assert early.home_of(None) == f"{tmp_path}/st/trainctl"
     (tmp_path / "none.toml").write_text("[state]\nhome = '/elsewhere'\n")
-    assert early._home(None) is None  # the config decides: the verb reads it
+    assert early.home_of(None) is None  # the config decides: the verb reads it
 
 
 def test_its_paths_are_the_ones_the_rest_of_trainctl_uses(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from trainctl.launcher import snapshot
+from trainctl.launcher import prespawn, snapshot
 from trainctl.launcher.backends import StartRequest, StopRequest
 from trainctl.launcher.gpus import lease_token, resolve_gpus
 from trainctl.launcher.results import StartResult
@@ -47,7 +47,7 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
     """Spawn the run's supervisor (leasing GPUs first, if asked) and wait for its answer."""
     home, jdir, spec, cfg, gpus = req.home, req.jdir, req.spec, req.cfg, req.gpus
     if gpus is None:
-        reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
+        reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s, standby=_standby(req))
     else:
         # One start at a time picks GPUs, so two jobs can never lease the same one.
         with state.flock_file(home / "gpus.lock", 30.0, "another start is choosing GPUs"):
@@ -70,7 +70,9 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
                 env={**spec.env, **gpu_env(leases)},
             )
             ho = replace(ho, gpus=tuple(leases))
-            reply = launch_supervisor(home, jdir, spec, ho, cfg.ready_timeout_s)
+            reply = launch_supervisor(
+                home, jdir, spec, ho, cfg.ready_timeout_s, standby=_standby(req)
+            )
     guard = None
     if spec.watch.checkpoint and not ho.from_scratch:  # what the supervisor handed and kept
         with contextlib.suppress(TrainctlError, OSError):
@@ -88,6 +90,11 @@ def _launch(req: StartRequest, ho: Handover) -> StartResult:
         unit=reply.unit,
         warnings=[f"warning: {reply.warning}"] if reply.warning else [],
     )
+
+
+def _standby(req: StartRequest) -> tuple[int, int] | None:
+    """The supervisor spawned as the command began (launcher/prespawn.py), if it was."""
+    return prespawn.take(str(req.home), req.spec.name)
 
 
 def _undo_failed_start(jdir: Path, spec: Spec, marker: str, why: str) -> None:
