@@ -556,7 +556,11 @@ def test_an_adopted_nohup_run_gets_its_checkpoint_and_progress_by_set(harness: H
         saved = json.loads(zipfile.ZipFile(d / "out" / "ckpt.pt").read("archive/data.pkl"))
         last = max(int(x.split()[1].rstrip(":")) for x in log.read_text().splitlines()
                    if x.startswith("iter "))  # fmt: skip
-        assert last - saved["iter_num"] <= 5, (last, saved)  # a plain stop: up to 10
+        # it waited for the trainer's own save and stopped on seeing it, before the next
+        # one (how soon after the save is bench's to measure: seen within 0.1 s, ~2 steps
+        # here, 7 on a busy CI machine; an assertion of it failed there)
+        assert "the job saved out/ckpt.pt: stopping it now" in res.out, res
+        assert 0 <= last - saved["iter_num"] < 10, (last, saved)
     finally:
         for pid, start in _tree(h, job.pid).items():
             kill_verified(pid, start)
