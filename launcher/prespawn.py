@@ -66,7 +66,9 @@ def named(rest: list[str]) -> str | None:
     for arg in args:
         if arg == "--":
             break
-        if arg in ("-h", "--help") or (arg.startswith("--backend=") and arg != "--backend=local"):
+        if arg in ("-h", "--help", "--after") or arg.startswith("--after="):
+            return None  # help, or always queued: the queue's waiter spawns its supervisor
+        if arg.startswith("--backend=") and arg != "--backend=local":
             return None
         if arg in ("--name", "--backend"):
             value = next(args, None)

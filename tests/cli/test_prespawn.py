@@ -134,6 +134,8 @@ def test_an_unused_supervisor_exits_quietly(harness: Harness) -> None:
         (["start", "--name", "a", "--backend", "slurm", "--", "x"], None),
         (["start", "--name", "a", "--backend=slurm", "--", "x"], None),
         (["start", "--name", "a", "--help"], None),
+        (["start", "--name", "a", "--after", "b", "--", "x"], None),  # queued: its waiter's
+        (["start", "--after=b:ok", "--name", "a", "--", "x"], None),
         (["start", "--name", "../x", "--", "x"], None),  # not a job name: the verb says so
         (["start", "--name"], None),
         (["status", "--name", "a"], None),
