@@ -39,8 +39,11 @@ of each look, one point a look):
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
+import threading
 import time
+from array import array
 from pathlib import Path
 
 from trainctl.launcher.checkpoint import newest_checkpoint
@@ -107,12 +110,51 @@ def _runs(jdir: Path) -> tuple[dict[int, _Run], float, list[tuple[float, float]]
     return runs, led.queued_s, led.stalls
 
 
-def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
+class PointsCache:
+    """Each progress file's (t, step) points, parsed once and then from where the last
+    read stopped: the files only grow (the trainer appends its lines, the supervisor its
+    samples). For a reader that lives (`trainctl web`), so a week of per-step lines is
+    parsed once, not on every look. Held as two arrays of doubles, 16 bytes a point; a
+    file replaced (another inode) or shorter than what was read is read again whole."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the web server's threads share one cache
+        # path -> (dev, inode, bytes read, times, steps)
+        self._files: dict[str, tuple[int, int, int, array[float], array[float]]] = {}
+
+    def read(self, path: Path) -> list[tuple[float, float]]:
+        """The file's points in the order written; OSError when it cannot be read."""
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            with self._lock:
+                kept = self._files.get(str(path))
+            if kept is None or kept[:2] != (st.st_dev, st.st_ino) or st.st_size < kept[2]:
+                kept = (st.st_dev, st.st_ino, 0, array("d"), array("d"))
+            offset, ts, steps = kept[2:]
+            f.seek(offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written: at the next read
+        new = timed_steps(data[:end].splitlines())
+        if new:  # new arrays: a reader of the kept ones is not disturbed
+            ts = ts + array("d", (t for t, _ in new))
+            steps = steps + array("d", (n for _, n in new))
+        with self._lock:
+            self._files[str(path)] = (st.st_dev, st.st_ino, offset + end, ts, steps)
+        return list(zip(ts, steps, strict=True))
+
+
+def _read_points(path: Path) -> list[tuple[float, float]]:
+    """A file's points, read whole (a one-shot reader: `trainctl report`)."""
+    with open(path, "rb") as f:
+        return timed_steps(f)
+
+
+def _points(jdir: Path, run: int, cache: PointsCache | None) -> list[tuple[float, float]]:
     """(t, step) of the run, in time order: its reported lines, else timed samples."""
+    read = _read_points if cache is None else cache.read
     for path in (state.progress_path(jdir, run), steps_path(state.log_path(jdir, run))):
         try:
-            with open(path, "rb") as f:
-                pts = timed_steps(f)
+            pts = read(path)
         except OSError:
             continue
         if pts:
@@ -120,10 +162,10 @@ def _points(jdir: Path, run: int) -> list[tuple[float, float]]:
     return []
 
 
-def _typical(jdir: Path, runs: dict[int, _Run]) -> float | None:
+def _typical(jdir: Path, runs: dict[int, _Run], cache: PointsCache | None) -> float | None:
     """Read each run's progress; the median time per step over all runs."""
     for r in runs.values():
-        r.points = _points(jdir, r.run)
+        r.points = _points(jdir, r.run, cache)
     per_step = [
         (b[0] - a[0]) / (b[1] - a[1])
         for r in runs.values()
@@ -137,14 +179,15 @@ def _overlaps(a: float, b: float, periods: list[tuple[float, float]]) -> bool:
     return any(s < b and e > a for s, e in periods)
 
 
-def report(home: Path, name: str) -> Goodput:
-    """The goodput of job ``name`` since its first start (or queueing)."""
+def report(home: Path, name: str, cache: PointsCache | None = None) -> Goodput:
+    """The goodput of job ``name`` since its first start (or queueing); ``cache``: a
+    long-lived reader's, so each progress file is parsed from where it was last read."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     runs, queued, stalls = _runs(jdir)
     if not runs:
         raise TrainctlError(f"job {name} has no recorded run yet")
-    typical = _typical(jdir, runs)
+    typical = _typical(jdir, runs, cache)
     ordered = [runs[k] for k in sorted(runs)]
     live = not current_phase(jdir, st).ended
     now = time.time()

@@ -30,7 +30,7 @@ from .base import (
     to,
     write,
 )
-from .deploy import deploy_plan, deploy_report, deploy_step, goodput, history
+from .deploy import deploy_plan, deploy_report, deploy_step, goodput, goodput_line, history
 from .fleet import fleet_gpus, fleet_jobs, fleet_top
 from .status import (
     as_written,
@@ -83,6 +83,7 @@ __all__ = [
     "fleet_top",
     "gib",
     "goodput",
+    "goodput_line",
     "gpu_line",
     "gpus",
     "guard_lines",

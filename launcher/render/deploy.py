@@ -97,8 +97,8 @@ def parts_line(p: InterruptionParts) -> str:
     )
 
 
-def _goodput_line(g: Goodput) -> str:
-    """A job's goodput in one line (`report`'s first)."""
+def goodput_line(g: Goodput) -> str:
+    """A job's goodput in one line (`report`'s first, the web page's charts' caption)."""
     state = "running" if g.running else "ended"
     if g.goodput is None:
         return f"{duration(g.wall_s)} since its first start, {g.runs} run(s), {state}"
@@ -110,7 +110,7 @@ def _goodput_line(g: Goodput) -> str:
 
 def goodput(g: Goodput) -> str:
     """`trainctl report NAME`: goodput, the lost time by bucket, each interruption."""
-    o: list[str] = [f"{g.name}: {_goodput_line(g)}"]
+    o: list[str] = [f"{g.name}: {goodput_line(g)}"]
     if g.stopped_s >= 0.05:  # not lost: out of the goodput's denominator
         o.append(f"  stopped   by you {duration(g.stopped_s)} (not counted against it)")
     lost = [f"{k.replace('_', ' ')} {duration(v)}" for k, v in g.lost_s.items() if v >= 0.05]

@@ -46,6 +46,7 @@ from trainctl.supervisor.model import state
 from trainctl.supervisor.records import JsonObject, record
 
 from . import pages, static
+from .goodput import GoodputLines
 
 COOKIE = "trainctl_token"
 Scope = MutableMapping[str, Any]
@@ -181,6 +182,7 @@ class _Web:
 
     def __init__(self, cfg: WebConfig) -> None:
         self.cfg = cfg
+        self.goodput = GoodputLines(cfg.home)
 
     async def script(self, _: Request) -> Response:
         return Response(static.JS, media_type="text/javascript")
@@ -205,7 +207,8 @@ class _Web:
         history = job_history(self.cfg.home, name)
         samples = runview.job_samples(self.cfg.home, name)  # every run, boundaries marked
         points = runview.progress_points(self.cfg.home, name)  # every point the trainer wrote
-        return pages.chart_set(samples, points, ckpts, s, history), ckpts, history
+        line = self.goodput.line(name)  # made off the request: a week of lines is not read
+        return pages.chart_set(samples, points, ckpts, s, history, line), ckpts, history
 
     def _job_page(self, name: str) -> Response:
         s = job_status(self.cfg.home, name)

@@ -132,8 +132,10 @@ def chart_set(
     ckpts: list[CheckpointFile],
     status: Status,
     history: list[HistoryRow],
+    goodput: tuple[str | None, float | None] = (None, None),
 ) -> str:
-    """The job's charts: progress, GPU memory and utilisation per GPU, job memory and CPU."""
+    """The job's charts: progress, GPU memory and utilisation per GPU, job memory and CPU;
+    above them the job's goodput line (``report``'s first) and when it was made."""
     marks = [charts.Marker(c.at, f"checkpoint {c.path}", "checkpoint") for c in ckpts]
     marks += [
         charts.Marker(r.started_at, f"run {r.run}: {' '.join(r.marks) or 'start'}", "deploy")
@@ -158,7 +160,14 @@ def chart_set(
             fmt=lambda v: f"{v:.0f}%",
         )
     )
-    return "".join(charts.render(c) for c in out)
+    line, made_at = goodput
+    caption = (
+        f"<p class='goodput'>{esc(line)} <small>(trainctl report, as of "
+        f"{time.strftime('%H:%M:%S', time.localtime(made_at))})</small></p>"
+        if line is not None and made_at is not None
+        else ""
+    )
+    return caption + "".join(charts.render(c) for c in out)
 
 
 def _progress_charts(

@@ -9,6 +9,7 @@ import sys
 
 from tests.conftest import Harness, wait_for
 from tests.keeper.test_deploy import progress
+from trainctl.launcher.ops import goodput
 
 SCRIPTED = """\
 import json, os, signal, sys, time
@@ -85,6 +86,10 @@ def test_report_matches_the_scripted_run(harness: Harness) -> None:
     assert "7 steps redone" in text
     assert "restore 2." in text, text
     assert "down " in text, text
+    # the web page's reader (a points cache kept across reads) gives the same report
+    cache = goodput.PointsCache()
+    twice = [goodput.report(h.home, "gp", cache).to_doc() for _ in range(2)]
+    assert twice[0] == twice[1] == g, (twice, g)
 
 
 def test_report_without_progress_and_of_an_unknown_job(harness: Harness) -> None:

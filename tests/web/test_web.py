@@ -318,7 +318,9 @@ def test_the_charts_cover_every_run_and_leave_out_the_time_field(harness: Harnes
     """issue 44 §12: every run of the job is charted (its boundaries marked), and a
     progress line's reserved `t` is not charted as a number. issue 56 §5: the loss is
     charted from every point the trainer wrote (not the supervisor's ~0.2 s samples),
-    against the step (a line a run) and the time, on a log scale."""
+    against the step (a line a run) and the time, on a log scale; above them the job's
+    goodput line, made off the request (a page waits for it 0.25 s at most; a refresh of
+    the charts brings it)."""
     h = harness
     log1 = start_trainer(h)
     # this trainer counts from step 1 at every start: started over on purpose, or the
@@ -331,7 +333,23 @@ def test_the_charts_cover_every_run_and_leave_out_the_time_field(harness: Harnes
     lines = sum(len(p.read_text().splitlines()) for p in log1.parent.glob("*.progress.jsonl"))
     with serve(h) as server:
         status, _, body = server.request("GET", "/jobs/train/charts")
+
+        seen: list[str] = []
+
+        def caption() -> bool:
+            got = server.request("GET", "/jobs/train/charts")[2].decode()
+            seen[:] = re.findall(r"<p class='goodput'>(.*?)</p>", got)
+            return bool(seen)
+
+        wait_for(caption, 20, "the goodput line")
+        [line] = seen
     assert status == 200
+    # report's own first line, as `trainctl report` says it (the durations move on)
+    said = h.tc("report", "train", check=True).out.splitlines()[0]
+    shape = r"goodput \d\.\d\d: productive .+ since its first start, 2 run\(s\), running"
+    assert re.match(shape, line), line
+    assert re.search(shape, said), said
+    assert "(trainctl report, as of " in line
     svg = body.decode()
     assert 'aria-label="loss by step"' in svg
     assert 'aria-label="loss over time"' in svg
