@@ -218,12 +218,14 @@ def main() -> None:
             time.sleep(0.2)
         made = time.perf_counter() - t0
         page = fetch_ms(base, token, "/jobs/job00", 10)
+        refresh = fetch_ms(base, token, "/jobs/job00/charts", 10)
         print(
             f"1. job page of a 7-day run ({size / 2**20:.1f} MB of samples, "
             f"{lines / 2**20:.0f} MB of per-step progress lines, 8 GPUs): "
             f"{page:.0f} ms (median of 10, its goodput line made) -> {page / 300:.2f}x the "
             f"300 ms target; the first load {first:.0f} ms (it waits 0.25 s for the line at "
-            f"most), the line on the page {made:.1f} s later"
+            f"most), the line on the page {made:.1f} s later; the charts' refresh (every 10 s) "
+            f"{refresh:.0f} ms"
         )
         jobs = fetch_ms(base, token, "/", 20)
         api = fetch_ms(base, token, "/api/jobs", 20)

@@ -183,6 +183,7 @@ class _Web:
     def __init__(self, cfg: WebConfig) -> None:
         self.cfg = cfg
         self.goodput = GoodputLines(cfg.home)
+        self.points = runview.TailCache()
 
     async def script(self, _: Request) -> Response:
         return Response(static.JS, media_type="text/javascript")
@@ -206,7 +207,8 @@ class _Web:
         ckpts = runview.checkpoints(self.cfg.home, name)
         history = job_history(self.cfg.home, name)
         samples = runview.job_samples(self.cfg.home, name)  # every run, boundaries marked
-        points = runview.progress_points(self.cfg.home, name)  # every point the trainer wrote
+        # every point the trainer wrote (the newest of them): each file parsed once
+        points = runview.progress_points(self.cfg.home, name, cache=self.points)
         line = self.goodput.line(name)  # made off the request: a week of lines is not read
         return pages.chart_set(samples, points, ckpts, s, history, line), ckpts, history
 
