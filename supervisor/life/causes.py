@@ -284,15 +284,16 @@ def _root_exit(tail: str, root_rank: int | None, tb: tuple[str, int | None] | No
     if root_rank is None or found is None:
         return None
     code = int(found.group(1))
+    if code < 0:  # killed by a signal, it wrote no traceback as it died: one under its
+        # prefix came from its DataLoader workers, cut off from it (a ConnectionResetError,
+        # or an EOFError from their index queue: which one, and whether it is written
+        # before torchrun's summary, depends on timing; a busy CI run wrote the EOFError)
+        return f"rank {root_rank} killed by {signal_name(-code)} (exit code {code})"
     consequence = tb is not None and bool(_CONSEQUENTIAL.search(tb[0]))
-    # a rank killed by a signal wrote no traceback: one under its prefix that is only a
-    # consequence came from its DataLoader workers, cut off from it
-    own = tb is not None and tb[1] == root_rank and not (code < 0 and consequence)
+    own = tb is not None and tb[1] == root_rank
     maybe_own = tb is not None and tb[1] is None and not consequence
     if own or maybe_own:
         return None  # its own traceback (or one that may be its own and is no consequence)
-    if code < 0:
-        return f"rank {root_rank} killed by {signal_name(-code)} (exit code {code})"
     return f"rank {root_rank} exited with code {code}, with no traceback of its own"
 
 

@@ -307,6 +307,22 @@ def test_a_root_cause_rank_without_a_traceback_is_its_own_exit(tmp_path: Path) -
     r = job_reason(log, None, 0.0, {})
     assert r.text == "rank 1 killed by SIGKILL (exit code -9)", r
     assert r.rank == 1
+    # another CI run (four test workers on two cores): the worker read its index queue's
+    # end instead, an EOFError, which is no consequence by its words; still not the rank's
+    queue = (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "torch/utils/data/_utils/worker.py", line 309, in _worker_loop\n'
+        '[rank1]:   File "multiprocessing/connection.py", line 395, in _recv\n'
+        "[rank1]: EOFError\n"
+    )
+    for before in (queue, queue.replace("[rank1]: ", "")):  # with torchrun's prefix or none
+        log.write_text(before + ROOT_KILLED_LOG)
+        r = job_reason(log, None, 0.0, {})
+        assert r.text == "rank 1 killed by SIGKILL (exit code -9)", (before, r)
+        assert r.rank == 1
+    # a rank that exited with a code wrote its own traceback: that is its reason
+    log.write_text(queue + ROOT_KILLED_LOG.replace("exitcode  : -9 (pid: 4243)", "exitcode  : 1"))
+    assert job_reason(log, None, 0.0, {}).text == "EOFError"
 
 
 def test_a_watchdog_line_that_names_its_rank_only_in_its_text(tmp_path: Path) -> None:
