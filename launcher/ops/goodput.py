@@ -124,7 +124,13 @@ class PointsCache:
 
     def read(self, path: Path) -> list[tuple[float, float]]:
         """The file's points in the order written; OSError when it cannot be read."""
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")  # noqa: SIM115  (closed below: a file that went is forgotten)
+        except OSError:
+            with self._lock:
+                self._files.pop(str(path), None)
+            raise
+        with f:
             st = os.fstat(f.fileno())
             with self._lock:
                 kept = self._files.get(str(path))

@@ -119,7 +119,9 @@ class TailCache:
                     start = kept[2]
                     f.seek(start)
                     data = f.read()
-        except OSError:
+        except OSError:  # gone (a job removed): forgotten
+            with self._lock:
+                self._files.pop(key, None)
             return [], budget
         at = [(o, p) for o, p in kept[3] if o >= st.st_size - POINTS_BYTES]
         offset = start

@@ -62,14 +62,14 @@ class GoodputLines:
 
     def _make(self, name: str, kept: _Line) -> None:
         t0 = time.monotonic()
-        text: str | None
+        text: str | None = None
         try:
-            g = goodput.report(self.home, name, self.points)
-            text = render.goodput_line(g)
+            text = render.goodput_line(goodput.report(self.home, name, self.points))
         except (TrainctlError, OSError):
-            text = None  # no run yet, or the job went: the page shows none
-        took = time.monotonic() - t0
-        with self._lock:
-            kept.text, kept.made_at = text, time.time()
-            kept.next_at = time.monotonic() + max(REFRESH_S, COST_FACTOR * took)
-            kept.maker = None
+            pass  # no run yet, or the job went: the page shows none
+        finally:  # whatever happened, the line is made again when due, not never
+            took = time.monotonic() - t0
+            with self._lock:
+                kept.text, kept.made_at = text, time.time()
+                kept.next_at = time.monotonic() + max(REFRESH_S, COST_FACTOR * took)
+                kept.maker = None

@@ -65,3 +65,4 @@ def test_a_replaced_or_shortened_file_is_read_again(tmp_path: Path) -> None:
     p.unlink()
     with pytest.raises(FileNotFoundError):  # as for a whole read: the next file is tried
         cache.read(p)
+    assert not cache._files  # and forgotten: a web server outlives removed jobs

@@ -71,3 +71,4 @@ def test_a_progress_bars_frames_and_a_replaced_log(tmp_path: Path) -> None:
     assert cache.newest(log, 1 << 20, parse, "rx") == fresh(log, 1 << 20, parse)
     log.unlink()
     assert cache.newest(log, 1 << 20, parse, "rx") == ([], 1 << 20)
+    assert not cache._files  # forgotten: a web server outlives removed jobs
