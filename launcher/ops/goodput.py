@@ -39,7 +39,6 @@ of each look, one point a look):
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import threading
 import time
@@ -51,6 +50,7 @@ from trainctl.launcher.results.ops import Goodput, Interruption, InterruptionPar
 from trainctl.supervisor.errors import TrainctlError
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.steps import steps_path, timed_steps
+from trainctl.supervisor.model.tail import Mark, read_appended
 from trainctl.supervisor.records import field, record
 
 from .jobs import current_phase, existing_job
@@ -119,33 +119,26 @@ class PointsCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the web server's threads share one cache
-        # path -> (dev, inode, bytes read, times, steps)
-        self._files: dict[str, tuple[int, int, int, array[float], array[float]]] = {}
+        # path -> (where the last read stopped, times, steps)
+        self._files: dict[str, tuple[Mark, array[float], array[float]]] = {}
 
     def read(self, path: Path) -> list[tuple[float, float]]:
         """The file's points in the order written; OSError when it cannot be read."""
+        with self._lock:
+            kept = self._files.get(str(path))
         try:
-            f = open(path, "rb")  # noqa: SIM115  (closed below: a file that went is forgotten)
+            mark, _, data, fresh, _ = read_appended(path, None if kept is None else kept[0])
         except OSError:
-            with self._lock:
+            with self._lock:  # gone (a job removed): forgotten
                 self._files.pop(str(path), None)
             raise
-        with f:
-            st = os.fstat(f.fileno())
-            with self._lock:
-                kept = self._files.get(str(path))
-            if kept is None or kept[:2] != (st.st_dev, st.st_ino) or st.st_size < kept[2]:
-                kept = (st.st_dev, st.st_ino, 0, array("d"), array("d"))
-            offset, ts, steps = kept[2:]
-            f.seek(offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line still being written: at the next read
-        new = timed_steps(data[:end].splitlines())
+        ts, steps = (array("d"), array("d")) if fresh or kept is None else kept[1:]
+        new = timed_steps(data.splitlines())
         if new:  # new arrays: a reader of the kept ones is not disturbed
             ts = ts + array("d", (t for t, _ in new))
             steps = steps + array("d", (n for _, n in new))
         with self._lock:
-            self._files[str(path)] = (st.st_dev, st.st_ino, offset + end, ts, steps)
+            self._files[str(path)] = (mark, ts, steps)
         return list(zip(ts, steps, strict=True))
 
 

@@ -28,7 +28,7 @@ from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import newest_typed
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.steps import numbers, progress_of
-from trainctl.supervisor.model.tail import latest_frame, read_end, tail_lines
+from trainctl.supervisor.model.tail import Mark, latest_frame, read_appended, read_end, tail_lines
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
@@ -92,49 +92,38 @@ class TailCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the web server's threads share one cache
-        # (path, parser) -> (dev, inode, bytes read: a line's end, [(line start, point)])
-        self._files: dict[tuple[str, str], tuple[int, int, int, list[_At]]] = {}
+        # (path, parser) -> (where the last read stopped, [(line start, point)])
+        self._files: dict[tuple[str, str], tuple[Mark, list[_At]]] = {}
 
     def newest(
         self, path: Path, budget: int, parse: Parse, kind: str
     ) -> tuple[list[ProgressPoint], int]:
         """As :func:`_newest_points`, through the cache (``kind`` names ``parse``)."""
+        if budget <= 0:
+            return [], budget
         key = (str(path), kind)
+        with self._lock:
+            kept = self._files.get(key)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if budget <= 0 or not st.st_size:
-                    return [], budget
-                with self._lock:
-                    kept = self._files.get(key)
-                if kept is None or kept[:2] != (st.st_dev, st.st_ino) or st.st_size < kept[2]:
-                    start = max(0, st.st_size - POINTS_BYTES)
-                    kept = (st.st_dev, st.st_ino, start, [])
-                    f.seek(start)
-                    data = f.read()
-                    if start:  # the first line may be cut: from the next one on
-                        skip = data.find(b"\n") + 1
-                        data, start = data[skip:], start + skip
-                else:
-                    start = kept[2]
-                    f.seek(start)
-                    data = f.read()
+            mark, offset, data, fresh, size = read_appended(
+                path, None if kept is None else kept[0], POINTS_BYTES
+            )
         except OSError:  # gone (a job removed): forgotten
             with self._lock:
                 self._files.pop(key, None)
             return [], budget
-        at = [(o, p) for o, p in kept[3] if o >= st.st_size - POINTS_BYTES]
-        offset = start
-        for raw in data.split(b"\n")[:-1]:  # the last piece: not ended yet
+        old = [] if fresh or kept is None else kept[1]
+        at = [(o, p) for o, p in old if o >= size - POINTS_BYTES]
+        for raw in data.split(b"\n")[:-1]:  # whole lines only: data ends with one
             # as tail_lines splits: a progress bar's carriage returns end lines too
             for line in raw.decode(errors="replace").splitlines():
                 if (point := parse(line)) is not None:
                     at.append((offset, point))
             offset += len(raw) + 1
         with self._lock:
-            self._files[key] = (st.st_dev, st.st_ino, offset, at)
-        floor = st.st_size - budget  # as tail_lines: a line starting at it may be cut
-        return [p for o, p in at if o > floor or not floor], budget - min(budget, st.st_size)
+            self._files[key] = (mark, at)
+        floor = size - budget  # as tail_lines: a line starting at it may be cut
+        return [p for o, p in at if o > floor or not floor], budget - min(budget, size)
 
 
 _At = tuple[int, ProgressPoint]

@@ -91,3 +91,32 @@ def last_lines_at(path: Path, lines: int, block: int = BLOCK) -> tuple[int, byte
             # a final line without its newline still counts as a line
             newlines += chunk.count(b"\n")
         return pos, b"".join(reversed(chunks))
+
+
+# Where a reader that lives stopped in a file: (device, inode, offset at a line's end)
+Mark = tuple[int, int, int]
+
+
+def read_appended(
+    path: Path, mark: Mark | None, window: int | None = None
+) -> tuple[Mark, int, bytes, bool, int]:
+    """The whole lines of ``path`` written since ``mark``, for a reader that keeps what
+    it parsed (`trainctl web`'s caches): (the new mark, the offset the lines start at,
+    the lines, whether they were read afresh, the file's size). Afresh when there is no
+    mark or the file is another (its inode) or shorter than the mark: from its start, or
+    within its last ``window`` bytes from the first whole line. A line not ended yet is
+    left for the next read. OSErrors reach the caller."""
+    with os.fdopen(_open(path), "rb") as f:
+        st = os.fstat(f.fileno())
+        fresh = mark is None or mark[:2] != (st.st_dev, st.st_ino) or st.st_size < mark[2]
+        if not fresh and mark is not None:
+            start = mark[2]
+        else:
+            start = 0 if window is None else max(0, st.st_size - window)
+        f.seek(start)
+        data = f.read()
+    if fresh and start:  # the first line may be cut: from the next one on
+        skip = data.find(b"\n") + 1
+        data, start = data[skip:], start + skip
+    end = data.rfind(b"\n") + 1
+    return (st.st_dev, st.st_ino, start + end), start, data[:end], fresh, st.st_size

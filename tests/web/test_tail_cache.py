@@ -72,3 +72,15 @@ def test_a_progress_bars_frames_and_a_replaced_log(tmp_path: Path) -> None:
     log.unlink()
     assert cache.newest(log, 1 << 20, parse, "rx") == ([], 1 << 20)
     assert not cache._files  # forgotten: a web server outlives removed jobs
+
+
+def test_a_link_in_place_of_a_progress_file_is_not_followed(tmp_path: Path) -> None:
+    """As every reader of a file's end (supervisor/model/tail.py): a job cannot point its
+    progress file at another file and have the web server read it out."""
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(line(1) + line(2))
+    p = tmp_path / "run-1.progress.jsonl"
+    p.symlink_to(other)
+    parse = runview._json_of(1)
+    assert runview.TailCache().newest(p, 1 << 20, parse, "json") == ([], 1 << 20)
+    assert fresh(p, 1 << 20, parse)[0] == []  # (it counts the target's size against the budget)
