@@ -117,15 +117,14 @@ def launch_supervisor(
     doc = {"spec": spec_to_doc(spec), **handover.to_doc()}
     handed = None
     if standby is not None and sd is None and lock_fd is None:
-        early = control.encode({**doc, "prespawned": True})
-        handed = _hand(socket.socket(fileno=standby[0]), standby[1], early, timeout_s)
+        msg = control.encode({**doc, "prespawned": True})
+        handed = _hand(socket.socket(fileno=standby[0]), standby[1], msg, timeout_s)
     elif standby is not None:
         os.close(standby[0])
-    msg = control.encode(doc)
     if handed is None:  # spawned now: the standby was not usable, or gone before the spec
         scope = systemd.scope_argv(sd, unit, _stop_budget(spec), keep_mounted=keep) if sd else []
         ours, pid = _spawn(scope, home, spec, lock_fd)
-        handed = _hand(ours, pid, msg, timeout_s) or (pid, None)
+        handed = _hand(ours, pid, control.encode(doc), timeout_s) or (pid, None)
     pid, reply = handed
     if reply is None or not reply.ok or reply.main_pid is None:
         _refused(pid, reply, f"the supervisor of {spec.name} failed to start", jdir)
