@@ -112,12 +112,9 @@ def _exec(argv: list[str], keep: int) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        for entry in os.listdir("/proc/self/fd"):  # close_fds: an ssh session's pipes too
-            if int(entry) > 2 and int(entry) != keep:
-                try:  # noqa: SIM105  (contextlib is not loaded this early)
-                    os.close(int(entry))
-                except OSError:
-                    pass  # the listing's own fd, gone already
+        # close_fds: an ssh session's pipes too (close_range(2) where the kernel has it)
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         os.set_inheritable(keep, True)
         os.execv(argv[0], argv)  # noqa: S606  (the supervisor's argv, as the launch's)
     finally:
