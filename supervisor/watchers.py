@@ -27,6 +27,7 @@ from trainctl.supervisor.gpu.xid import Fault
 from trainctl.supervisor.model.checkpoints import newest_mtime
 from trainctl.supervisor.model.reports import Cause
 from trainctl.supervisor.model.state import MemberSnap, ProcRef, log_path, mtime, progress_path
+from trainctl.supervisor.model.tail import Mark, read_appended
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
 from trainctl.supervisor.tree.stacks import stacks_writer
@@ -66,6 +67,9 @@ EARLY_SNAPSHOT_S = 0.25  # the first member snapshot after a start (then doublin
 
 
 XID_WAIT_S = 60.0  # one Xid wait in the driver (a daemon thread: exit does not wait)
+
+
+DUE_SLACK_S = 0.02  # a stall deadline's look comes this long after it passes
 
 
 GUARD_LOOK_S = 0.1  # the checkpoint guard's look for the run's first step (watch/guard.py)
@@ -279,7 +283,9 @@ class Watchers:
             if self.stall.check():
                 await self.stall.write_stacks()
             size = await self._bound_log()
-            await anyio.sleep(pace.next_look(size, time.monotonic()))
+            due = self.stall.due_in()  # a deadline passing before the next look: look then
+            look = pace.next_look(size, time.monotonic())
+            await anyio.sleep(look if due is None else min(look, due + DUE_SLACK_S))
 
     async def _bound_log(self) -> int:
         """Rotate the log past its cap (the copy in a thread); return its size now."""
@@ -479,6 +485,7 @@ class StallWatcher:
         self._stall_learner = StallLearner()  # stall_timeout = "auto" (stall.py)
         self._reports_steps = False  # a run of the job wrote a progress file
         self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
+        self._lines_mark: tuple[int, Mark | None] = (0, None)  # (run, where the count is)
 
     def _stall_idle(self) -> tuple[float, float, bool]:
         """(when the run last wrote, how long it has been quiet, whether that is a stall)."""
@@ -494,13 +501,34 @@ class StallWatcher:
         learner = self._stall_learner
         if learner.run != st.run:
             learner.begin(st.run, st.started_at)
-        learner.observe(last, ckpt, stepped=self._stepped(st.run, progress, st.started_at, last))
+        stepped = self._stepped(st.run, progress, st.started_at, last)
+        learner.observe(last, ckpt, stepped=stepped, lines=self._new_lines(st.run, progress))
         deadline = learner.deadline_s
         if deadline is not None and (
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
         ):
             self.run.observe(stall_deadline_s=round(deadline, 2))
         return last, now - last, learner.stalled_for(now, ckpt) is not None
+
+    def _new_lines(self, run: int, progress: Path) -> int:
+        """The progress lines run ``run`` wrote since the last look (0: none, or not
+        known: the file is new to this look, replaced, or unreadable): what a look every
+        0.5 s cannot time, counted (stall.py)."""
+        seen, mark = self._lines_mark
+        try:
+            mark, _, data, fresh, _ = read_appended(progress, mark if seen == run else None, 0)
+        except OSError:
+            self._lines_mark = (run, None)
+            return 0
+        self._lines_mark = (run, mark)
+        return 0 if fresh else data.count(b"\n")
+
+    def due_in(self) -> float | None:
+        """Seconds until a learned deadline would pass with nothing written (the log's
+        look is taken then, not at its next half second); None: no such deadline now."""
+        if self.run.stage is not lc.Stage.RUNNING or not self.run.spec.watch.stall_auto:
+            return None
+        return self._stall_learner.due_in(time.time(), self._newest_checkpoint_mtime())
 
     def _stepped(self, run: int, progress: Path, started_at: float, last: float) -> bool:
         """Whether run ``run`` is past its start: its first reported step (its progress

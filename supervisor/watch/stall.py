@@ -8,8 +8,17 @@ save (its length is learned too); a gap as long as the deadline then in force is
 (a SIGSTOPped rank that came back), never learned, else each stall would raise the
 deadline (4.4 s -> 19.8 s -> 1m23s after two); any other gap is a step. The deadline is
 :data:`FACTOR` times the longest step gap seen, at least :data:`FLOOR_S`; no stall is
-called while a save is under way (a checkpoint written within :data:`SAVING_S`), nor
-before :data:`LEARN_GAPS` step gaps were seen.
+called while a save is under way (a checkpoint written since the run's last step, within
+:data:`SAVING_S`), nor before :data:`LEARN_GAPS` step gaps were seen.
+
+A look every 0.5 s cannot see a gap shorter than itself: a run stepping every 0.05 s
+seemed to step every 0.5 s, and its deadline was 4 x 0.5 s whatever its pace (issue 56
+§2: a hang seen after 2.6 s, not four steps). So the look also counts the progress lines
+written since the one before: n lines in the span between two writes are n gaps, each
+learned as the span's mean (a log-only run is still learned by the span). The floor is
+what is left of that: a pause of a second (a page-cache flush, a loaded box's scheduler)
+is not a hang, whatever the pace. The look that would see a deadline pass is taken when
+it passes (:meth:`StallLearner.due_in`), not at the next half second.
 
 A run's start (from its start to its first step: the interpreter, imports, rendezvous,
 the checkpoint's load) is not a step gap: a relaunch's seconds of start learned as one
@@ -28,9 +37,9 @@ from trainctl.supervisor.model.checkpoints import candidates
 from trainctl.supervisor.records import field, record
 
 FACTOR = 4.0  # a small multiple of the longest normal gap between steps
-FLOOR_S = 2.0  # never a deadline under this (the look itself is every 0.5 s)
+FLOOR_S = 1.0  # never a deadline under this: a second's pause of a loaded box is no hang
 LEARN_GAPS = 5  # step gaps seen before a deadline is called
-SAVING_S = 2.0  # a checkpoint written this recently: a save is under way
+SAVING_S = 2.0  # a checkpoint written this recently, and since the last step: a save
 
 
 @record()
@@ -54,9 +63,12 @@ class StallLearner:
         self.run, self.run_started, self.starting = run, started_at, True
         self.last_activity = None
 
-    def observe(self, activity: float, newest_ckpt: float, *, stepped: bool = True) -> None:
+    def observe(
+        self, activity: float, newest_ckpt: float, *, stepped: bool = True, lines: int = 0
+    ) -> None:
         """Feed the newest write time of the run's log/progress and of its checkpoints;
-        ``stepped``: the run has reported a step (its start is over)."""
+        ``stepped``: the run has reported a step (its start is over); ``lines``: the
+        progress lines written since the last look (0: not known, a log-only run)."""
         if self.starting:
             if not stepped:
                 return
@@ -69,12 +81,13 @@ class StallLearner:
         if last < newest_ckpt <= activity + SAVING_S:
             self.longest_save_s = max(self.longest_save_s, gap)
             return
-        deadline = self.deadline_s
-        if deadline is not None and gap >= deadline:
+        steps = max(1, lines)  # several steps in the span: each gap is its mean
+        deadline, each = self.deadline_s, gap / steps
+        if deadline is not None and each >= deadline:
             self.stalls += 1
             return
-        self.longest_step_s = max(self.longest_step_s, gap)
-        self.step_gaps += 1
+        self.longest_step_s = max(self.longest_step_s, each)
+        self.step_gaps += steps
 
     @property
     def deadline_s(self) -> float | None:
@@ -92,10 +105,28 @@ class StallLearner:
         deadline = self.deadline_s
         if deadline is None or self.last_activity is None:
             return None
-        if now - newest_ckpt < SAVING_S:
+        if self._saving(now, newest_ckpt):
             return None  # a save is under way: its folder is being written
         idle = now - self.last_activity
         return idle if idle >= deadline else None
+
+    def _saving(self, now: float, newest_ckpt: float) -> bool:
+        """A checkpoint was written since the run's last write (it has not stepped
+        since: a save under way), and lately. One written before a step is a save over."""
+        last = self.last_activity or 0.0
+        return newest_ckpt >= last and now - newest_ckpt < SAVING_S
+
+    def due_in(self, now: float, newest_ckpt: float) -> float | None:
+        """Seconds until :meth:`stalled_for` could first say yes with nothing written
+        meanwhile (None: it cannot yet: learning, starting, or no write seen; or it is
+        past: the stall was seen, and the usual looks follow it)."""
+        deadline = self.deadline_s
+        if self.starting or deadline is None or self.last_activity is None:
+            return None
+        due = self.last_activity + deadline
+        if self._saving(now, newest_ckpt):
+            due = max(due, newest_ckpt + SAVING_S)
+        return due - now if due > now else None
 
 
 @record()

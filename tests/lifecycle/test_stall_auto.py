@@ -80,7 +80,7 @@ def test_a_gap_called_a_stall_is_never_learned_as_a_step() -> None:
         t += 0.5
         learner.observe(t, 0.0)
     before = learner.deadline_s
-    assert before == 2.0  # FLOOR_S: 4 x 0.5 s
+    assert before == 2.0  # 4 x 0.5 s
     for hung in (9.0, 30.0):
         t += hung
         assert learner.stalled_for(t, 0.0) is not None  # it was called a stall
@@ -175,3 +175,89 @@ def test_the_deadline_is_learned_from_steps_not_from_a_start(harness: Harness) -
     finally:
         os.kill(pid, signal.SIGCONT)
     h.tc("stop", "ss", check=True)
+
+
+def test_steps_faster_than_the_look_are_learned_from_the_lines_counted() -> None:
+    """issue 56 §2: looks every 0.5 s at a run stepping every 0.05 s saw a write per
+    look, so the deadline was 4 x the look (2.1 s) whatever the pace. Ten progress lines
+    between two looks are ten gaps: the deadline is the floor, and a span without lines
+    counted (a log-only run) is still learned as one gap."""
+    learner = StallLearner()
+    t = 1000.0
+    for _ in range(10):
+        t += 0.5
+        learner.observe(t, 0.0, lines=10)
+    assert learner.longest_step_s == 0.05
+    assert learner.deadline_s == 1.0  # FLOOR_S: 4 x 0.05 s is under it
+    assert learner.stalled_for(t + 0.9, 0.0) is None
+    assert learner.stalled_for(t + 1.0, 0.0) is not None
+    # a look that came late (the supervisor busy for 1.2 s) while the run wrote on:
+    # twelve gaps of 0.1 s, not a stall of 1.2 s
+    t += 1.2
+    learner.observe(t, 0.0, lines=12)
+    assert learner.stalls == 0
+    assert learner.deadline_s == 1.0
+    slow = StallLearner()  # a log-only run writing every 0.4 s: one gap per span
+    for _ in range(10):
+        t += 0.4
+        slow.observe(t, 0.0)
+    assert abs(slow.deadline_s - 1.6) < 1e-9
+
+
+def test_a_save_holds_the_deadline_off_only_until_the_run_steps_again() -> None:
+    """A checkpoint written since the run's last write is a save under way (SAVING_S);
+    one written before a later step is a save that is over: a hang right after it is
+    seen at the deadline, not SAVING_S after the save."""
+    learner = StallLearner()
+    t = 1000.0
+    for _ in range(10):
+        t += 0.1
+        learner.observe(t, 0.0)
+    assert learner.deadline_s == 1.0
+    # the save: the checkpoint written after the last step, the run quiet since
+    ck = t + 0.2
+    assert learner.stalled_for(t + 1.5, ck) is None  # under way: its file was just written
+    assert learner.due_in(t + 1.5, ck) == ck + 2.0 - (t + 1.5)
+    assert learner.stalled_for(ck + 2.0, ck) is not None  # quiet for SAVING_S after it
+    # a step after the save: the save is over, the deadline alone counts
+    t = ck + 0.1
+    learner.observe(t, ck)
+    assert learner.stalled_for(t + 1.0, ck) is not None
+    assert learner.due_in(t + 0.25, ck) == 0.75  # the look is taken when it passes
+    assert learner.due_in(t + 1.5, ck) is None  # past: the usual looks follow the stall
+
+
+FAST = """\
+import json, os, time
+step = 0
+while True:
+    step += 1
+    time.sleep(0.03)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+"""
+
+
+def test_a_run_faster_than_the_look_gets_a_deadline_under_the_looks(harness: Harness) -> None:
+    """issue 56 §2: a run stepping every 0.03 s (as the goodput bench's, ~0.05 s) got
+    4 x the 0.5 s look as its deadline; the lines counted give it the floor (1 s), and
+    the look that sees the hang is taken when the deadline passes."""
+    h = harness
+    h.tc(
+        "start", "--name", "fa", "--set", "stall_timeout=auto",
+        "--", sys.executable, "-c", FAST,
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: h.state("fa")["stall_deadline_s"] is not None, 30, "a learned deadline")
+    time.sleep(2.0)  # more looks: the deadline stands
+    deadline = h.state("fa")["stall_deadline_s"]
+    assert deadline < 2.0, deadline  # 2.0-2.1 when the look's span was learned as a gap
+    pid = h.state("fa")["main"]["pid"]  # ours: the test's marker
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "stalled" in [e["event"] for e in h.events("fa")], 30, "the stall")
+        assert time.monotonic() - stopped_at < deadline + 3  # a bound that catches a hang
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    h.tc("stop", "fa", check=True)
