@@ -20,7 +20,7 @@ if [ "${1:-}" = "--heal" ]; then  # a GPU fault to the healed run's first step (
 fi
 if [ "${1:-}" = "--goodput" ]; then  # a real torchrun job under faults (the torch extra)
   EXTRAS=test . "$(dirname "$0")/_venv.sh"
-  exec python "$ROOT/scripts/bench_goodput.py"
+  exec python "$ROOT/scripts/bench_goodput.py" "${@:2}"  # --issue-schedule: issue 56's five
 fi
 if [ "${1:-}" = "--web" ]; then  # the web page and the samples (needs the web extra)
   _pip -e "$ROOT[web]" --config-settings editable_mode=strict  # -e: the dev venv stays editable

@@ -20,6 +20,9 @@ until the step counter was past where it was when the fault came (time to resume
 steps redone included). `trainctl report`'s goodput for the trainctl run.
 
     bash scripts/bench.sh --goodput     # ~9 minutes; needs the torch extra
+
+``--issue-schedule`` runs issue 56's own five faults instead: the same, without the
+scratch deploy (its broken deploy is the one that fails at import).
 """
 
 from __future__ import annotations
@@ -261,6 +264,10 @@ def run_peer(tmp: Path) -> dict[str, object]:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--issue-schedule"]:  # issue 56's five faults: no scratch deploy
+        FAULTS[:] = [(at, f) for at, f in FAULTS if f != "scratch deploy"]
+    elif sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]} [--issue-schedule]")
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as d:
         tmp = Path(d)
         print(f"schedule: {', '.join(f'{f} at {a:g}s' for a, f in FAULTS)}; {END_S:g}s each")
