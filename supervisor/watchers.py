@@ -508,7 +508,8 @@ class StallWatcher:
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
         ):
             self.run.observe(stall_deadline_s=round(deadline, 2))
-        return last, now - last, learner.stalled_for(now, ckpt) is not None
+        stalled = learner.stalled_for(now, ckpt, done=self._saved(now, ckpt))
+        return last, now - last, stalled is not None
 
     def _new_lines(self, run: int, progress: Path) -> int:
         """The progress lines run ``run`` wrote since the last look (0: none, or not
@@ -528,7 +529,16 @@ class StallWatcher:
         look is taken then, not at its next half second); None: no such deadline now."""
         if self.run.stage is not lc.Stage.RUNNING or not self.run.spec.watch.stall_auto:
             return None
-        return self._stall_learner.due_in(time.time(), self._newest_checkpoint_mtime())
+        now, ckpt = time.time(), self._newest_checkpoint_mtime()
+        return self._stall_learner.due_in(now, ckpt, done=self._saved(now, ckpt))
+
+    def _saved(self, now: float, ckpt: float) -> bool:
+        """While the learner would take a quiet run for one saving (a checkpoint written
+        since its last step): whether that checkpoint is complete, its save over. Judged
+        only then: a stat of its marker, or a read of a zip's last bytes."""
+        if not self._stall_learner.saving(now, ckpt) or self._ckpt_watch is None:
+            return False
+        return self._ckpt_watch.newest_complete()
 
     def _stepped(self, run: int, progress: Path, started_at: float, last: float) -> bool:
         """Whether run ``run`` is past its start: its first reported step (its progress

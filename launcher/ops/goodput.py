@@ -84,6 +84,7 @@ class _Run:
     gpu_fault: bool = False  # it ended on a GPU fault (cause kind "gpu")
     points: list[tuple[float, float]] = field(default_factory=list)
     acted_at: float | None = None  # trainctl's first move on it (a stall mark, a stop)
+    quiet_since: float | None = None  # a stall mark's first: when the run went quiet
     ended_at: float | None = None  # its end as its supervisor recorded it
     backoff_s: float = 0.0
 
@@ -101,6 +102,7 @@ def _runs(jdir: Path) -> tuple[dict[int, _Run], float, list[tuple[float, float]]
             e.by_deploy,
             e.cause_kind == "gpu",
             acted_at=e.acted_at,
+            quiet_since=e.quiet_since,
             ended_at=e.ended_at,
             backoff_s=e.backoff_s or 0.0,
         )
@@ -337,6 +339,8 @@ def _parts(
     if not r.points or typical is None or nxt is None or not nxt.points:
         return None
     last = r.points[-1][0]
+    if r.quiet_since is not None:  # a stall: a rank set going to stop may step once more
+        last = min(last, r.quiet_since)  # the quiet began at the last write before the mark
     # trainctl's first move, when it came before main's exit (a job that steps on after
     # the signal, finishing its step and saving, was moved on before its last step:
     # nothing to detect, and its exit is the stop's)

@@ -29,6 +29,9 @@ class RunEntry:
     main_exited_at: float | None = None  # main's exit (goodput's end of the run)
     # trainctl's first move on the run: the stall watchdog's mark, or a stop's start
     acted_at: float | None = None
+    # when the run went quiet, if the stall watchdog's mark was that first move (its
+    # last write: the mark's time less the quiet it saw)
+    quiet_since: float | None = None
     backoff_s: float | None = None  # the restart policy's wait before its relaunch
     ended_at: float | None = None  # its end as recorded (ended, or the relaunch's)
     phase: str | None = None  # how it ended: stopped | exited | failed | failed (restarted)...
@@ -91,9 +94,9 @@ def fold(evs: list[events.Event]) -> RunLedger:
         elif isinstance(ev, events.MainExited):
             if current is not None and led.entry(current).main_exited_at is None:
                 led.entry(current).main_exited_at = ev.ts
-        elif isinstance(ev, events.Stalled | events.Stopping):
-            if current is not None and led.entry(current).acted_at is None:
-                led.entry(current).acted_at = ev.ts
+        elif isinstance(ev, events.Stalled | events.Stopping | events.Unstalled):
+            if current is not None:
+                _acted(led.entry(current), ev)
         elif isinstance(ev, events.Ended | events.RestartScheduled):
             run = current if ev.run is None else ev.run
             if run is not None:
@@ -101,6 +104,18 @@ def fold(evs: list[events.Event]) -> RunLedger:
         elif isinstance(ev, events.Deploy):
             _deployed(led, ev)
     return led
+
+
+def _acted(e: RunEntry, ev: events.Stalled | events.Stopping | events.Unstalled) -> None:
+    """trainctl's first move on run ``e``: a stop's start, or the stall watchdog's mark
+    (with when the run went quiet), undone when the run moved again (Unstalled)."""
+    if isinstance(ev, events.Unstalled):  # it went on: that mark did not end it
+        if e.quiet_since is not None:
+            e.acted_at = e.quiet_since = None
+    elif e.acted_at is None:
+        e.acted_at = ev.ts
+        if isinstance(ev, events.Stalled):
+            e.quiet_since = ev.ts - ev.idle_s
 
 
 def _stalls(evs: list[events.Event]) -> list[tuple[float, float]]:

@@ -9,7 +9,8 @@ save (its length is learned too); a gap as long as the deadline then in force is
 deadline (4.4 s -> 19.8 s -> 1m23s after two); any other gap is a step. The deadline is
 :data:`FACTOR` times the longest step gap seen, at least :data:`FLOOR_S`; no stall is
 called while a save is under way (a checkpoint written since the run's last step, within
-:data:`SAVING_S`), nor before :data:`LEARN_GAPS` step gaps were seen.
+:data:`SAVING_S`, and not complete by its format: its completion marker, a zip's end
+record...), nor before :data:`LEARN_GAPS` step gaps were seen.
 
 A look every 0.5 s cannot see a gap shorter than itself: a run stepping every 0.05 s
 seemed to step every 0.5 s, and its deadline was 4 x 0.5 s whatever its pace (issue 56
@@ -33,7 +34,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainctl.supervisor.model.checkpoints import candidates
+from trainctl.supervisor.model.checkpoints import candidates, judge
 from trainctl.supervisor.records import field, record
 
 FACTOR = 4.0  # a small multiple of the longest normal gap between steps
@@ -96,8 +97,9 @@ class StallLearner:
             return None
         return max(FLOOR_S, FACTOR * self.longest_step_s)
 
-    def stalled_for(self, now: float, newest_ckpt: float) -> float | None:
-        """Seconds past the deadline the run has been quiet (None: not stalled)."""
+    def stalled_for(self, now: float, newest_ckpt: float, *, done: bool = False) -> float | None:
+        """Seconds past the deadline the run has been quiet (None: not stalled);
+        ``done``: the newest checkpoint is complete by its format (its save is over)."""
         if self.starting:  # against the longest start seen; a first start is never called
             idle = now - self.run_started
             limit = max(FLOOR_S, FACTOR * self.longest_start_s)
@@ -105,18 +107,19 @@ class StallLearner:
         deadline = self.deadline_s
         if deadline is None or self.last_activity is None:
             return None
-        if self._saving(now, newest_ckpt):
+        if self.saving(now, newest_ckpt) and not done:
             return None  # a save is under way: its folder is being written
         idle = now - self.last_activity
         return idle if idle >= deadline else None
 
-    def _saving(self, now: float, newest_ckpt: float) -> bool:
+    def saving(self, now: float, newest_ckpt: float) -> bool:
         """A checkpoint was written since the run's last write (it has not stepped
-        since: a save under way), and lately. One written before a step is a save over."""
+        since: a save under way), and lately. One written before a step is a save over;
+        so is a complete one (the caller judges that only here: ``done``)."""
         last = self.last_activity or 0.0
         return newest_ckpt >= last and now - newest_ckpt < SAVING_S
 
-    def due_in(self, now: float, newest_ckpt: float) -> float | None:
+    def due_in(self, now: float, newest_ckpt: float, *, done: bool = False) -> float | None:
         """Seconds until :meth:`stalled_for` could first say yes with nothing written
         meanwhile (None: it cannot yet: learning, starting, or no write seen; or it is
         past: the stall was seen, and the usual looks follow it)."""
@@ -124,7 +127,7 @@ class StallLearner:
         if self.starting or deadline is None or self.last_activity is None:
             return None
         due = self.last_activity + deadline
-        if self._saving(now, newest_ckpt):
+        if self.saving(now, newest_ckpt) and not done:
             due = max(due, newest_ckpt + SAVING_S)
         return due - now if due > now else None
 
@@ -149,6 +152,12 @@ class CheckpointWatch:
             roots = {os.path.dirname(p) for p in found[:50]} | {self._root()}
             self._dirs = {d: _mtime(d) for d in roots}
         return _mtime(self._newest) if self._newest else 0.0
+
+    def newest_complete(self) -> bool:
+        """The newest checkpoint seen is complete by its format, read now without a
+        second look (its marker, a zip's end record, a DCP .metadata...)."""
+        v = judge(self._newest, look_again=False) if self._newest else None
+        return v is not None and v.complete
 
     def _root(self) -> str:
         fixed = []

@@ -4,13 +4,17 @@ checkpoint being written) is never called a stall."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import Harness, wait_for
-from trainctl.supervisor.watch.stall import StallLearner
+from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
 
 # 0.1 s steps; every 20 steps a 5 s save that writes its file as it goes (as torch.save
 # does), then reports the next step. Runs until stopped.
@@ -261,3 +265,73 @@ def test_a_run_faster_than_the_look_gets_a_deadline_under_the_looks(harness: Har
     finally:
         os.kill(pid, signal.SIGCONT)
     h.tc("stop", "fa", check=True)
+
+
+def test_a_complete_checkpoint_is_a_save_over(tmp_path: Path) -> None:
+    """A hang right after a save (rank 0 wrote the checkpoint and its marker, then waits
+    in a barrier for the hung rank): the checkpoint was written since the last step, but
+    it is complete by its format, so the stall is called at the deadline, not SAVING_S
+    after the save (the goodput bench's hang landed there and was seen after 2 s)."""
+    learner = StallLearner()
+    t = 1000.0
+    for _ in range(10):
+        t += 0.1
+        learner.observe(t, 0.0)
+    ck = t + 0.3  # written after the last step: to the learner, a save under way
+    assert learner.stalled_for(t + 1.5, ck) is None
+    assert learner.stalled_for(t + 1.5, ck, done=True) is not None
+    assert learner.due_in(t + 0.5, ck, done=True) == pytest.approx(0.5)
+    # the watch that judges it: a marker written after the data; the data written again
+    watch = CheckpointWatch(str(tmp_path), "ckpt.pt")
+    (tmp_path / "ckpt.pt").write_bytes(b"weights")
+    assert watch.newest_mtime() > 0
+    assert not watch.newest_complete()  # no marker, no known format, just written
+    (tmp_path / "ckpt.pt.complete").write_text("")
+    assert watch.newest_complete()
+    later = time.time() + 5
+    os.utime(tmp_path / "ckpt.pt", (later, later))  # saved again in place, after its marker
+    assert watch.newest_mtime() == later
+    assert not watch.newest_complete()
+
+
+FINISHES_ITS_STEP = """\
+import json, os, signal, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+step = 0
+while not stop:
+    step += 1
+    time.sleep(0.05)
+    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:  # the step ends with its line
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
+"""
+
+
+def test_a_hangs_parts_count_the_quiet_as_detection(harness: Harness) -> None:
+    """A hung rank set going again by the stall's stop (SIGCONT with the SIGTERM) ends
+    the step it was in, so the run's last step comes after trainctl's first move. The
+    report's parts took that for "nothing to detect" (detect 0.0 s on the goodput
+    bench's hang); the quiet the stall mark saw is the detection."""
+    h = harness
+    h.tc(
+        "start", "--name", "hp", "--set", "stall_timeout=auto", "--set", "stall_action=restart",
+        "--set", "restart=on-failure", "--", sys.executable, "-c", FINISHES_ITS_STEP,
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: h.state("hp")["stall_deadline_s"] is not None, 30, "a learned deadline")
+    os.kill(h.state("hp")["main"]["pid"], signal.SIGSTOP)  # ours: the test's marker
+    wait_for(lambda: h.state("hp")["run"] == 2, 30, "the stall's relaunch")
+    wait_for(lambda: progress_lines(h, "hp", 2) > 0, 30, "run 2's first step")
+    h.tc("stop", "hp", check=True)
+    (stalled,) = [e for e in h.events("hp") if e["event"] == "stalled"]
+    (first, *_) = h.tc("report", "hp", "--json", check=True).json()["interruptions"]
+    parts = first["parts"]
+    assert abs(parts["detect"] - stalled["idle_s"]) <= 0.1, (parts, stalled)
+    run1 = h.home / "jobs" / "hp" / "logs" / "run-1.progress.jsonl"
+    last_t = json.loads(run1.read_text().splitlines()[-1])["t"]
+    assert last_t > stalled["ts"]  # it did step once more after the mark
+
+
+def progress_lines(h: Harness, name: str, run: int) -> int:
+    path = h.home / "jobs" / name / "logs" / f"run-{run}.progress.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
