@@ -259,7 +259,8 @@ def _walk(
         # an interruption: a run that ended and was followed, or ended on its own (not
         # the live one: its "end" is now)
         if end is not None and (nxt is not None or (r.end is not None and not r.stopped)):
-            interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s))
+            stepped = next((x for x in ordered[i + 1 :] if x.points), None)
+            interruptions.append(_interruption(r, nxt, end, typical, steps, redone_s, stepped))
     return productive, steps_lost, interruptions
 
 
@@ -313,9 +314,16 @@ def _start_cost(
 
 
 def _interruption(
-    r: _Run, nxt: _Run | None, end: float, typical: float | None, steps: float, redone_s: float
+    r: _Run,
+    nxt: _Run | None,
+    end: float,
+    typical: float | None,
+    steps: float,
+    redone_s: float,
+    stepped: _Run | None,
 ) -> Interruption:
-    """What run ``r``'s end cost: the steps redone, the time down, the next run's restore."""
+    """What run ``r``'s end cost: the steps redone, the time down, the next run's restore
+    (its parts run to ``stepped``, the next run that stepped: past one that never did)."""
     down = max(0.0, nxt.start - end) if nxt else 0.0
     restore = 0.0
     if nxt is not None and nxt.points:
@@ -326,7 +334,7 @@ def _interruption(
         cause=r.cause or "?",
         lost_s=round(redone_s + down + restore, 3),
         steps_lost=steps,
-        parts=_parts(r, nxt, end, typical, steps),
+        parts=_parts(r, nxt if nxt is None or nxt.points else stepped, end, typical, steps),
     )
 
 

@@ -275,11 +275,13 @@ class Interruption:
 class InterruptionParts:
     """One interruption, part by part (seconds): ``detect``, the last step to the first
     move (main's exit, the stall watchdog's mark, a stop's start; 0 when the job stepped
-    on after it); ``stop``, that (or the last step) to the run's recorded end (the job's
-    exit on the signal, the stop, the release proof, the cleanup); ``down``, that to the
-    next run's start (the restart's backoff, ``backoff`` of it, and its launch);
-    ``restore``, that to the next run's first step (interpreter, imports, rendezvous,
-    checkpoint load); ``redo``, the steps done again (at the typical step time)."""
+    on after it; for a stall, the quiet it saw); ``stop``, that (or the last step) to the
+    run's recorded end (the job's exit on the signal, the stop, the release proof, the
+    cleanup); ``down``, that to the start of the next run that stepped (the restart's
+    backoff, ``backoff`` of it, and its launch; a run between that never stepped, a
+    deploy's code that failed at import, with its rollback's launch); ``restore``, that to
+    its first step (interpreter, imports, rendezvous, checkpoint load); ``redo``, the
+    steps done again (at the typical step time)."""
 
     detect: float
     stop: float

@@ -185,6 +185,13 @@ def test_new_code_that_fails_at_import_is_rolled_back_from_the_same_checkpoint(
     assert rows[1]["phase"] == "failed (rolled back)"  # its own supervisor's one decision
     assert "rollback from run 2" in rows[2]["marks"]
     h.tc("stop", "d", check=True)
+    # `report`'s parts of run 1's end run past run 2, which never stepped, to the
+    # rollback's first step (the goodput bench showed another fault's parts for it)
+    first = h.tc("report", "d", "--json", check=True).json()["interruptions"][0]
+    assert first["run"] == 1, first
+    assert first["parts"] is not None, first
+    began = {e["run"]: e["ts"] for e in h.events("d") if e["event"] == "started"}
+    assert first["parts"]["down"] >= began[3] - began[2], (first, began)  # run 2's life
 
 
 def test_new_code_that_makes_no_progress_within_the_gate_is_rolled_back(
