@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Harness, wait_for
+from tests.keeper.test_goodput import COUNTER  # a step every 0.05 s, each on its line
 from trainctl.supervisor.watch.stall import CheckpointWatch, StallLearner
 
 # 0.1 s steps; every 20 steps a 5 s save that writes its file as it goes (as torch.save
@@ -231,25 +232,14 @@ def test_a_save_holds_the_deadline_off_only_until_the_run_steps_again() -> None:
     assert learner.due_in(t + 1.5, ck) is None  # past: the usual looks follow the stall
 
 
-FAST = """\
-import json, os, time
-step = 0
-while True:
-    step += 1
-    time.sleep(0.03)
-    with open(os.environ["TRAINCTL_PROGRESS"], "a") as f:
-        f.write(json.dumps({"step": step, "t": time.time()}) + "\\n")
-"""
-
-
 def test_a_run_faster_than_the_look_gets_a_deadline_under_the_looks(harness: Harness) -> None:
-    """issue 56 §2: a run stepping every 0.03 s (as the goodput bench's, ~0.05 s) got
-    4 x the 0.5 s look as its deadline; the lines counted give it the floor (1 s), and
-    the look that sees the hang is taken when the deadline passes."""
+    """issue 56 §2: a run stepping every 0.05 s (as the goodput bench's) got 4 x the
+    0.5 s look as its deadline; the lines counted give it the floor (1 s), and the look
+    that sees the hang is taken when the deadline passes."""
     h = harness
     h.tc(
         "start", "--name", "fa", "--set", "stall_timeout=auto",
-        "--", sys.executable, "-c", FAST,
+        "--", sys.executable, "-c", COUNTER,
         check=True,
     )  # fmt: skip
     wait_for(lambda: h.state("fa")["stall_deadline_s"] is not None, 30, "a learned deadline")
