@@ -103,19 +103,30 @@ def points(files: list[Path]) -> list[tuple[float, float]]:
     return sorted(pts)
 
 
-def resume_times(pts: list[tuple[float, float]], t0: float, end: float) -> list[float]:
+def firsts(files: list[Path]) -> list[float]:
+    """When each run's first step came (one progress file a run)."""
+    return sorted(pts[0][0] for f in files if (pts := points([f])))
+
+
+def resume_times(
+    pts: list[tuple[float, float]], t0: float, end: float, runs: list[float] | None = None
+) -> list[float]:
     """Per fault: seconds from the fault until the step counter passed where it was when
     the fault came, once the run was disrupted (a gap of 1 s, or the counter going back to
-    a checkpoint): the restart, the rendezvous, the load and the steps redone."""
+    a checkpoint): the restart, the rendezvous, the load and the steps redone. ``runs``:
+    when each run's first step came (trainctl's run files); then only a step of a run
+    that began after the fault counts (a hung rank set going by the stall's stop ends
+    its step: that is not the job back)."""
     out = []
     for at, _ in FAULTS:
         f = t0 + at
         before = [s for t, s in pts if t <= f]
         pre = before[-1] if before else 0.0
         disrupted, last_t, last_s, back = False, f, pre, end
+        fresh = min((r for r in runs or [] if r > f), default=None)
         for t, s in (p for p in pts if p[0] > f):
             disrupted = disrupted or t - last_t >= 1.0 or s < last_s
-            if disrupted and s > pre:
+            if disrupted and s > pre and (runs is None or (fresh is not None and t >= fresh)):
                 back = t
                 break
             last_t, last_s = t, s
@@ -171,7 +182,9 @@ def run_trainctl(tmp: Path, faults: bool) -> dict[str, object]:
     pts = points(files)
     return {
         "steps": pts[-1][1] if pts else 0.0,
-        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0) if faults else [],
+        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0, firsts(files))
+        if faults
+        else [],
         "goodput": report.get("goodput"),
         "lost_s": report.get("lost_s"),
         "parts": fault_parts(report.get("interruptions") or [], wall0) if faults else [],
