@@ -486,6 +486,7 @@ class StallWatcher:
         self._reports_steps = False  # a run of the job wrote a progress file
         self._ckpt_watch: CheckpointWatch | None = None  # its look at the checkpoints
         self._lines_mark: tuple[int, Mark | None] = (0, None)  # (run, where the count is)
+        self._due_at: float | None = None  # when the last look's learned deadline passes
 
     def _stall_idle(self) -> tuple[float, float, bool]:
         """(when the run last wrote, how long it has been quiet, whether that is a stall)."""
@@ -508,7 +509,10 @@ class StallWatcher:
             st.stall_deadline_s is None or abs(deadline - st.stall_deadline_s) > 0.1 * deadline
         ):
             self.run.observe(stall_deadline_s=round(deadline, 2))
-        stalled = learner.stalled_for(now, ckpt, done=self._saved(now, ckpt))
+        done = self._saved(now, ckpt)
+        stalled = learner.stalled_for(now, ckpt, done=done)
+        due = learner.due_in(now, ckpt, done=done)
+        self._due_at = None if due is None else now + due
         return last, now - last, stalled is not None
 
     def _new_lines(self, run: int, progress: Path) -> int:
@@ -527,10 +531,9 @@ class StallWatcher:
     def due_in(self) -> float | None:
         """Seconds until a learned deadline would pass with nothing written (the log's
         look is taken then, not at its next half second); None: no such deadline now."""
-        if self.run.stage is not lc.Stage.RUNNING or not self.run.spec.watch.stall_auto:
+        if self._due_at is None or self.run.stage is not lc.Stage.RUNNING:
             return None
-        now, ckpt = time.time(), self._newest_checkpoint_mtime()
-        return self._stall_learner.due_in(now, ckpt, done=self._saved(now, ckpt))
+        return max(0.0, self._due_at - time.time())  # as the last look saw the run
 
     def _saved(self, now: float, ckpt: float) -> bool:
         """While the learner would take a quiet run for one saving (a checkpoint written
