@@ -103,11 +103,6 @@ def points(files: list[Path]) -> list[tuple[float, float]]:
     return sorted(pts)
 
 
-def firsts(files: list[Path]) -> list[float]:
-    """When each run's first step came (one progress file a run)."""
-    return sorted(pts[0][0] for f in files if (pts := points([f])))
-
-
 def resume_times(
     pts: list[tuple[float, float]], t0: float, end: float, runs: list[float] | None = None
 ) -> list[float]:
@@ -179,10 +174,12 @@ def run_trainctl(tmp: Path, faults: bool) -> dict[str, object]:
     tc(home, "stop", name)
     files = sorted(jdir.glob("logs/run-*.progress.jsonl"))
     report = json.loads(tc(home, "report", name, "--json").stdout)
-    pts = points(files)
+    runs = [p for p in (points([f]) for f in files) if p]  # one progress file a run
+    pts = sorted(pt for run in runs for pt in run)
+    firsts = sorted(run[0][0] for run in runs)  # when each run's first step came
     return {
         "steps": pts[-1][1] if pts else 0.0,
-        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0, firsts(files))
+        "resume_s": resume_times(pts, wall0, pts[-1][0] if pts else wall0, firsts)
         if faults
         else [],
         "goodput": report.get("goodput"),
