@@ -19,7 +19,7 @@ from trainctl.supervisor.linux.poll import poll_until
 from trainctl.supervisor.model import checkpoints
 from trainctl.supervisor.model.spec import Spec
 from trainctl.supervisor.records import replace
-from trainctl.supervisor.watch.guard import run_step_lookup
+from trainctl.supervisor.watch.runsteps import run_step_lookup
 
 from .results import Checkpoint
 
@@ -28,7 +28,7 @@ NEXT_SAVE_POLL_S = 0.1  # --at next-checkpoint: the save is seen within this (a 
 
 
 def step_lookup(jdir: Path, run: int, regex: str | None = None) -> Callable[[float], float | None]:
-    """The run's progress step at a moment (the one rule: supervisor/watch/guard.py)."""
+    """The run's progress step at a moment (the one rule: supervisor/watch/runsteps.py)."""
     return run_step_lookup(jdir, run, regex)
 
 

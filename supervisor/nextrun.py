@@ -14,7 +14,7 @@ from trainctl.supervisor.gpu import health
 from trainctl.supervisor.model.spec import Spec, spec_from_doc
 from trainctl.supervisor.model.state import RESUME_VAR, GpuLease
 from trainctl.supervisor.records import replace
-from trainctl.supervisor.watch import guard
+from trainctl.supervisor.watch import guard, runsteps
 
 from .errors import TrainctlError
 from .life import lifecycle as lc
@@ -92,7 +92,7 @@ class NextRun:
         jdir, spec = self.core.jdir, self.core.spec
 
         def step_at(mtime: float) -> float | None:
-            return guard.step_before(jdir, run, spec, mtime, started)
+            return runsteps.step_before(jdir, run, spec, mtime, started)
 
         try:
             # called once the run's every process is gone: what is there is final (a

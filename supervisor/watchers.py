@@ -31,7 +31,7 @@ from trainctl.supervisor.model.tail import Mark, read_appended
 from trainctl.supervisor.records import replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, scan_light
 from trainctl.supervisor.tree.stacks import stacks_writer
-from trainctl.supervisor.watch import guard, trial
+from trainctl.supervisor.watch import guard, runsteps, trial
 from trainctl.supervisor.watch.drift import drift, fingerprint
 from trainctl.supervisor.watch.logs import rotate_if_big
 from trainctl.supervisor.watch.logtimes import STAMP_S, LogStamper
@@ -684,7 +684,7 @@ class VerdictWatcher:
         each verdict goes to the lifecycle, which decides what follows (one controller)."""
         jdir, spec, st = self.run.jdir, self.run.spec, self.run.state
         step_at = functools.partial(
-            guard.step_before, jdir, st.run, spec, run_started=st.started_at
+            runsteps.step_before, jdir, st.run, spec, run_started=st.started_at
         )
         watch = trial.TrialWatch(jdir, spec, st, step_at)
         sent: str | None = None  # the stage a verdict was sent for

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
-from trainctl.supervisor.model.state import open_in
+from trainctl.supervisor.linux.files import open_in
 from trainctl.supervisor.records import field, record
 
 STAMP_S = 0.5  # how often the log's size is looked at (the times' resolution)

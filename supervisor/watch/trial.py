@@ -56,7 +56,7 @@ class TrialWatch:
     def __init__(
         self, jdir: Path, spec: Spec, st: JobState, step_at: Callable[[float], float | None]
     ) -> None:
-        """``step_at``: the step of a checkpoint written at a time (guard.step_before)."""
+        """``step_at``: the step of a checkpoint written at a time (runsteps.step_before)."""
         self.jdir, self.spec, self.run, self._step_at = jdir, spec, st.run, step_at
         self._reader = StepReader(jdir, st.run, spec.watch.progress_regex)
         self.first: float | None = None

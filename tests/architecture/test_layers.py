@@ -53,7 +53,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("verbs", {"verbs"}),
     ("entry", {"cli", "main", "__main__", "entry", "waiter", "deployer"}),
 ]
-MAX_FUNCTION_IMPORTS = 26  # among them: a supervisor's boot loads the checkpoint guard
+MAX_FUNCTION_IMPORTS = 27  # among them: the local backend's start, stop and
+# checkpoint by signal, each loaded when used (status reads a job without them); a supervisor's boot loads the checkpoint guard
 # and a deploy's trial, and structlog only after it answered the CLI (supervisor/diag.py);
 # (glob, zip and safetensors judges, the kept copy) only for a job with a checkpoint glob;
 # a queued job's waiter stays light until it dispatches; the console script imports the

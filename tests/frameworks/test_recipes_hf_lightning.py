@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import Harness, wait_for
 from tests.helpers import NEEDS_TORCH
 from trainctl.supervisor.model import checkpoints
-from trainctl.supervisor.watch.guard import run_step_lookup
+from trainctl.supervisor.watch.runsteps import run_step_lookup
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 pytestmark = [

@@ -22,7 +22,7 @@ from trainctl.supervisor.model import keepsafe
 from trainctl.supervisor.model.reports import Guard
 from trainctl.supervisor.model.spec import Spec, Watch
 from trainctl.supervisor.records import replace
-from trainctl.supervisor.watch import guard
+from trainctl.supervisor.watch import guard, runsteps
 
 TRAINER = """\
 import json, os, signal, sys, time, zipfile
@@ -458,6 +458,6 @@ def test_a_checkpoint_written_before_its_runs_first_step_is_dated_by_that_run(
     progress(2, [(200.0 + i / 10, 80 + i) for i in range(5)])  # resumed: 80..84 from t=200
     spec = Spec(name="g", argv=("true",), cwd=str(tmp_path), env={})
     written = 199.5  # run 2 began at 195 and saved before its first line
-    assert guard.step_before(jdir, 2, spec, written, run_started=195.0) == 79.0
-    assert guard.step_before(jdir, 2, spec, 150.0, run_started=195.0) == 84.0  # run 1's
-    assert guard.step_before(jdir, 2, spec, 200.25, run_started=195.0) == 82.0
+    assert runsteps.step_before(jdir, 2, spec, written, run_started=195.0) == 79.0
+    assert runsteps.step_before(jdir, 2, spec, 150.0, run_started=195.0) == 84.0  # run 1's
+    assert runsteps.step_before(jdir, 2, spec, 200.25, run_started=195.0) == 82.0
