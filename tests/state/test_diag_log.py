@@ -4,9 +4,13 @@ job's typed record, which keeps every event it had)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import Harness, wait_for
 
@@ -61,3 +65,33 @@ def test_debug_lines_are_kept_only_when_asked(harness: Harness) -> None:
     reaped = [x for x in diag_lines(h, "dbg") if x["event"] == "reaped"]
     assert reaped, diag_lines(h, "dbg")
     assert {x["level"] for x in reaped} == {"debug"}
+
+
+def test_the_diag_log_loads_no_console_helpers_even_where_rich_is_installed(
+    tmp_path: Path,
+) -> None:
+    """structlog's dev helpers import rich (and pygments, attrs) when it is installed:
+    ~30 ms of CPU in every run's start, on the cores the job starts on. The supervisor's
+    logger hides them, and still writes its lines and an exception's traceback."""
+    if importlib.util.find_spec("rich") is None:
+        pytest.skip("rich is not installed here: nothing to hide")  # the test venv has it
+    jdir = tmp_path / "jobs" / "j"
+    (jdir / "logs").mkdir(parents=True)
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from trainctl.supervisor.diag import open_diag\n"
+        f"log = open_diag(Path({str(jdir)!r}), 'j', 1)\n"
+        "try:\n"
+        "    raise ValueError('boom')\n"
+        "except ValueError:\n"
+        "    log.error('failed', exc_info=True)\n"
+        "loaded = [m for m in ('rich', 'pygments', 'attr') if sys.modules.get(m) is not None]\n"
+        "print(','.join(loaded) or 'none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()  # fmt: skip
+    assert out == "none"
+    line = json.loads((jdir / "logs" / "supervisor.jsonl").read_text().splitlines()[-1])
+    assert line["event"] == "failed"
+    assert "ValueError: boom" in line["exception"]
