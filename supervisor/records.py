@@ -317,8 +317,9 @@ def _fields_of(cls: type) -> tuple[Field, ...]:
     return out
 
 
-def _slotted(cls: type, fs: tuple[Field, ...]) -> type:
-    """The class again, with a slot for each field of its own (as ``slots=True`` makes it)."""
+def _slotted(cls: type, fs: tuple[Field, ...], methods: dict[str, object]) -> type:
+    """The class again, with a slot for each field of its own (as ``slots=True`` makes it)
+    and ``methods``: made in one call (a setattr on a class each costs as much again)."""
     inherited = {s for base in cls.__mro__[1:] for s in base.__dict__.get("__slots__", ())}
     ns = dict(cls.__dict__)
     for f in fs:
@@ -326,6 +327,10 @@ def _slotted(cls: type, fs: tuple[Field, ...]) -> type:
     ns.pop("__dict__", None)
     ns.pop("__weakref__", None)
     ns["__slots__"] = tuple(f.name for f in fs if f.name not in inherited)
+    for name, value in methods.items():
+        if name in ("__repr__", "__eq__", "__hash__") and name in cls.__dict__:
+            continue  # the class's own (as @dataclass leaves a written one)
+        ns[name] = value
     out = type(cls)(cls.__name__, cls.__bases__, ns)
     out.__qualname__ = cls.__qualname__
     return out
@@ -373,7 +378,6 @@ def record(
         if "__post_init__" in cls.__dict__:
             raise TypeError(f"{cls.__qualname__}: a record has no __post_init__ (a dataclass has)")
         fs = _fields_of(cls)
-        out = _slotted(cls, fs)
         methods: dict[str, object] = {
             "__record_fields__": fs,
             "_record_names": tuple(f.name for f in fs),
@@ -396,17 +400,13 @@ def record(
             "__setstate__": _setstate,
         }
         if compiled:
-            made = _compile(out, fs, frozen)
+            made = _compile(cls, fs, frozen)
             methods.update(made if frozen else {**made, "__hash__": None})
         if not eq:  # object's own == and hash: by identity
             del methods["__eq__"], methods["__hash__"]
         if frozen:
             methods["__setattr__"] = _frozen_set
             methods["__delattr__"] = _frozen_del
-        for name, value in methods.items():
-            if name in ("__repr__", "__eq__", "__hash__") and name in cls.__dict__:
-                continue  # the class's own (as @dataclass leaves a written one)
-            type.__setattr__(out, name, value)
-        return out
+        return _slotted(cls, fs, methods)
 
     return wrap
