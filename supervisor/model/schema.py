@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -135,8 +136,49 @@ def _args(hint: Any) -> tuple[Any, ...]:
 
 @functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     return {name: hints[name] for name in records.field_names(cls)}
+
+
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, made faster for what records are: annotations in
+    strings (``from __future__ import annotations``), evaluated as typing evaluates a
+    class's (the class's names, then its module's). typing makes a ForwardRef of each
+    string, which compiles it: ~150 compiles, 2 ms of a ~45 ms `status`. Here each
+    distinct text is compiled once. A hint with a reference left inside it (``list["Json"]``)
+    or an ``Annotated`` one is typing's to resolve: the class goes to typing whole."""
+    out: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        ann = base.__dict__.get("__annotations__")  # noqa: RUF063  (a record's, or none)
+        if not isinstance(ann, dict):
+            if ann is not None or "__annotate__" in base.__dict__:
+                return typing.get_type_hints(cls)  # lazy annotations (3.14): typing's
+            continue
+        module = sys.modules.get(base.__module__)
+        names, scope = dict(vars(base)), (module.__dict__ if module is not None else {})
+        for name, value in ann.items():
+            hint = eval(_code(value), names, scope) if isinstance(value, str) else value  # noqa: S307  (our own annotations, as typing evaluates them)
+            hint = type(None) if hint is None else hint
+            if not _resolved(hint):
+                return typing.get_type_hints(cls)
+            out[name] = hint
+    return out
+
+
+@functools.cache
+def _code(text: str) -> types.CodeType:
+    return compile(text, "<annotation>", "eval")
+
+
+def _resolved(hint: Any) -> bool:
+    """No string or forward reference inside ``hint``, and nothing ``Annotated``."""
+    if type(hint) is type:  # a plain class (a record, int, str): the common case
+        return True
+    if isinstance(hint, str | typing.ForwardRef):
+        return False
+    if typing.get_origin(hint) is typing.Annotated:
+        return False
+    return all(_resolved(a) for a in typing.get_args(hint) if a is not Ellipsis)
 
 
 @functools.cache
