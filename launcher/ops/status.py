@@ -102,13 +102,12 @@ def job_status(home: Path, name: str, *, brief: bool = False) -> Status:
     st = replace(st, exit_code=seen.exit_code)
     phase = seen.phase
     sup_alive = phase.live
-    target = target_of(st)
     # cgroup.procs is cheap and complete unless root moved a process out; `status` counts
     # by it (scan_counted), while `ps` and `stop` walk every net.
     last = st.last_stop
     counted = _counted_by_supervisor(jdir) if sup_alive and seen.members is None else None
     members = (
-        scan_counted(target)
+        scan_counted(target_of(st))  # the nets of 241 members: only when counted here
         if counted is None
         and seen.members is None
         and (not phase.ended or last is None or not last.ok)
