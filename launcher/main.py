@@ -16,6 +16,7 @@ and both write through ``output``'s stdout, which a closed pipe cannot break.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -48,6 +49,7 @@ def _remote(argv: list[str]) -> int | None:
     here = not wanted and not os.environ.get("TRAINCTL_HOST")
     if here and not os.environ.get("TRAINCTL_CLIENT_VERSION"):
         return None
+    gc.enable()  # off while the modules loaded (entry.py): `logs -f` over ssh runs for days
     from . import remote  # noqa: PLC0415  (ssh, threads, subprocess: only for --host)
 
     try:
@@ -70,11 +72,14 @@ def main() -> None:
     if code is None:
         call = parse(sys.argv[1:])
         if call is not None and "TRAINCTL_NO_FASTPATH" not in os.environ:
-            code = run_fast(call)
             quick = call.verb in READ_ONLY
+            if not quick:
+                gc.enable()  # off while the modules loaded (entry.py); a stop may run long
+            code = run_fast(call)
         else:
             from .cli import main as click_main  # noqa: PLC0415  (click: ~20 ms, not for status)
 
+            gc.enable()  # off while the modules loaded (entry.py): a verb may run for days
             code = click_main()
     if early.sent():  # a stop went out before the verb loaded: it is loaded by now
         verbs.load("stop").note_unclaimed(wait=code != ExitCode.INTERRUPTED)
