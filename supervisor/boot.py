@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import gc
 import json
 import os
 import signal
@@ -572,4 +573,8 @@ def main(argv: list[str]) -> int:
         append_event(jdir, events.Code(state.run, spec.cwd, spec.source, code))
     from .service import run_supervisor  # noqa: PLC0415  (heavy: only after the CLI's answer)
 
+    # The collector was off while the modules loaded (__main__.py). What they made lives
+    # as long as the supervisor: frozen, no later collection walks it again.
+    gc.freeze()
+    gc.enable()
     return run_supervisor(jdir, spec, state, spawned, cgroup, listener, lock_fd)

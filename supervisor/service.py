@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import signal
@@ -446,7 +447,8 @@ class Owner:
         if diag is not None:  # the CLI has its answer: structlog's imports cost it nothing
             self.core.log.divert(diag)
             diag.info("supervisor_started", main_pid=self.core.spawned.pid,
-                      restarts=self.core.state.restarts)  # fmt: skip
+                      restarts=self.core.state.restarts, gc_on=gc.isenabled(),
+                      gc_frozen=gc.get_freeze_count())  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._reaper)
             tg.start_soon(self._watch_main)

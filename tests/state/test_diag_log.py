@@ -37,6 +37,9 @@ def test_a_supervisors_diagnostics_are_json_lines_bound_to_the_job_and_run(
     assert [(x["run"], x["job"], x["level"]) for x in started] == [(1, "dg", "info"),
                                                                   (2, "dg", "info")]  # fmt: skip
     assert all(isinstance(x["ts"], float) and x["pid"] > 0 for x in lines)
+    # the collector was off while the supervisor's modules loaded, and is back on, what
+    # they made frozen (supervisor/__main__.py, boot.py)
+    assert all(x["gc_on"] is True and x["gc_frozen"] > 10_000 for x in started), started
     assert "debug" not in {x["level"] for x in lines}  # only when asked (below)
     # the job's record is where it was (a warning is in both: test_checkpoint_guard.py)
     kinds = [e["event"] for e in h.events("dg")]
