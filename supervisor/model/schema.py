@@ -23,6 +23,7 @@ from trainctl.supervisor.errors import StateError
 # No trainctl number is negative; none is this large either (timestamps, pids, ticks).
 _MAX_NUMBER = 2.0**62
 T = TypeVar("T")
+Hints = dict[str, Any]  # a record's field names to their hints (typing.get_type_hints's)
 
 
 def build_document(cls: type[T], doc: Any, where: str) -> T:
@@ -135,19 +136,19 @@ def _args(hint: Any) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _hints(cls: Any) -> dict[str, Any]:
+def _hints(cls: Any) -> Hints:
     hints = type_hints(cls)
     return {name: hints[name] for name in records.field_names(cls)}
 
 
-def type_hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> Hints:
     """``typing.get_type_hints(cls)``, made faster for what records are: annotations in
     strings (``from __future__ import annotations``), evaluated as typing evaluates a
     class's (the class's names, then its module's). typing makes a ForwardRef of each
     string, which compiles it: ~150 compiles, 2 ms of a ~45 ms `status`. Here each
     distinct text is compiled once. A hint with a reference left inside it (``list["Json"]``)
     or an ``Annotated`` one is typing's to resolve: the class goes to typing whole."""
-    out: dict[str, Any] = {}
+    out: Hints = {}
     for base in reversed(cls.__mro__):
         ann = base.__dict__.get("__annotations__")  # noqa: RUF063  (a record's, or none)
         if not isinstance(ann, dict):

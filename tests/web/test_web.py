@@ -300,7 +300,8 @@ def test_the_stop_button_when_allowed(harness: Harness) -> None:
         try:
             driver.get(server.url.replace("/?", "/jobs/train?"))
             buttons = driver.find_elements(By.CSS_SELECTOR, "button[data-action]")
-            assert [b.get_attribute("data-action") for b in buttons] == ["stop"]
+            page = driver.find_element(By.TAG_NAME, "body").text[:600]  # if it fails: what came
+            assert [b.get_attribute("data-action") for b in buttons] == ["stop"], page
             buttons[0].click()
             driver.switch_to.alert.accept()
             wait_for(
