@@ -23,7 +23,7 @@ import sys
 from trainctl.supervisor.errors import TrainctlError
 
 from . import early, output, prespawn, verbs
-from .exitcodes import ExitCode, exit_for_exception
+from .exitcodes import ExitCode, exit_for_exception, say_error
 from .globalopts import global_options_end
 from .options import FastLine, parse_fast
 
@@ -85,6 +85,10 @@ def main() -> None:
         verbs.load("stop").note_unclaimed(wait=code != ExitCode.INTERRUPTED)
     prespawn.dismiss()  # a start's supervisor that was not handed a spec: it exits
     sys.stdout.flush()
+    lost = output.write_error()
+    if lost is not None:  # what was done is done; the output asked for is not there
+        say_error(f"error: cannot write the output: {lost.strerror or lost}")
+        code = code or ExitCode.FAILED
     if quick and _alone():
         sys.stderr.flush()
         os._exit(code)  # nothing left to close or join: skip the interpreter's teardown

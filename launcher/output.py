@@ -6,6 +6,10 @@ code must say so, and no traceback or crash file may appear. :func:`install` put
 wrapper in front of ``sys.stdout`` that turns the first EPIPE into a quiet end of output:
 fd 1 is pointed at /dev/null (so the interpreter's own flush at exit cannot fail either)
 and every later write is dropped. :func:`reader_gone` lets a follower (`logs -f`) stop.
+
+Any other error of the sink (a full disk behind ``> out.txt``: ENOSPC; EIO) ends the
+output the same way, and is kept: once the verb is done, main.py says it in one line and
+exits non-zero (the output asked for is not there), never a traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class _QuietPipe:
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self.gone = False
+        self.error: OSError | None = None  # what ended the output, if not a gone reader
 
     def write(self, text: str) -> int:
         if not self.gone:
@@ -28,6 +33,8 @@ class _QuietPipe:
                 return self._stream.write(text)
             except BrokenPipeError:
                 self._lost()
+            except OSError as e:
+                self._lost(e)
         return len(text)
 
     def flush(self) -> None:
@@ -36,9 +43,12 @@ class _QuietPipe:
                 self._stream.flush()
             except BrokenPipeError:
                 self._lost()
+            except OSError as e:
+                self._lost(e)
 
-    def _lost(self) -> None:
+    def _lost(self, error: OSError | None = None) -> None:
         self.gone = True
+        self.error = error
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, self._stream.fileno())
@@ -59,3 +69,9 @@ def reader_gone() -> bool:
     """Tell whether stdout's reader has gone away (a write found the pipe closed)."""
     out = sys.stdout
     return isinstance(out, _QuietPipe) and out.gone
+
+
+def write_error() -> OSError | None:
+    """What stopped stdout other than a gone reader (ENOSPC, EIO), if anything did."""
+    out = sys.stdout
+    return out.error if isinstance(out, _QuietPipe) else None

@@ -117,3 +117,23 @@ def test_status_into_a_file_is_whole_on_both_paths(harness: Harness) -> None:
     assert docs[0] == docs[1]
     assert docs[0]["last_log_line"].startswith("xxx")
     h.tc("stop", "f", check=True)
+
+
+@pytest.mark.parametrize("args", [["status", "d"], ["status", "d", "--json"], ["list"]])
+def test_a_full_disk_behind_stdout_is_one_line_not_a_crash(
+    harness: Harness, args: list[str]
+) -> None:
+    """`trainctl status X > out.txt` on a full disk (ENOSPC, as /dev/full answers every
+    write): one line saying so and exit 1, not "internal error, please report it"."""
+    h = harness
+    h.tc("start", "--name", "d", "--", "sleep", "600", check=True)
+    crashes = h.tmp / "crashes"
+    crashes.mkdir(exist_ok=True)
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([*TRAINCTL, *args], env={**h.env, "TMPDIR": str(crashes)},
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                           check=False)  # fmt: skip
+    assert p.returncode == 1
+    assert p.stderr == "trainctl: error: cannot write the output: No space left on device\n"
+    assert sorted(crashes.glob("trainctl-crash-*")) == []
+    h.tc("stop", "d", check=True)
