@@ -237,8 +237,45 @@ def end(p: subprocess.Popen[bytes], sig: int) -> None:
         p.wait()
 
 
+def sweep(marker: str) -> int:
+    """SIGKILL what is left of our own peer arm: torchrun starts each worker in a session of
+    its own, so a torchrun killed by hand (the hang's SIGKILL) leaves its workers behind, a
+    SIGSTOPped one stopped for ever (as it would on a real box). Found by ``marker``, the
+    arm's own temporary directory in their command line; each held by a pidfd and its
+    command line read again through it before the signal. Returns how many."""
+    found = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if marker.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue  # read after the pidfd: the pid cannot have been reused since
+            signal.pidfd_send_signal(fd, signal.SIGCONT)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            found += 1
+        except OSError:
+            continue  # gone
+        finally:
+            os.close(fd)
+    return found
+
+
 def run_peer(tmp: Path) -> dict[str, object]:
     code, out = workdir(tmp, "peer")
+    try:
+        return _run_peer(code, out)
+    finally:
+        left = sweep(str(out))
+        if left:
+            print(f"  (the peer arm left {left} worker(s) of a torchrun killed by hand: killed)")
+
+
+def _run_peer(code: Path, out: Path) -> dict[str, object]:
     t0, wall0 = time.monotonic(), time.time()
     p = start_torchrun(code, out)
     for at, fault in FAULTS:
