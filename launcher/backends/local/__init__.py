@@ -2,10 +2,11 @@
 
 The start (:mod:`.start`), the stop (:mod:`.stop`; without a supervisor,
 :mod:`.direct`) and the checkpoint asked by signal (:mod:`.signalled`) are loaded when
-used, so `status` reads a job without importing them. The checkpoint signal (SIGUSR2 by default) goes only to job processes that *catch* it, as read from the
-SigCgt mask in /proc/<pid>/status: a process whose default action for it is to terminate
-(a torchrun agent, for one) must never receive it. If no process catches it, the request
-is refused before anything is signalled.
+used, so `status` reads a job without importing them. The checkpoint signal (SIGUSR2 by
+default) goes only to job processes that *catch* it, as read from the SigCgt mask in
+/proc/<pid>/status: a process whose default action for it is to terminate (a torchrun
+agent, for one) must never receive it. If no process catches it, the request is refused
+before anything is signalled.
 """
 
 from __future__ import annotations
