@@ -125,6 +125,8 @@ def test_a_full_disk_behind_stdout_is_one_line_not_a_crash(
 ) -> None:
     """`trainctl status X > out.txt` on a full disk (ENOSPC, as /dev/full answers every
     write): one line saying so and exit 1, not "internal error, please report it"."""
+    if not Path("/dev/full").is_char_device():
+        pytest.skip("no /dev/full here (a container without it): nothing answers ENOSPC")
     h = harness
     h.tc("start", "--name", "d", "--", "sleep", "600", check=True)
     crashes = h.tmp / "crashes"
