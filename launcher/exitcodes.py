@@ -50,7 +50,10 @@ def exit_code_for(err: TrainctlError) -> ExitCode:
 
 
 def say_error(line: str) -> None:
-    """One line on stderr, prefixed as every trainctl error is."""
+    """One line on stderr, prefixed as every trainctl error is (nowhere when stderr is
+    closed: `2>&-`)."""
+    if sys.stderr is None:
+        return
     sys.stderr.write(f"trainctl: {line}\n")
     sys.stderr.flush()
 

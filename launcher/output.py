@@ -14,6 +14,7 @@ exits non-zero (the output asked for is not there), never a traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any, TextIO
@@ -60,8 +61,15 @@ class _QuietPipe:
 
 
 def install() -> None:
-    """Put the quiet wrapper in front of sys.stdout (once)."""
-    if not isinstance(sys.stdout, _QuietPipe) and sys.stdout is not None:
+    """Put the quiet wrapper in front of sys.stdout (once). A closed stdout
+    (`trainctl status X >&-`: Python's is None) is a sink that fails from the start: the
+    verb runs, and main.py says so at the end, as for a full disk."""
+    if sys.stdout is None:
+        closed = _QuietPipe(open(os.devnull, "w"))  # noqa: SIM115  (fd 1 from here on: no socket takes it)
+        closed.gone = True
+        closed.error = OSError(errno.EBADF, "standard output is closed")
+        sys.stdout = closed  # type: ignore[assignment,unused-ignore]
+    elif not isinstance(sys.stdout, _QuietPipe):
         sys.stdout = _QuietPipe(sys.stdout)  # type: ignore[assignment,unused-ignore]
 
 

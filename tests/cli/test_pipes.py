@@ -139,3 +139,20 @@ def test_a_full_disk_behind_stdout_is_one_line_not_a_crash(
     assert p.stderr == "trainctl: error: cannot write the output: No space left on device\n"
     assert sorted(crashes.glob("trainctl-crash-*")) == []
     h.tc("stop", "d", check=True)
+
+
+@pytest.mark.parametrize("args", [["status", "e"], ["list"]])
+def test_a_closed_stdout_is_one_line_not_a_crash(harness: Harness, args: list[str]) -> None:
+    """`trainctl status X >&-` (fd 1 closed, as some cron and daemon set-ups leave it):
+    Python's sys.stdout is None. One line and exit 1, as for a full disk, not a crash."""
+    h = harness
+    h.tc("start", "--name", "e", "--", "sleep", "600", check=True)
+    crashes = h.tmp / "crashes"
+    crashes.mkdir(exist_ok=True)
+    p = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *TRAINCTL, *args],
+                       env={**h.env, "TMPDIR": str(crashes)}, stderr=subprocess.PIPE,
+                       text=True, timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 1
+    assert p.stderr == "trainctl: error: cannot write the output: standard output is closed\n"
+    assert sorted(crashes.glob("trainctl-crash-*")) == []
+    h.tc("stop", "e", check=True)
