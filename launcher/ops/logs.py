@@ -27,15 +27,22 @@ LINE_BACK = 1 << 20  # --since reads this far before its first stamp for the lin
 
 
 def log_lines(
-    home: Path, name: str, run: int | None, tail: int | None, *, node: str | None = None
+    home: Path,
+    name: str,
+    run: int | None,
+    tail: int | None,
+    *,
+    node: str | None = None,
+    upto: int | None = None,
 ) -> tuple[Path, list[str]]:
     """Return the log path of run ``run`` (default: current) and its last ``tail`` lines.
 
     ``tail`` None means the whole log; 0 means no line (as ``tail -n 0``). ``node``: the
     log of that node of a multi-node Slurm job (the first node's is the run's own log).
+    ``upto``: none of the bytes from that offset on (`logs -f` follows from there).
     """
     path = run_log(home, name, run, node=node)
-    _, data = _read(path, tail)
+    _, data = _read(path, tail, upto=upto)
     return path, _last(newline_lines(data.decode(errors="replace")), tail)
 
 
@@ -60,23 +67,37 @@ def _last(lines: list[T], tail: int | None) -> list[T]:
     return lines[max(0, len(lines) - tail) :] if tail else []  # fewer lines than asked: all
 
 
-def _read(path: Path, tail: int | None, since_offset: int = 0) -> tuple[int, bytes]:
-    """(offset, data): the whole log, its last ``tail`` lines, or what follows an offset."""
+def _read(
+    path: Path, tail: int | None, since_offset: int = 0, upto: int | None = None
+) -> tuple[int, bytes]:
+    """(offset, data): the whole log, its last ``tail`` lines, or what follows an offset;
+    with ``upto``, only what lies before that offset."""
     try:
         if tail is None:
-            return since_offset, read_from(path, since_offset)
-        return last_lines_at(path, tail)
+            offset, data = since_offset, read_from(path, since_offset)
+        else:
+            offset, data = last_lines_at(path, tail)
     except FileNotFoundError:
         return 0, b""
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
+    return offset, data if upto is None else data[: max(0, upto - offset)]
+
+
+def size_now(path: Path) -> int:
+    """The log's size now (0: not there yet): where a follow that reads the log first begins."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def timed_lines(
-    path: Path, tail: int | None, since: float | None
+    path: Path, tail: int | None, since: float | None, upto: int | None = None
 ) -> list[tuple[float | None, str]]:
     """The log's lines, each with the time it was written (supervisor/watch/logtimes.py; None:
-    after the last look): its last ``tail`` lines, of those written at ``since`` or later."""
+    after the last look): its last ``tail`` lines, of those written at ``since`` or later
+    (before ``upto``, as :func:`log_lines`)."""
     stamps = read_stamps(path)
     start = 0
     if since is not None:
@@ -84,7 +105,7 @@ def timed_lines(
             raise ConfigError(f"{path} has no times (a run from before they were recorded)")
         i = bisect.bisect_left(stamps.times, since)
         start = max(0, stamps.sizes[i - 1] - LINE_BACK) if i > 0 else 0
-    offset, data = _read(path, None if since is not None else tail, start)
+    offset, data = _read(path, None if since is not None else tail, start, upto)
     pieces = data.split(b"\n")
     if offset > 0 and since is not None:  # read from inside a line: not a whole one
         offset += len(pieces.pop(0)) + 1
@@ -135,16 +156,21 @@ def reader_gone(fd: int = 1) -> bool:
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
 
 
-def follow(home: Path, name: str, path: Path, poll_s: float) -> Iterator[str]:
+def follow(
+    home: Path, name: str, path: Path, poll_s: float, start_at: int | None = None
+) -> Iterator[str]:
     """Yield new log text as it appears, switching to the next run's log after a restart.
 
+    From byte ``start_at`` on (where the caller's own read of the log stopped: nothing
+    written between that read and this one is lost), else from the log's end now.
     Ends when the job has finished and its log is drained: the run is over (or its
     supervisor is lost and no process of it is left) and nobody holds the job lock to
     restart it.
     """
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
-    reader = _LogReader(path, from_end=True)
+    reader = _LogReader(path, from_end=start_at is None)
+    reader.pos = reader.pos if start_at is None else start_at
     end = _End(jdir, run)
     while True:
         chunk = reader.read()

@@ -11,7 +11,14 @@ from pathlib import Path
 from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
-from trainctl.launcher.ops.logs import follow, log_lines, other_nodes, run_log, timed_lines
+from trainctl.launcher.ops.logs import (
+    follow,
+    log_lines,
+    other_nodes,
+    run_log,
+    size_now,
+    timed_lines,
+)
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.model import state
 
@@ -34,12 +41,19 @@ def tail_of(lines: str | None, following: bool, configured: int) -> int | None:
 
 
 def follow_to_stdout(
-    inv: Invocation, name: str, path: Path, *, detach_note: bool, timestamps: bool = False
+    inv: Invocation,
+    name: str,
+    path: Path,
+    *,
+    detach_note: bool,
+    timestamps: bool = False,
+    start_at: int | None = None,
 ) -> None:
-    """Stream new log text until the job ends, the reader leaves, or Ctrl-C."""
+    """Stream new log text (from byte ``start_at`` on: see ``follow``) until the job
+    ends, the reader leaves, or Ctrl-C."""
     stamped = _Stamped() if timestamps else None
     try:
-        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s):
+        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start_at):
             render.write(stamped.feed(chunk) if stamped else chunk)
             if output.reader_gone():
                 return
@@ -49,10 +63,12 @@ def follow_to_stdout(
 
 
 def follow_new_run(inv: Invocation, name: str, path: Path) -> None:
-    """A run just started: print its log from the first line, then follow it (Ctrl-C detaches)."""
-    if path.exists():
-        render.write(path.read_text(errors="replace"))
-    follow_to_stdout(inv, name, path, detach_note=True)
+    """A run just started: print its log from the first line, then follow it (Ctrl-C detaches).
+
+    One reader from byte 0: a read of the file, then a follow from its end, lost what a
+    short run wrote between the two (seen under load: `restart --follow` without the
+    run's only line)."""
+    follow_to_stdout(inv, name, path, detach_note=True, start_at=0)
 
 
 def run(
@@ -74,12 +90,13 @@ def run(
     tail = tail_of(lines, follow_ and since is None, inv.cfg.tail_lines)
     since_at = None if since is None else parse_since(since)
     path = run_log(inv.home, name, run_no, node=node)
+    upto = size_now(path) if follow_ else None  # printed up to here, then followed from it
     times: list[float | None] = []
     if timestamps or since_at is not None:
-        timed = timed_lines(path, tail, since_at)
+        timed = timed_lines(path, tail, since_at, upto)
         times, text = [t for t, _ in timed], [line for _, line in timed]
     else:
-        _, text = log_lines(inv.home, name, run_no, tail, node=node)
+        _, text = log_lines(inv.home, name, run_no, tail, node=node, upto=upto)
     if not raw:  # a progress bar's frames: its latest one (the file keeps them all)
         text = [_latest(t) for t in text]
     if as_json:
@@ -102,7 +119,7 @@ def run(
         _say_why_no_log(inv, name)
     render.write("".join(text))
     if follow_:
-        follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps)
+        follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps, start_at=upto)
     return ExitCode.OK
 
 

@@ -257,6 +257,25 @@ def test_start_follow_streams_until_the_job_ends(harness: Harness) -> None:
     assert h.state("fol")["exit_code"] == 3
 
 
+def test_follow_loses_and_repeats_no_line_of_a_job_that_writes_all_the_time(
+    harness: Harness,
+) -> None:
+    """`start -f` and `logs -f` read the log, then follow it: a line written between the
+    read and the follow's first look was lost (`restart --follow` missed a short run's
+    only line under load). Every number, once and in order, from the first one printed."""
+    h = harness
+    n = 4000
+    code = f"import time\nfor i in range({n}):\n    print(i, flush=True)\n    time.sleep(0.0005)\n"
+    res = h.tc("start", "--name", "many", "--follow", "--", sys.executable, "-c", code)
+    assert res.rc == 0, res
+    assert [int(x) for x in res.out.splitlines() if x.isdigit()] == list(range(n))
+    h.tc("start", "--name", "many2", "--", sys.executable, "-c", code, check=True)
+    time.sleep(0.3)  # well into its lines
+    got = [int(x) for x in h.tc("logs", "many2", "-f", "-n", "5").out.splitlines()]
+    assert got == list(range(got[0], n)), (got[:8], len(got))
+    assert len(got) > 5
+
+
 def test_control_socket_is_private(harness: Harness) -> None:
     h = harness
     h.tc("start", "--name", "sock", "--", "sleep", "600", check=True)
