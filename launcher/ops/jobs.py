@@ -10,8 +10,7 @@ from trainctl.launcher import backends
 from trainctl.launcher.inputs import closest, human_duration
 from trainctl.supervisor.errors import JobNotFoundError, StateError, TrainctlError
 from trainctl.supervisor.linux.poll import poll_until
-from trainctl.supervisor.model import events, state
-from trainctl.supervisor.model.events import newest_typed
+from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import JobState, Phase
 from trainctl.supervisor.records import record, replace
 from trainctl.supervisor.tree.proctree import Member, alive, scan, target_of
@@ -65,8 +64,10 @@ class StopUnderWay:
 def stop_under_way(jdir: Path) -> StopUnderWay | None:
     """The newest `stopping` (or `grace_shortened`) event, read from the end of the
     events: a few KiB, read only while a stop is on. None when there is none."""
+    from trainctl.supervisor.model import events  # noqa: PLC0415  (~0.5 ms: only while a stop is on)
+
     shortened: tuple[float, float] | None = None
-    for ev in newest_typed(jdir, 65536):
+    for ev in events.newest_typed(jdir, 65536):
         if isinstance(ev, events.GraceShortened) and shortened is None:
             shortened = (ev.ts, ev.grace_left_s)
         elif isinstance(ev, events.Stopping):

@@ -17,11 +17,11 @@ from trainctl.launcher.results import (
     StopResult,
     Survivor,
 )
-from trainctl.launcher.results.ops import RestartPlan
 from trainctl.supervisor.model.reports import Guard
 from trainctl.supervisor.records import JsonObject
 
 if TYPE_CHECKING:
+    from trainctl.launcher.results.ops import RestartPlan  # ~0.6 ms: not on status's path
     from trainctl.supervisor.model.reports import GpuHolder
 
 

@@ -1,8 +1,9 @@
 """Here, under trainctl's own supervisor: start, undo a failed start, stop, checkpoint.
 
 The start (:mod:`.start`), the stop (:mod:`.stop`; without a supervisor,
-:mod:`.direct`) and the checkpoint asked by signal (:mod:`.signalled`) are loaded when
-used, so `status` reads a job without importing them. The checkpoint signal (SIGUSR2 by
+:mod:`.direct`), the checkpoint asked by signal (:mod:`.signalled`) and the watch of a
+run's events (:mod:`.follow`) are loaded when used, so `status` reads a job without
+importing them. The checkpoint signal (SIGUSR2 by
 default) goes only to job processes that *catch* it, as read from the SigCgt mask in
 /proc/<pid>/status: a process whose default action for it is to terminate (a torchrun
 agent, for one) must never receive it. If no process catches it, the request is refused
@@ -23,7 +24,7 @@ from trainctl.launcher.backends import (
 )
 from trainctl.launcher.results import Checkpoint, Seen, StartResult, StopResult
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.model import events, state
+from trainctl.supervisor.model import state
 from trainctl.supervisor.model.spec import SLURM_KEYS, Spec
 from trainctl.supervisor.model.state import JobState
 
@@ -31,36 +32,6 @@ from .record import record
 
 if TYPE_CHECKING:  # the spec file reader (tomllib): only for the type
     from trainctl.launcher.specfile import SpecDraft
-
-
-class _EventWatch:
-    """A local run followed by its supervisor's events (``events.Follow``): over at its
-    ``ended`` or ``restart_scheduled`` event, or a later run's ``started``. state.json is
-    read once, after the follow began, for a run that ended before it. A supervisor that
-    dies writes nothing more: its run is lost, not over (as `status` says), and the
-    watch's caller waits out its time."""
-
-    def __init__(self, jdir: Path, run: int) -> None:
-        self.run = run
-        self.follow = events.Follow(jdir)  # first: nothing after this look is missed
-        st = state.read_state(jdir)
-        relaunch = st.run != run or st.restart_at is not None
-        self.done = relaunch or st.phase.ended
-        self.ended = st.run == run and st.phase.ended and st.restart_at is None
-
-    def over(self) -> bool:
-        if self.done:
-            return True
-        for ev in self.follow.new():
-            ended = isinstance(ev, events.Ended) and ev.run == self.run
-            relaunch = isinstance(ev, events.RestartScheduled) and ev.run == self.run
-            later = isinstance(ev, events.Started) and ev.run > self.run
-            self.ended = self.ended or ended
-            self.done = self.done or ended or relaunch or later
-        return self.done
-
-    def final(self) -> bool:
-        return self.over() and self.ended
 
 
 class Local:
@@ -85,7 +56,9 @@ class Local:
 
     def watch_run(self, jdir: Path, run: int) -> RunWatch:
         """The run's supervisor's events: its end, a relaunch, a later run's start."""
-        return _EventWatch(jdir, run)
+        from .follow import EventWatch  # noqa: PLC0415  (the events: ~0.5 ms, not for status)
+
+        return EventWatch(jdir, run)
 
     def refuse_if_live(self, jdir: Path, prev: JobState) -> None:
         """Nothing beyond the supervisor and member checks every backend gets."""
