@@ -28,7 +28,13 @@ from trainctl.supervisor.model import events, state
 from trainctl.supervisor.model.events import newest_typed
 from trainctl.supervisor.model.reports import StopReport
 from trainctl.supervisor.model.steps import numbers, progress_of
-from trainctl.supervisor.model.tail import Mark, latest_frame, read_appended, read_end, tail_lines
+from trainctl.supervisor.model.tail import (
+    Mark,
+    latest_frame,
+    read_appended,
+    read_span,
+    tail_lines,
+)
 from trainctl.supervisor.watch.samples import Sample, read_series
 
 from .jobs import existing_job
@@ -222,28 +228,28 @@ def checkpoints(home: Path, name: str) -> list[CheckpointFile]:
 
 
 def log_tail(home: Path, name: str, offset: int | None) -> LogTail:
-    """The current run's log after ``offset`` (None: its last 64 KiB, from a line start).
+    """The current run's whole lines after ``offset`` (None: those in its last 64 KiB),
+    and the offset the next look starts at: each line comes once, when its newline does.
 
     An offset past the end (the log was rotated, or a new run began) starts again at 0.
+    A line longer than one read (a progress bar's carriage-return frames, with no
+    newline for a while) is not waited for: the look moves past its older frames.
     """
     jdir = existing_job(home, name)
     path = state.log_path(jdir, state.read_state(jdir).run)
-    try:
-        size = os.stat(path).st_size
-    except OSError:
+    start, data, size = read_span(path, offset, TAIL_BYTES)
+    if not size:
         return LogTail(str(path), 0)
-    if offset is None:
-        data, more = read_end(path, TAIL_BYTES)
-        if more and b"\n" in data:
-            data = data[data.index(b"\n") + 1 :]
-        return LogTail(str(path), size, _lines(data))
-    if offset > size:
-        offset = 0
-    with path.open("rb") as f:
-        f.seek(offset)
-        data = f.read(TAIL_BYTES)
-    end = data.rfind(b"\n") + 1  # whole lines only: the rest comes with the next read
-    return LogTail(str(path), offset + end, _lines(data[:end]))
+    if offset is None and start > 0:  # the read began inside a line: not a whole one
+        cut = data.find(b"\n") + 1
+        start, data = start + cut, data[cut:]
+    end = data.rfind(b"\n") + 1  # whole lines only: the rest comes with the next look
+    if not end and len(data) >= TAIL_BYTES:  # one line longer than a read
+        end = data.rfind(b"\r") + 1  # its older frames: its latest comes with its newline
+        if not end:  # no frames: shown in pieces rather than never
+            return LogTail(str(path), start + len(data), _lines(data))
+        return LogTail(str(path), start + end)
+    return LogTail(str(path), start + end, _lines(data[:end]))
 
 
 def _lines(data: bytes) -> list[str]:

@@ -31,6 +31,22 @@ def read_end(path: Path, nbytes: int) -> tuple[bytes, bool]:
         return f.read(), size > nbytes
 
 
+def read_span(path: Path, offset: int | None, nbytes: int) -> tuple[int, bytes, int]:
+    """(where the data begins, the data, the file's size): up to ``nbytes`` from
+    ``offset``, or for None the last ``nbytes``; never past the size it saw, so a reader
+    that goes on from ``start + len(data)`` misses and repeats nothing. An offset past
+    the end reads from 0 (the file was rotated). (0, b"", 0) when it cannot be read."""
+    try:
+        fd = _open(path)
+    except OSError:
+        return 0, b"", 0
+    with os.fdopen(fd, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - nbytes) if offset is None else offset if offset <= size else 0
+        f.seek(start)
+        return start, f.read(min(nbytes, size - start)), size
+
+
 def tail_text(path: Path, nbytes: int) -> str:
     """The last ``nbytes`` of a file as text ('' if it is gone)."""
     return read_end(path, nbytes)[0].decode(errors="replace")

@@ -51,3 +51,18 @@ def test_a_symlinked_file_is_not_followed(tmp_path: Path) -> None:
     assert tail.tail_lines(link, 100) == []
     with pytest.raises(OSError, match="Too many levels of symbolic links"):
         tail.last_lines_bytes(link, 5)
+
+
+def test_read_span_reads_from_an_offset_or_the_end_and_restarts_past_the_end(
+    tmp_path: Path,
+) -> None:
+    p = tmp_path / "log"
+    p.write_bytes(b"0123456789")
+    assert tail.read_span(p, None, 4) == (6, b"6789", 10)
+    assert tail.read_span(p, None, 40) == (0, b"0123456789", 10)
+    assert tail.read_span(p, 3, 4) == (3, b"3456", 10)
+    assert tail.read_span(p, 10, 4) == (10, b"", 10)
+    assert tail.read_span(p, 11, 4) == (0, b"0123", 10)  # rotated: from its start
+    assert tail.read_span(tmp_path / "none", 0, 4) == (0, b"", 0)
+    (tmp_path / "link").symlink_to(p)
+    assert tail.read_span(tmp_path / "link", None, 4) == (0, b"", 0)  # not followed
