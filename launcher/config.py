@@ -9,7 +9,7 @@ from typing import Any
 
 import trainctl.conf
 from trainctl.supervisor.errors import ConfigError
-from trainctl.supervisor.model import state
+from trainctl.supervisor.model import layout, state
 from trainctl.supervisor.model.spec import CLASS_NAME, HOOK_EVENTS, RESTART_WORDS, parse_order
 from trainctl.supervisor.records import field, record
 
@@ -196,4 +196,5 @@ def resolve_home(home: str | None, cfg: Config | None) -> Path:
     chosen = home or os.environ.get("TRAINCTL_HOME")
     if not chosen:
         chosen = (cfg or load_config()).home
-    return Path(chosen).expanduser().absolute() if chosen else state.default_home()
+    path = Path(chosen).expanduser().absolute() if chosen else state.default_home()
+    return Path(layout.followed_home(str(path)))  # the user's own symlink: its directory

@@ -8,7 +8,7 @@ serves (``[--home DIR] stop NAME [--json] [--grace SECONDS] [--order ORDER]
 [--main-only]``) this module, on the standard library's C parts only, finds the job's
 control socket, checks that the process serving it is this job's own supervisor (our
 uid, ``python -m trainctl.supervisor --home HOME --name NAME``; both from
-supervisor/model/layout.py, which imports nothing), and sends the stop. The
+supervisor/model/layout.py, which imports only os), and sends the stop. The
 verb then runs as always and, where it would send the same request, reads the answer to
 this one (:func:`claim`). Anything unusual (a queued run of the name, a config that
 decides the home, a value this module does not parse, no answering supervisor) sends
@@ -238,7 +238,8 @@ def home_of(home_opt: str | None) -> str | None:
     path = os.path.expanduser(chosen)
     path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     # as pathlib writes it (no '.', no empty parts; '..' kept): the supervisor's --home
-    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+    path = "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+    return layout.followed_home(path)
 
 
 def _owned_dir(path: str) -> bool:

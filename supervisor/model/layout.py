@@ -10,6 +10,8 @@ them.
 
 from __future__ import annotations
 
+import os
+
 JOBS = "jobs"  # <home>/jobs/<name>/: one directory a job
 QUEUE = "queue"  # <home>/queue/<name>.json: a queued job's entry
 SOCK_NAME = "control.sock"  # <home>/jobs/<name>/control.sock: the supervisor's socket
@@ -30,6 +32,22 @@ def name_ok(name: str) -> bool:
     """A job name: 1-64 of letters, digits, '.', '_' and '-', starting with a letter or
     digit (so never '.', '..' or an option)."""
     return 0 < len(name) <= NAME_MAX and name[0] not in "._-" and set(name) <= _NAME_CHARS
+
+
+def followed_home(path: str) -> str:
+    """The directory a home that is the user's own symlink points at (`ln -s
+    /scratch/me/trainctl ~/.local/state/trainctl`, for a small home quota); else ``path``
+    as it is. A link someone else owns is not followed: the home's checks refuse it.
+
+    Every path of the job (the supervisor's ``--home`` included) is then built from the
+    real directory, so the link can be moved or replaced without misleading a run."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return path
+    if st.st_mode & 0o170000 == 0o120000 and st.st_uid == os.geteuid():
+        return os.path.realpath(path)
+    return path
 
 
 def job_dir(home: str, name: str) -> str:

@@ -284,8 +284,13 @@ def ensure_home(home: Path) -> None:
     would lock everyone else out of it. Such a home is refused with a way forward.
     """
     for path in (home, jobs_dir(home)):
-        if path.is_symlink():
-            raise ConfigError(f"{path} is a symlink; refusing to follow it")
+        if path.is_symlink():  # a home that is the user's own link was followed already
+            raise ConfigError(
+                f"{path} is a symlink owned by uid {path.lstat().st_uid}, not by you; "
+                "refusing to follow it"
+                if path == home and path.lstat().st_uid != os.geteuid()
+                else f"{path} is a symlink; refusing to follow it"
+            )
         if path.exists():
             _check_private_dir(path)
             continue

@@ -285,3 +285,16 @@ def test_a_nul_in_a_spec_files_name_is_one_line(harness: Harness) -> None:
         spec.write_text(f'name = "ok"\n{argv}{bad}\n')
         one_line_error(h.tc("start", "-c", str(spec)), 2, "NUL")
     no_jobs(h)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by someone else needs root")
+def test_a_home_link_that_someone_else_owns_is_refused(harness: Harness) -> None:
+    h = harness
+    real = h.tmp / "theirs"
+    real.mkdir(mode=0o700)
+    link = h.tmp / "their-link"
+    link.symlink_to(real)
+    os.lchown(link, 65534, -1)
+    env = {**h.env, "TRAINCTL_HOME": str(link)}
+    one_line_error(h.tc("start", "--name", "x", "--", "true", env=env), 2, "not by you")
+    assert not list(real.iterdir())

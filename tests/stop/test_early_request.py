@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -205,3 +207,25 @@ def test_ctrl_c_while_it_waits_leaves_the_stop_to_the_supervisor(here: Harness) 
     assert "Traceback" not in err
     assert err.strip() == "trainctl: the stop continues in the background (`trainctl status e`)"
     wait_for(lambda: not h.job_pids("e"), timeout_s=30, what="the supervisor's own stop")
+
+
+def test_a_home_that_is_your_own_link_is_the_directory_it_points_at(harness: Harness) -> None:
+    """`ln -s /scratch/me/trainctl ~/.local/state/trainctl` (a small home quota) was
+    refused as "a symlink". The user's own link is followed once, where the home is read,
+    and every path is built from its directory: the CLI's, the supervisor's --home and
+    the early stop's, so the stop still goes out before the verb."""
+    h = harness
+    real = h.tmp / "scratch" / "tc"
+    real.mkdir(parents=True, mode=0o700)
+    link = h.tmp / "linked-home"
+    link.symlink_to(real)
+    env = {**h.env, "TRAINCTL_HOME": str(link)}
+    h.tc("start", "--name", "ln", "--", "sleep", "600", env=env, check=True)
+    st = json.loads((real / "jobs" / "ln" / "state.json").read_text())
+    argv = Path(f"/proc/{st['supervisor']['pid']}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--home") + 1] == os.fsencode(real)
+    assert early.home_of(str(link)) == str(real)
+    assert h.tc("status", "ln", env=env).out.startswith("ln: running")
+    stop = h.tc("stop", "ln", "--json", env=env, check=True)
+    assert stop.json()["via"] == "supervisor"
+    assert "ran" not in stop.err  # the early request was found and read by the verb
