@@ -1,7 +1,8 @@
 """The default stop on real PyTorch (CPU) jobs: every rank checkpoints, nothing survives.
 
-Three shapes, each stopped with a plain `trainctl stop`: torchrun with 2 gloo ranks, plain
-python, and torch.multiprocessing.spawn under a main that does not catch SIGTERM; every
+Four shapes, each stopped with a plain `trainctl stop`: torchrun with 2 gloo ranks, the
+same under `accelerate launch`, plain python, and torch.multiprocessing.spawn under a
+main that does not catch SIGTERM; every
 rank runs DataLoader(num_workers=2, persistent_workers=True). `--order all` must
 reproduce the crash ("DataLoader worker ... is killed by signal") on the same job, so the
 test proves what the default order changes. Skipped, with the reason, where no CPU build
@@ -24,10 +25,17 @@ pytestmark = NEEDS_TORCH
 
 TRAIN = str(TREES / "torch_train.py")
 VENV_BIN = Path(sys.executable).parent
+ACCELERATE_2_CPU = (
+    *("--multi_gpu", "--num_processes", "2", "--num_machines", "1"),
+    *("--mixed_precision", "no", "--dynamo_backend", "no"),
+)  # two ranks; without GPUs the ranks take gloo
 
 
 SHAPES = {
     "torchrun": ([str(VENV_BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", TRAIN], 2),
+    # Hugging Face Accelerate's launcher: torch's elastic agent run inside `accelerate
+    # launch` itself (its own process, not a torchrun child), two gloo ranks on CPU
+    "accelerate": ([str(VENV_BIN / "accelerate"), "launch", *ACCELERATE_2_CPU, TRAIN], 2),
     "plain": ([sys.executable, TRAIN], 1),
     "spawn": ([sys.executable, TRAIN], 2),
 }
@@ -35,6 +43,8 @@ SHAPES = {
 
 def _start(h: Harness, shape: str, *more: str) -> Path:
     argv, ranks = SHAPES[shape]
+    if not Path(argv[0]).exists():  # accelerate comes with the test extra, beside torch
+        pytest.skip(f"{argv[0]} is not installed (scripts/test.sh installs the test extra)")
     out = h.tmp / "out"
     out.mkdir()
     extra = {"plain": ["--plain"], "spawn": ["--spawn", "2"]}.get(shape, [])
@@ -83,9 +93,11 @@ def test_default_stop_lets_every_rank_checkpoint(harness: Harness, shape: str) -
     assert report["order"] == "tree"
     assert report["killed"] == 0, report["killed_procs"]
     assert report["held"] >= 3 * ranks, report  # each rank and its two loaders were held
-    if shape == "torchrun":
+    if shape in ("torchrun", "accelerate"):
         assert [lau["cmd"] for lau in report["launchers"]], report
-        assert "torchrun" in report["launchers"][0]["why"]
+        assert {"torchrun": "torchrun", "accelerate": "accelerate launch"}[shape] in report[
+            "launchers"
+        ][0]["why"]
         assert doc["exit_code"] == 0  # the agent saw both workers succeed
 
 
