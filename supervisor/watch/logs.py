@@ -2,10 +2,12 @@
 
 The job writes its log itself, with O_APPEND (the supervisor is never in the data path),
 so the file cannot be renamed away under it: its descriptor would keep writing to the
-renamed file. Instead the supervisor copies the log to ``run-N.log.1`` (older copies
-shift to ``.2`` ... ``.KEEP``) and truncates it to zero; the job's next write lands at the
-new end, offset 0. What the job writes between the copy and the truncation, a few
-microseconds, is the only loss, the known price of copytruncate.
+renamed file. Instead the supervisor copies the log aside and truncates it to zero, through
+the descriptor the copy read from, as soon as the copy has read the end; the job's next
+write lands at the new end, offset 0. What the job writes between the copy's last read
+and the truncation, a few microseconds, is the only loss, the known price of
+copytruncate. Everything else (moving older copies up to ``.2`` ... ``.KEEP``, naming
+the new copy ``.1``) happens before the copy or after the truncation, outside that window.
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ class Pace:
 def rotate_if_big(path: Path, max_bytes: int, keep: int) -> int:
     """Rotate ``path`` once it is bigger than ``max_bytes`` (0: never); return its old size.
 
-    The copy goes to a fresh temporary file (random name, O_EXCL|O_NOFOLLOW: nothing
-    planted is written through), and the older copies move up by hard link + rename, so
-    ``run-N.log.1`` ... never disappear, not even for a moment, from a reader's view.
+    The older copies move up first, by hard link + rename, so ``run-N.log.1`` ... never
+    disappear, not even for a moment, from a reader's view. The copy goes to a fresh
+    temporary file (random name, O_EXCL|O_NOFOLLOW: nothing planted is written through)
+    and becomes ``.1`` right after the truncation (until then ``.1`` is the copy before).
     """
     try:
         size = os.stat(path, follow_symlinks=False).st_size
@@ -71,15 +74,18 @@ def rotate_if_big(path: Path, max_bytes: int, keep: int) -> int:
         return 0
     try:
         if keep > 0:
-            fresh = _copy_aside(path)
             for i in range(keep - 1, 0, -1):
                 older = path.with_name(f"{path.name}.{i}")
                 if os.path.lexists(older):
                     _replace_by_link(older, path.with_name(f"{path.name}.{i + 1}"))
+        fresh = _copy_and_truncate(path, copy=keep > 0)
+        if fresh is not None:
             os.replace(fresh, path.with_name(f"{path.name}.1"))
     except (OSError, StateError):
-        pass  # a full disk (often this very log's doing): the cap matters more than the copy
-    os.truncate(path, 0)
+        # a full disk (often this very log's doing): the log was emptied all the same (the
+        # cap matters more than the copy), unless it could not even be opened (a symlink
+        # put in its place is never truncated through): the next look tries again
+        pass
     return size
 
 
@@ -87,22 +93,29 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(ids.temp_name(path.name))
 
 
-def _copy_aside(path: Path) -> Path:
-    tmp = _temp_name(path)
-    out = open_in(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+def _copy_and_truncate(path: Path, *, copy: bool) -> Path | None:
+    """Copy the log to a fresh temporary file (``copy``) and empty it through the same
+    descriptor the moment the copy has read its end; return the copy. A copy that fails
+    still empties the log (and raises)."""
+    src = open_in(path, os.O_RDWR)
+    tmp, out = None, -1
     try:
-        src = open_in(path, os.O_RDONLY)
-        try:
+        if copy:
+            tmp = _temp_name(path)
+            out = open_in(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             while os.sendfile(out, src, None, 1 << 20):
                 pass
-        finally:
-            os.close(src)
+        os.ftruncate(src, 0)
     except BaseException:
-        os.close(out)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        os.ftruncate(src, 0)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
-    os.close(out)
+    finally:
+        os.close(src)
+        if out >= 0:
+            os.close(out)
     return tmp
 
 
