@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import bisect
 import codecs
+import contextlib
+import itertools
 import os
 import select
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from trainctl.launcher import backends
 from trainctl.supervisor.errors import ConfigError, StateError
@@ -17,6 +20,7 @@ from trainctl.supervisor.model import nodefiles as nf
 from trainctl.supervisor.model import state
 from trainctl.supervisor.model.state import Phase
 from trainctl.supervisor.model.tail import last_lines_at, read_from
+from trainctl.supervisor.records import record
 from trainctl.supervisor.tree.proctree import scan, target_of
 from trainctl.supervisor.watch.logtimes import read_stamps
 
@@ -84,12 +88,25 @@ def _read(
     return offset, data if upto is None else data[: max(0, upto - offset)]
 
 
-def size_now(path: Path) -> int:
-    """The log's size now (0: not there yet): where a follow that reads the log first begins."""
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+@record(frozen=True)
+class FollowFrom:
+    """Where a follow goes on: a byte of the log, and its newest rotated copy then (None:
+    none), so that rotations after it are read from their copies."""
+
+    pos: int
+    copy: tuple[int, int] | None
+
+    @classmethod
+    def now(cls, path: Path) -> FollowFrom:
+        """The log's end now: for a caller that prints the log up to ``pos`` first."""
+        copy = _identity(_copy_path(path, 1))
+        try:
+            return cls(path.stat().st_size, copy)
+        except FileNotFoundError:
+            return cls(0, copy)
+
+
+START = FollowFrom(0, None)  # a run's log from its first byte, through every copy of it
 
 
 def timed_lines(
@@ -157,20 +174,19 @@ def reader_gone(fd: int = 1) -> bool:
 
 
 def follow(
-    home: Path, name: str, path: Path, poll_s: float, start_at: int | None = None
+    home: Path, name: str, path: Path, poll_s: float, start: FollowFrom | None = None
 ) -> Iterator[str]:
     """Yield new log text as it appears, switching to the next run's log after a restart.
 
-    From byte ``start_at`` on (where the caller's own read of the log stopped: nothing
-    written between that read and this one is lost), else from the log's end now.
+    From ``start`` on (where the caller's own read of the log stopped: nothing written
+    between that read and this one is lost), else from the log's end now.
     Ends when the job has finished and its log is drained: the run is over (or its
     supervisor is lost and no process of it is left) and nobody holds the job lock to
     restart it.
     """
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
-    reader = _LogReader(path, from_end=start_at is None)
-    reader.pos = reader.pos if start_at is None else start_at
+    reader = _LogReader(path, start or FollowFrom.now(path))
     end = _End(jdir, run)
     while True:
         chunk = reader.read()
@@ -179,7 +195,7 @@ def follow(
             continue
         if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
             run += 1
-            reader = _LogReader(state.log_path(jdir, run), from_end=False)
+            reader = _LogReader(state.log_path(jdir, run), START)
             end = _End(jdir, run)
             yield f"==> {name} run {run} <==\n"
             continue
@@ -217,21 +233,86 @@ class _End:
 
 
 class _LogReader:
-    """Reads a growing log from an offset, never splitting a UTF-8 character."""
+    """Reads a growing log from an offset, never splitting a UTF-8 character, and across
+    its rotations without a gap.
 
-    def __init__(self, path: Path, *, from_end: bool) -> None:
+    A rotation copies the log to ``.1`` (older copies move up) and empties it in place:
+    the same file, shorter. The copies are told apart by inode: a ``.1`` that is not the
+    one seen at the last read means rotations happened since, and the copies before the
+    one seen then (oldest first) hold what this reader has not read: the first from
+    where the reader was, the others whole. They are opened at once (an open copy reads
+    the same when it moves up again) and read before the log, which is then read from
+    its start. Without copies (``log_keep = 0``), or a log shortened by hand, the log is
+    read again from its start: what was not read is gone.
+    """
+
+    def __init__(self, path: Path, start: FollowFrom) -> None:
         self.path = path
-        self.pos = path.stat().st_size if from_end and path.exists() else 0
+        self.pos = start.pos
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.seen_copy = start.copy
+        self.backlog: list[tuple[BinaryIO, int]] = []  # (an open copy, where to read it from)
 
     def read(self, *, final: bool = False) -> str:
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.pos:
-                    self.pos = 0  # rotated (copied, then truncated): read it from the start
-                f.seek(self.pos)
-                data = f.read(1 << 20)
-        except FileNotFoundError:
-            data = b""
-        self.pos += len(data)
-        return self.decoder.decode(data, final=final)
+        self._notice_rotations()
+        data = self._read_backlog()
+        if not data:
+            try:
+                with open(self.path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size < self.pos:
+                        self.pos = 0  # shortened with no copy to read the rest from
+                    f.seek(self.pos)
+                    data = f.read(CHUNK)
+            except FileNotFoundError:
+                data = b""
+            self.pos += len(data)
+        return self.decoder.decode(data, final=final and not self.backlog)
+
+    def _notice_rotations(self) -> None:
+        now = _identity(_copy_path(self.path, 1))
+        if now is None or now == self.seen_copy:
+            return
+        new: list[Path] = []
+        for i in itertools.count(1):  # the copies made since the last read, newest first
+            copy = _copy_path(self.path, i)
+            ident = _identity(copy)
+            if ident is None or ident == self.seen_copy:
+                break
+            new.append(copy)
+        self.seen_copy = now
+        opened = []
+        for copy in reversed(new):
+            with contextlib.suppress(OSError):
+                opened.append(open(copy, "rb"))  # noqa: SIM115  (closed once read: _read_backlog)
+        for k, f in enumerate(opened):
+            start = self.pos if k == 0 else 0  # the oldest new copy: from where this read up to
+            self.backlog.append((f, start if os.fstat(f.fileno()).st_size >= start else 0))
+        self.pos = 0  # the log itself: from its start, once the copies are read
+
+    def _read_backlog(self) -> bytes:
+        while self.backlog:
+            f, at = self.backlog[0]
+            f.seek(at)
+            data = f.read(CHUNK)
+            if data:
+                self.backlog[0] = (f, at + len(data))
+                return data
+            f.close()
+            self.backlog.pop(0)
+        return b""
+
+
+CHUNK = 1 << 20  # the most one read of a follow returns
+
+
+def _copy_path(path: Path, i: int) -> Path:
+    return path.with_name(f"{path.name}.{i}")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a rotated copy; None when there is none (or it is not a file)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None

@@ -12,11 +12,12 @@ from trainctl.launcher import output, render
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.logs import (
+    START,
+    FollowFrom,
     follow,
     log_lines,
     other_nodes,
     run_log,
-    size_now,
     timed_lines,
 )
 from trainctl.supervisor.errors import ConfigError, TrainctlError
@@ -47,13 +48,13 @@ def follow_to_stdout(
     *,
     detach_note: bool,
     timestamps: bool = False,
-    start_at: int | None = None,
+    start: FollowFrom | None = None,
 ) -> None:
-    """Stream new log text (from byte ``start_at`` on: see ``follow``) until the job
+    """Stream new log text (from ``start`` on: see ``follow``) until the job
     ends, the reader leaves, or Ctrl-C."""
     stamped = _Stamped() if timestamps else None
     try:
-        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start_at):
+        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start):
             render.write(stamped.feed(chunk) if stamped else chunk)
             if output.reader_gone():
                 return
@@ -68,7 +69,7 @@ def follow_new_run(inv: Invocation, name: str, path: Path) -> None:
     One reader from byte 0: a read of the file, then a follow from its end, lost what a
     short run wrote between the two (seen under load: `restart --follow` without the
     run's only line)."""
-    follow_to_stdout(inv, name, path, detach_note=True, start_at=0)
+    follow_to_stdout(inv, name, path, detach_note=True, start=START)
 
 
 def run(
@@ -90,7 +91,8 @@ def run(
     tail = tail_of(lines, follow_ and since is None, inv.cfg.tail_lines)
     since_at = None if since is None else parse_since(since)
     path = run_log(inv.home, name, run_no, node=node)
-    upto = size_now(path) if follow_ else None  # printed up to here, then followed from it
+    mark = FollowFrom.now(path) if follow_ else None  # printed up to here, then followed
+    upto = None if mark is None else mark.pos
     times: list[float | None] = []
     if timestamps or since_at is not None:
         timed = timed_lines(path, tail, since_at, upto)
@@ -119,7 +121,7 @@ def run(
         _say_why_no_log(inv, name)
     render.write("".join(text))
     if follow_:
-        follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps, start_at=upto)
+        follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps, start=mark)
     return ExitCode.OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import select
 import shlex
@@ -179,6 +180,22 @@ def test_a_rotation_loses_only_what_is_written_in_its_last_microseconds(
     lost = max(seen) + 1 - len(seen)
     # generous (a hang of the supervisor between two syscalls, not a speed target)
     assert lost <= max(100, len(seen) // 2000), f"{lost} of {max(seen) + 1} lines lost"
+
+
+def test_logs_follow_across_rotations_prints_every_line_once(harness: Harness) -> None:
+    """`logs -f` noticed a rotation by the log shrinking and went on from its start: the
+    lines written between its last read and the rotation (now in `.1`) were skipped."""
+    h = harness
+    h.tc(
+        "start", "--name", "numf", "--set", "log_max_size=1MiB", "--set", "log_keep=2",
+        "--", sys.executable, "-c", _NUMBERED, check=True,
+    )  # fmt: skip
+    res = h.tc("logs", "numf", "-f", "-n", "all", timeout=60)
+    got = [int(line[:9]) for line in res.out.splitlines()]
+    rotated = (h.home / "jobs" / "numf" / "events.jsonl").read_text().count("log_rotated")
+    assert rotated >= 3, rotated
+    gaps = [(a, b) for a, b in itertools.pairwise(got) if b != a + 1]
+    assert not gaps, (gaps[:5], rotated)  # from its first line on: each once, in order
 
 
 def test_the_log_pace_looks_sooner_as_the_log_nears_its_cap() -> None:
