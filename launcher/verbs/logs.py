@@ -110,19 +110,25 @@ def run(
         return ExitCode.OK
     if timestamps:
         text = [f"{stamp(at)} {line}" for at, line in zip(times, text, strict=True)]
-    nodes = other_nodes(inv.home, name, run_no) if node is None else None
-    if nodes is not None:  # say which node this is: the others' lines are elsewhere
-        first, rest = nodes
-        hint = " or ".join(f"--node {n}" for n in rest[:3]) + (" ..." if len(rest) > 3 else "")
-        sys.stderr.write(
-            f"node {first}'s log; the other nodes' logs: trainctl logs {name} {hint}\n"
-        )
+    if node is None:
+        _name_other_nodes(inv, name, run_no)
     if not text and not path.exists():
         _say_why_no_log(inv, name)
     render.write("".join(text))
     if follow_:
         follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps, start=mark)
     return ExitCode.OK
+
+
+def _name_other_nodes(inv: Invocation, name: str, run_no: int | None) -> None:
+    """A multi-node run's log is its first node's: say so, and how to read the others."""
+    nodes = other_nodes(inv.home, name, run_no)
+    if nodes is not None:
+        first, rest = nodes
+        hint = " or ".join(f"--node {n}" for n in rest[:3]) + (" ..." if len(rest) > 3 else "")
+        sys.stderr.write(
+            f"node {first}'s log; the other nodes' logs: trainctl logs {name} {hint}\n"
+        )
 
 
 def stamp(at: float | None) -> str:
