@@ -4,7 +4,8 @@
 # `--deploy` runs the deploy benchmarks (scripts/bench_deploy.py) instead, `--goodput`
 # trainctl against plain torchrun under one fault schedule (scripts/bench_goodput.py), `--heal`
 # a GPU fault to the healed run's first step (scripts/bench_heal.py), `--guard` the checkpoint
-# guard's cost to a start and its trip (scripts/bench_guard.py), `--web` the web
+# guard's cost to a start and its trip (scripts/bench_guard.py), `--exit` a torchrun job's
+# exit after its save (scripts/bench_exit.py), `--web` the web
 # page's and the samples' (scripts/bench_web.py), `--fleet` the
 # --all-hosts one (tests/remote/bench_fleet.py, on the remote tests' sshd).
 set -euo pipefail
@@ -21,6 +22,10 @@ fi
 if [ "${1:-}" = "--goodput" ]; then  # a real torchrun job under faults (the torch extra)
   EXTRAS=test . "$(dirname "$0")/_venv.sh"
   exec python "$ROOT/scripts/bench_goodput.py" "${@:2}"  # --issue-schedule: issue 56's five
+fi
+if [ "${1:-}" = "--exit" ]; then  # a torchrun job's exit after its save, with gc.freeze() or not
+  EXTRAS=test . "$(dirname "$0")/_venv.sh"
+  exec python "$ROOT/scripts/bench_exit.py" "${@:2}"
 fi
 if [ "${1:-}" = "--web" ]; then  # the web page and the samples (needs the web extra)
   _pip -e "$ROOT[web]" --config-settings editable_mode=strict  # -e: the dev venv stays editable

@@ -67,3 +67,7 @@ while True:
     if flag.item():
         break
 dist.destroy_process_group()
+if os.environ.get("BENCH_FREEZE_AT_EXIT"):  # scripts/bench_exit.py's other arm only
+    import gc
+
+    gc.freeze()  # the final collection then walks none of the objects torch made
