@@ -202,7 +202,8 @@ def follow(
         if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
             if state.log_path(jdir, run + 1).exists():
                 continue  # relaunched meanwhile: follow it
-            yield reader.read(final=True)
+            while last := reader.read(final=True):  # the rest (a copy made at the end too)
+                yield last
             return
         if reader_gone():
             # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger

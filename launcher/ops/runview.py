@@ -33,6 +33,7 @@ from trainctl.supervisor.model.tail import (
     latest_frame,
     read_appended,
     read_span,
+    shown_lines,
     tail_lines,
 )
 from trainctl.supervisor.watch.samples import Sample, read_series
@@ -244,16 +245,17 @@ def log_tail(home: Path, name: str, offset: int | None) -> LogTail:
         cut = data.find(b"\n") + 1
         start, data = start + cut, data[cut:]
     end = data.rfind(b"\n") + 1  # whole lines only: the rest comes with the next look
+    partial = latest_frame(data[end:].decode(errors="replace"))
     if not end and len(data) >= TAIL_BYTES:  # one line longer than a read
         end = data.rfind(b"\r") + 1  # its older frames: its latest comes with its newline
         if not end:  # no frames: shown in pieces rather than never
             return LogTail(str(path), start + len(data), _lines(data))
-        return LogTail(str(path), start + end)
-    return LogTail(str(path), start + end, _lines(data[:end]))
+        return LogTail(str(path), start + end, partial=partial)
+    return LogTail(str(path), start + end, _lines(data[:end]), partial)
 
 
 def _lines(data: bytes) -> list[str]:
-    return [latest_frame(line) for line in data.decode(errors="replace").splitlines()]
+    return shown_lines(data.decode(errors="replace"))
 
 
 def stop_timeline(home: Path, name: str) -> StopTimeline | None:

@@ -254,6 +254,9 @@ class LogTail:
     log: str
     offset: int  # where the next read starts
     lines: list[str] = field(default_factory=list)
+    # the last line while it has no newline yet (a progress bar's latest frame): shown in
+    # place, each look, until the line ends and comes in `lines`
+    partial: str = ""
 
 
 @record(frozen=True)

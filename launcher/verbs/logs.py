@@ -22,6 +22,7 @@ from trainctl.launcher.ops.logs import (
 )
 from trainctl.supervisor.errors import ConfigError, TrainctlError
 from trainctl.supervisor.model import state
+from trainctl.supervisor.model.tail import latest_frame
 
 from . import Invocation
 
@@ -180,5 +181,4 @@ def _latest(line: str) -> str:
     if "\r" not in line:
         return line
     end = "\n" if line.endswith("\n") else ""
-    frames = [f for f in line.rstrip("\n").split("\r") if f.strip()]
-    return (frames[-1] if frames else "") + end
+    return latest_frame(line.rstrip("\n")) + end

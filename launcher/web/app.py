@@ -263,7 +263,8 @@ class _Web:
 
         def tail(name: str) -> Response:
             t = runview.log_tail(self.cfg.home, name, offset)
-            return JSONResponse({"log": t.log, "offset": t.offset, "lines": t.lines})
+            doc = {"log": t.log, "offset": t.offset, "lines": t.lines, "partial": t.partial}
+            return JSONResponse(doc)
 
         return await _guarded(tail, request.path_params["name"])
 

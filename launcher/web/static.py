@@ -87,9 +87,15 @@ async function refreshLog() {
   const pre = document.getElementById("log");
   const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   if (logOffset === null || t.offset < logOffset) pre.textContent = "";
+  const old = document.getElementById("log-partial");
+  if (old) old.remove();  // the unfinished line: redrawn below, or ended among t.lines
   for (const line of t.lines) {
     const div = document.createElement("div"); div.className = "line";
     div.textContent = line; pre.appendChild(div);
+  }
+  if (t.partial) {
+    const div = document.createElement("div"); div.className = "line"; div.id = "log-partial";
+    div.textContent = t.partial; pre.appendChild(div);
   }
   while (pre.childElementCount > 2000) pre.removeChild(pre.firstChild);
   logOffset = t.offset;

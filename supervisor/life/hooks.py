@@ -38,7 +38,7 @@ from trainctl.supervisor.model.state import (
     log_path,
     write_json_atomic,
 )
-from trainctl.supervisor.model.tail import latest_frame, tail_text
+from trainctl.supervisor.model.tail import shown_lines, tail_text
 from trainctl.supervisor.records import JsonObject, asdict, field, record
 
 LAST_LINES = 50
@@ -75,7 +75,7 @@ class HookJob:
 def last_lines(log: Path, n: int = LAST_LINES) -> list[str]:
     """The last ``n`` lines of the log (each cut to LINE_CHARS), cheaply."""
     text = tail_text(log, n * LINE_CHARS)
-    return [latest_frame(x)[:LINE_CHARS] for x in text.splitlines()][-n:]
+    return [x[:LINE_CHARS] for x in shown_lines(text)][-n:]
 
 
 def document(

@@ -60,8 +60,21 @@ def tail_lines(path: Path, nbytes: int) -> list[str]:
 
 
 def latest_frame(line: str) -> str:
-    """A progress bar rewrites one line with carriage returns: its latest frame."""
-    return line.rsplit("\r", 1)[-1]
+    """A line redrawn with carriage returns (a progress bar): its latest non-empty frame
+    (so ``abc\r``, a CRLF line, is ``abc``)."""
+    if "\r" not in line:
+        return line
+    frames = [f for f in line.split("\r") if f.strip()]
+    return frames[-1] if frames else ""
+
+
+def shown_lines(text: str) -> list[str]:
+    """``text``'s lines as a terminal leaves them: split at newlines only (a carriage
+    return redraws its line, it does not start one), each as its latest frame."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # after a final newline
+    return [latest_frame(x) for x in lines]
 
 
 def last_line(path: Path, nbytes: int = 8192, width: int = 200) -> str:
@@ -70,8 +83,8 @@ def last_line(path: Path, nbytes: int = 8192, width: int = 200) -> str:
     The first line read is kept even when cut: a progress bar that never prints a
     newline makes the whole log one line, and its latest frame is what there is to show.
     """
-    for raw in reversed(tail_text(path, nbytes).splitlines()):
-        text = latest_frame(raw.strip()).strip()
+    for raw in reversed(shown_lines(tail_text(path, nbytes))):
+        text = raw.strip()
         if text:
             return text[:width]
     return ""

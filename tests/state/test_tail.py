@@ -66,3 +66,14 @@ def test_read_span_reads_from_an_offset_or_the_end_and_restarts_past_the_end(
     assert tail.read_span(tmp_path / "none", 0, 4) == (0, b"", 0)
     (tmp_path / "link").symlink_to(p)
     assert tail.read_span(tmp_path / "link", None, 4) == (0, b"", 0)  # not followed
+
+
+def test_shown_lines_split_at_newlines_only_each_its_latest_frame() -> None:
+    """A carriage return redraws its line (tqdm): the web tail, a hook's last lines and
+    `status`'s last line showed each frame as a line of its own (str.splitlines)."""
+    bar = "\r 10%|#   |\r 50%|##  |\r100%|####|"
+    assert tail.shown_lines(f"start\n{bar}\ndone\n") == ["start", "100%|####|", "done"]
+    assert tail.shown_lines("crlf\r\nline two\r\n") == ["crlf", "line two"]
+    assert tail.shown_lines("a\n\nb") == ["a", "", "b"]  # an empty line stays; no final piece
+    assert tail.latest_frame("kept\r   \r") == "kept"  # a frame of blanks clears nothing shown
+    assert tail.latest_frame("\r") == ""

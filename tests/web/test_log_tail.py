@@ -59,3 +59,38 @@ def test_a_progress_bar_longer_than_one_read_does_not_stall_the_view(harness: Ha
         assert lines[-2:] == [f"step {frames - 1:8d} of many " + "x" * 16, "after"], lines[-3:]
     finally:
         h.tc("stop", "bar", check=True)
+
+
+def test_an_unfinished_line_comes_as_the_partial_each_look_then_as_a_line(
+    harness: Harness,
+) -> None:
+    """A progress bar between newlines: its latest frame, each look, in place (`partial`),
+    never among the lines until its newline comes."""
+    h = harness
+    gate = h.tmp / "gate"
+    code = (
+        "import os, sys, time\n"
+        "print('before', flush=True)\n"
+        "for i in range(3):\n"
+        "    sys.stdout.write(f'\\repoch 1: {i}/3'); sys.stdout.flush()\n"
+        f"while not os.path.exists({str(gate)!r}):\n"
+        "    time.sleep(0.02)\n"
+        "print(' done', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    h.tc("start", "--name", "pb", "--", sys.executable, "-c", code, check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while (first := runview.log_tail(h.home, "pb", None)).partial != "epoch 1: 2/3":
+            assert time.monotonic() < deadline, first
+            time.sleep(0.05)
+        assert first.lines == ["before"]
+        again = runview.log_tail(h.home, "pb", first.offset)
+        assert (again.lines, again.partial, again.offset) == ([], "epoch 1: 2/3", first.offset)
+        gate.touch()
+        while not (t := runview.log_tail(h.home, "pb", first.offset)).lines:
+            assert time.monotonic() < deadline, t
+            time.sleep(0.05)
+        assert (t.lines, t.partial) == (["epoch 1: 2/3 done"], "")
+    finally:
+        h.tc("stop", "pb", check=True)
