@@ -114,7 +114,7 @@ def run(
     if node is None:
         _name_other_nodes(inv, name, run_no)
     if not text and not path.exists():
-        _say_why_no_log(inv, name)
+        _say_why_no_log(inv, name, path)
     render.write("".join(text))
     if follow_:
         follow_to_stdout(inv, name, path, detach_note=False, timestamps=timestamps, start=mark)
@@ -167,13 +167,16 @@ class _Stamped:
         return "".join(f"{now} {line}\n" for line in done)
 
 
-def _say_why_no_log(inv: Invocation, name: str) -> None:
-    """A run that never started has no log: say why, rather than print nothing."""
+def _say_why_no_log(inv: Invocation, name: str, path: Path) -> None:
+    """No log file: a run that never started has none; one that ran had it removed.
+    Say which, rather than print nothing."""
     with contextlib.suppress(TrainctlError, OSError):
         st = state.read_state(state.job_dir(inv.home, name))
         if st.main is None and st.supervisor is None:
             why = st.cause.summary if st.cause is not None else "it was never started"
             sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
+        else:  # the job's descriptor still writes to the removed file: nobody can read it
+            sys.stderr.write(f"trainctl: {path} is gone: it was removed after the run began\n")
 
 
 def _latest(line: str) -> str:

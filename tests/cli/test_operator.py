@@ -72,6 +72,18 @@ def test_logs_tail_reads_only_the_end_and_follow_starts_at_ten_lines(harness: Ha
     assert h.tc("logs", "lg", "-n", "sideways").rc == 2
 
 
+def test_logs_of_a_run_whose_log_was_removed_says_so(harness: Harness) -> None:
+    h = harness
+    h.tc("start", "--name", "rm", "--", "sh", "-c", "echo hi; sleep 600", check=True)
+    log = h.home / "jobs" / "rm" / "logs" / "run-1.log"
+    wait_for(lambda: log.exists() and log.read_text() == "hi\n", 30, "its line")
+    log.unlink()
+    res = h.tc("logs", "rm")
+    assert (res.rc, res.out) == (0, "")
+    assert res.err == f"trainctl: {log} is gone: it was removed after the run began\n"
+    h.tc("stop", "rm", check=True)
+
+
 def test_logs_n_against_every_length_around_n(harness: Harness) -> None:
     """Issue 44 §8: 10 lines asked of a 7-line log printed lines 4-6 (a negative slice).
     Every length around N, with and without a final newline, and with -t."""
