@@ -329,7 +329,7 @@ def main() -> None:
             f"{f} {s:.1f}s"
             for (_, f), s in zip(FAULTS, r["resume_s"], strict=False)  # type: ignore[arg-type]
         )
-        print(f"{label:<16} steps {kept:.0f}  kept {kept / base:.2f} of fault-free")
+        print(f"{label:<16} steps {kept:.0f}  kept {kept / base:.3f} of fault-free")
         print(f"{'':<16} time to resume: {per}")
     print(f"trainctl report: goodput {ours['goodput']}, lost {ours['lost_s']}")
     for line in ours["parts"]:  # type: ignore[attr-defined]
