@@ -22,7 +22,8 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
@@ -57,6 +58,13 @@ def unknown_op(op: object) -> JsonObject:
 
 class ControlUnavailableError(Exception):
     """The supervisor did not answer (gone, or died mid-request)."""
+
+
+class MuteError(ControlUnavailableError):
+    """The supervisor took a request, then stopped answering anything: alive, but mute."""
+
+
+LOOK_EVERY_S = 5.0  # while a stop's reply is awaited: how often the supervisor is asked if it lives
 
 
 @record(frozen=True)
@@ -211,9 +219,20 @@ def attach_reply(doc: JsonObject) -> AttachReply:
     return build_document(AttachReply, doc, "attach reply")
 
 
-def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float) -> StopReply:
-    """Send a stop to the job's supervisor and return its checked reply."""
-    return stop_reply(request(jdir, ask.to_doc(), timeout_s))
+def ask_stop(
+    jdir: Path, ask: StopAsk, timeout_s: float, alive: Callable[[], bool] | None = None
+) -> StopReply:
+    """Send a stop to the job's supervisor and return its checked reply (``alive``: see
+    :func:`read_stop_reply`)."""
+    doc = ask.to_doc()
+    fields = {k: v for k, v in doc.items() if k != "op"}
+    s = connect(jdir, timeout_s)
+    try:
+        s.sendall(wire.request(str(doc["op"]), **fields))  # type: ignore[arg-type]
+    except OSError as e:
+        s.close()
+        raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
+    return read_stop_reply(s, timeout_s, alive)
 
 
 def _peer_cred(sock: socket.socket) -> tuple[int, int]:
@@ -317,13 +336,31 @@ def request(jdir: Path, msg: JsonObject, timeout_s: float) -> JsonObject:
         s.close()
 
 
-def read_reply(s: _socket.socket) -> JsonObject:
-    """Read the one-line reply to a request sent on ``s`` (its timeout applies)."""
+def read_reply(
+    s: _socket.socket, alive: Callable[[], bool] | None = None, every_s: float = LOOK_EVERY_S
+) -> JsonObject:
+    """Read the one-line reply to a request sent on ``s`` (its timeout applies).
+
+    A stop's reply comes when the stop is over, the grace and the GPUs' return included:
+    minutes. With ``alive``, asked every ``every_s`` while no reply has come, a
+    supervisor that took the request and then stopped answering anything (frozen by
+    SIGSTOP, blocked on a hung disk) is :class:`MuteError` within seconds, not silence
+    until the timeout.
+    """
+    limit = s.gettimeout()
+    end = None if limit is None else time.monotonic() + limit
     buf = b""
     while not buf.endswith(b"\n"):
+        left = None if end is None else end - time.monotonic()
+        if alive is not None:
+            s.settimeout(every_s if left is None else max(0.0, min(every_s, left)))
         try:
             chunk = s.recv(65536)
         except TimeoutError:
+            if alive is not None and (end is None or time.monotonic() < end):
+                if not alive():
+                    raise MuteError("it took the request, then stopped answering") from None
+                continue
             raise ControlUnavailableError("the supervisor did not answer in time") from None
         except OSError as e:
             raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
@@ -340,10 +377,13 @@ def stop_reply(doc: JsonObject) -> StopReply:
     return build_document(StopReply, doc, "stop reply")
 
 
-def read_stop_reply(s: _socket.socket, timeout_s: float | None) -> StopReply:
-    """The reply to a stop already sent on ``s`` (launcher/early.py's); ``s`` is closed."""
+def read_stop_reply(
+    s: _socket.socket, timeout_s: float | None, alive: Callable[[], bool] | None = None
+) -> StopReply:
+    """The reply to a stop already sent on ``s`` (launcher/early.py's, or ask_stop's);
+    ``s`` is closed. ``alive``: asked while the reply is awaited (see read_reply)."""
     try:
         s.settimeout(timeout_s)
-        return stop_reply(read_reply(s))
+        return stop_reply(read_reply(s, alive))
     finally:
         s.close()

@@ -9,6 +9,7 @@ file system (those tests need root and skip without it).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -277,6 +278,34 @@ def test_a_mute_supervisor_is_reported_and_stop_force_gets_past_it(harness: Harn
     assert h.job_pids("m"), "a refused stop changed something"
     doc = stop_and_check(h, "m", "--force")
     assert doc["via"] == "direct"
+
+
+def test_a_frozen_supervisor_that_takes_the_stop_is_mute_in_seconds(harness: Harness) -> None:
+    """Stopped with its socket in place, the supervisor's listen queue still takes the
+    connection and the request: `stop` waited its whole budget (grace, kill, GPUs) in
+    silence, and `--force` with it. The wait now pings on a connection of its own."""
+    h = harness
+    h.tc("start", "--name", "f", "--grace", "1", "--", "sleep", "600", check=True)
+    sup = h.state("f")["supervisor"]
+    fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
+    assert alive(sup["pid"], sup["start_ticks"])
+    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        res = h.tc("stop", "f", "--grace", "120", timeout=100)
+        took = time.monotonic() - t0
+        assert res.rc == 1, res
+        assert "alive but not answering" in res.err, res.err
+        assert "--force" in res.err
+        assert len(res.err.strip().splitlines()) == 1
+        assert took < 60, took  # generous: a hang, not a speed target (~7 s here)
+        assert h.job_pids("f"), "a refused stop changed something"
+        doc = stop_and_check(h, "f", "--force")
+        assert doc["via"] == "direct"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGCONT)  # if --force did not end it
+        os.close(fd)
 
 
 def test_a_deleted_supervisor_lock_does_not_make_status_lie(harness: Harness) -> None:
