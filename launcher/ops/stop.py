@@ -94,7 +94,7 @@ def finish_unclaimed(*, wait: bool) -> list[str]:
             sock.close()
             continue
         try:
-            report = control.read_stop_reply(sock, None).report
+            report = control.read_stop_reply(sock, None, Path(jdir)).report
         except (control.ControlUnavailableError, StateError) as e:
             said = f"no report ({e})"
         else:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainctl.supervisor.errors import StateError
+from trainctl.supervisor.linux import procfs
 from trainctl.supervisor.records import JsonObject, asdict, field, record, replace
 
 from . import layout, wire
@@ -219,10 +220,8 @@ def attach_reply(doc: JsonObject) -> AttachReply:
     return build_document(AttachReply, doc, "attach reply")
 
 
-def ask_stop(
-    jdir: Path, ask: StopAsk, timeout_s: float, alive: Callable[[], bool] | None = None
-) -> StopReply:
-    """Send a stop to the job's supervisor and return its checked reply (``alive``: see
+def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float, *, watch: bool = False) -> StopReply:
+    """Send a stop to the job's supervisor and return its checked reply (``watch``: see
     :func:`read_stop_reply`)."""
     doc = ask.to_doc()
     fields = {k: v for k, v in doc.items() if k != "op"}
@@ -232,7 +231,7 @@ def ask_stop(
     except OSError as e:
         s.close()
         raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
-    return read_stop_reply(s, timeout_s, alive)
+    return read_stop_reply(s, timeout_s, jdir if watch else None)
 
 
 def _peer_cred(sock: socket.socket) -> tuple[int, int]:
@@ -378,12 +377,49 @@ def stop_reply(doc: JsonObject) -> StopReply:
 
 
 def read_stop_reply(
-    s: _socket.socket, timeout_s: float | None, alive: Callable[[], bool] | None = None
+    s: _socket.socket, timeout_s: float | None, watch: Path | None = None
 ) -> StopReply:
     """The reply to a stop already sent on ``s`` (launcher/early.py's, or ask_stop's);
-    ``s`` is closed. ``alive``: asked while the reply is awaited (see read_reply)."""
+    ``s`` is closed. ``watch``: the job's directory, to tell while the reply is awaited
+    whether its supervisor still answers anything (:func:`still_answering`)."""
     try:
         s.settimeout(timeout_s)
-        return stop_reply(read_reply(s, alive))
+        return stop_reply(read_reply(s, None if watch is None else still_answering(watch, s)))
     finally:
         s.close()
+
+
+def still_answering(jdir: Path, s: _socket.socket) -> Callable[[], bool]:
+    """Whether the supervisor at the other end of ``s``, which took a request, still
+    answers anything: a ping on a connection of its own (its server answers while a stop
+    runs, in ~2 ms here).
+
+    Mute: a failed ping from a supervisor that is stopped (SIGSTOP, a debugger), or two
+    in a row (a box so loaded that one ping waits 2 s is not reason enough). A socket file
+    gone meanwhile is not muteness in a supervisor that runs: it binds again on its tick.
+    """
+    creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid = int(struct.unpack("3i", creds)[0])  # held by our open connection: not recycled
+    failed = 0
+
+    def answering() -> bool:
+        nonlocal failed
+        try:
+            ping(jdir, PING_S)
+        except ControlUnavailableError:
+            if not (jdir / SOCK_NAME).exists():
+                return not _stopped(pid)
+            failed += 1
+            return failed < 2 and not _stopped(pid)
+        failed = 0
+        return True
+
+    return answering
+
+
+def _stopped(pid: int) -> bool:
+    st = procfs.read_stat(pid)
+    return st is not None and st.state in ("T", "t")
+
+
+PING_S = 2.0  # a ping's wait, while a stop's reply is awaited

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from trainctl.launcher import early
@@ -113,16 +112,15 @@ def _ask_supervisor(
     deadline = time.monotonic() + MUTE_AFTER_S
     poked = False
     sent = early.claim(str(jdir), msg.order, msg.grace_s) if msg.verb == "stop" else None
-    alive = _answering(jdir)
     while True:
         try:
             if sent is not None:  # the entry sent this very stop before it imported us
                 # read once: read_stop_reply closes it, and a supervisor that died while
                 # we waited must send the next round to a fresh connect, not this fd
                 first, sent = sent, None
-                reply = control.read_stop_reply(first, timeout_s, alive)
+                reply = control.read_stop_reply(first, timeout_s, jdir)
             else:
-                reply = control.ask_stop(jdir, msg, timeout_s, alive)
+                reply = control.ask_stop(jdir, msg, timeout_s, watch=True)
         except control.ControlUnavailableError as e:
             if not state.supervised(jdir):
                 return None  # gone (or died after taking the stop): stop directly
@@ -155,42 +153,6 @@ def _past_a_mute(jdir: Path, why: Exception, *, force: bool) -> None:
         f"the supervisor of job {jdir.name} is alive but not answering ({why}); "
         f"`trainctl stop {jdir.name} --force` ends it and stops the job directly"
     )
-
-
-def _answering(jdir: Path) -> Callable[[], bool]:
-    """Whether the supervisor that took our stop still answers anything: a ping on a
-    connection of its own (its server answers while the stop runs, in ~2 ms here).
-
-    Mute: a failed ping from a supervisor that is stopped (SIGSTOP, a debugger), or two
-    in a row (a box so loaded that one ping waits 2 s is not reason enough). A socket
-    file gone meanwhile is not muteness: it is asked to bind again."""
-    failed = [0]
-
-    def answering() -> bool:
-        try:
-            control.ping(jdir, PING_S)
-        except control.ControlUnavailableError:
-            if not (jdir / control.SOCK_NAME).exists():
-                _ask_rebind(jdir)
-                return True
-            failed[0] += 1
-            return failed[0] < 2 and not _supervisor_stopped(jdir)
-        failed[0] = 0
-        return True
-
-    return answering
-
-
-def _supervisor_stopped(jdir: Path) -> bool:
-    """The recorded supervisor (pid + start time) is stopped or traced."""
-    sup = state.read_state(jdir).supervisor
-    if sup is None:
-        return False
-    st = procfs.read_stat(sup.pid)
-    return st is not None and st.start_ticks == sup.start_ticks and st.state in ("T", "t")
-
-
-PING_S = 2.0  # a ping's wait, while a stop's reply is awaited
 
 
 def _ask_rebind(jdir: Path) -> bool:
