@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import shlex
+import signal
 import socket
 import subprocess
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -95,3 +99,19 @@ class Pane:
 
     def close(self) -> None:
         subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def frozen_supervisor(h: Harness, name: str) -> Iterator[None]:
+    """Our own test job's supervisor stopped (SIGSTOP through a pidfd, its start time
+    checked first), and let go on leaving if it still lives (a --force may have ended it)."""
+    sup = h.state(name)["supervisor"]
+    fd = os.pidfd_open(sup["pid"])
+    try:
+        assert alive(sup["pid"], sup["start_ticks"])
+        signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGCONT)
+        os.close(fd)

@@ -9,15 +9,14 @@ other shape of the command asks nothing; a reply that is not a count is not used
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Harness, alive, wait_for
+from tests.conftest import Harness, wait_for
+from tests.helpers import frozen_supervisor
 from trainctl.launcher import early
 from trainctl.launcher.ops.status import job_status
 from trainctl.supervisor.model import control
@@ -113,17 +112,10 @@ def test_a_mute_supervisor_costs_status_half_a_second_not_its_answer(harness: Ha
     it) but never answers: status counts the members itself after ANSWER_S."""
     h = harness
     h.tc("start", "--name", "m", "--", "sleep", "600", check=True)
-    sup = h.state("m")["supervisor"]
-    fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
-    assert alive(sup["pid"], sup["start_ticks"])
-    signal.pidfd_send_signal(fd, signal.SIGSTOP)
-    try:
+    with frozen_supervisor(h, "m"):
         t0 = time.monotonic()
         doc = h.tc("status", "m", "--json", check=True).json()
         took = time.monotonic() - t0
-    finally:
-        signal.pidfd_send_signal(fd, signal.SIGCONT)
-        os.close(fd)
     assert doc["members"] == 1
     assert early.ANSWER_S <= took < 10, took  # waited for the answer, then counted
     h.tc("stop", "m", check=True)

@@ -9,7 +9,6 @@ file system (those tests need root and skip without it).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAINCTL, TREES, Harness, alive, marked, wait_for
-from tests.helpers import one_line_error, stop_and_check
+from tests.helpers import frozen_supervisor, one_line_error, stop_and_check
 
 
 def _kill_supervisor(h: Harness, name: str, *, may_be_gone: bool = False) -> None:
@@ -286,11 +285,7 @@ def test_a_frozen_supervisor_that_takes_the_stop_is_mute_in_seconds(harness: Har
     silence, and `--force` with it. The wait now pings on a connection of its own."""
     h = harness
     h.tc("start", "--name", "f", "--grace", "1", "--", "sleep", "600", check=True)
-    sup = h.state("f")["supervisor"]
-    fd = os.pidfd_open(sup["pid"])  # our own test job's supervisor, verified next
-    assert alive(sup["pid"], sup["start_ticks"])
-    signal.pidfd_send_signal(fd, signal.SIGSTOP)
-    try:
+    with frozen_supervisor(h, "f"):
         t0 = time.monotonic()
         res = h.tc("stop", "f", "--grace", "120", timeout=100)
         took = time.monotonic() - t0
@@ -302,10 +297,6 @@ def test_a_frozen_supervisor_that_takes_the_stop_is_mute_in_seconds(harness: Har
         assert h.job_pids("f"), "a refused stop changed something"
         doc = stop_and_check(h, "f", "--force")
         assert doc["via"] == "direct"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(fd, signal.SIGCONT)  # if --force did not end it
-        os.close(fd)
 
 
 def test_a_deleted_supervisor_lock_does_not_make_status_lie(harness: Harness) -> None:
