@@ -94,7 +94,7 @@ class FollowFrom:
     none), so that rotations after it are read from their copies."""
 
     pos: int
-    copy: tuple[int, int] | None
+    copy: tuple[int, ...] | None
 
     @classmethod
     def now(cls, path: Path) -> FollowFrom:
@@ -253,6 +253,8 @@ class _LogReader:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.seen_copy = start.copy
         self.backlog: list[tuple[BinaryIO, int]] = []  # (an open copy, where to read it from)
+        self.recent = b""  # the last bytes read of the log, ending at pos (none known yet)
+        self.shrunk_since: float | None = None  # when the log was first seen shorter than pos
 
     def read(self, *, final: bool = False) -> str:
         self._notice_rotations()
@@ -260,14 +262,27 @@ class _LogReader:
         if not data:
             try:
                 with open(self.path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size < self.pos:
-                        self.pos = 0  # shortened with no copy to read the rest from
+                    if os.fstat(f.fileno()).st_size < self.pos and not self._shortened():
+                        return ""  # emptied by a rotation whose copy is not named yet
                     f.seek(self.pos)
                     data = f.read(CHUNK)
             except FileNotFoundError:
                 data = b""
             self.pos += len(data)
+            self.recent = (self.recent + data)[-RECENT:]
         return self.decoder.decode(data, final=final and not self.backlog)
+
+    def _shortened(self) -> bool:
+        """The log is shorter than this reader's offset, and no new copy explains it: a
+        rotation names its copy `.1` a moment after it empties the log, so only after
+        SETTLE_S is it taken as shortened by hand (or with no copies kept) and read again
+        from its start."""
+        now = time.monotonic()
+        self.shrunk_since = self.shrunk_since or now
+        if now - self.shrunk_since < SETTLE_S:
+            return False
+        self.pos, self.recent, self.shrunk_since = 0, b"", None
+        return True
 
     def _notice_rotations(self) -> None:
         now = _identity(_copy_path(self.path, 1))
@@ -277,18 +292,33 @@ class _LogReader:
         for i in itertools.count(1):  # the copies made since the last read, newest first
             copy = _copy_path(self.path, i)
             ident = _identity(copy)
-            if ident is None or ident == self.seen_copy:
-                break
+            older = (
+                self.seen_copy is not None and ident is not None and ident[3] < self.seen_copy[3]
+            )
+            if ident is None or ident == self.seen_copy or older:
+                break  # older: a stale copy (another log_keep), made before the one seen
             new.append(copy)
+        self.shrunk_since = None
         self.seen_copy = now
         opened = []
         for copy in reversed(new):
             with contextlib.suppress(OSError):
-                opened.append(open(copy, "rb"))  # noqa: SIM115  (closed once read: _read_backlog)
+                fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                opened.append(os.fdopen(fd, "rb"))
         for k, f in enumerate(opened):
-            start = self.pos if k == 0 else 0  # the oldest new copy: from where this read up to
-            self.backlog.append((f, start if os.fstat(f.fileno()).st_size >= start else 0))
-        self.pos = 0  # the log itself: from its start, once the copies are read
+            self.backlog.append((f, self.pos if k == 0 and self._was_in(f) else 0))
+        self.pos, self.recent = 0, b""  # the log itself: from its start, once copies are read
+
+    def _was_in(self, f: BinaryIO) -> bool:
+        """Whether copy ``f`` is the log this reader was in: its bytes up to the reader's
+        offset end as what the reader last read (the oldest new copy is not, when that
+        one was rotated out of the kept copies too: it is then read from its start)."""
+        if not self.recent:  # nothing read yet to check it by (a follow's start): its offset
+            return True
+        if self.pos < len(self.recent):
+            return False
+        f.seek(self.pos - len(self.recent))
+        return f.read(len(self.recent)) == self.recent
 
     def _read_backlog(self) -> bytes:
         while self.backlog:
@@ -304,16 +334,20 @@ class _LogReader:
 
 
 CHUNK = 1 << 20  # the most one read of a follow returns
+RECENT = 256  # bytes a follow keeps of what it read last, to find its place in a copy
+SETTLE_S = 0.5  # a log seen shorter than a follow's offset with no new copy: shortened
 
 
 def _copy_path(path: Path, i: int) -> Path:
     return path.with_name(f"{path.name}.{i}")
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of a rotated copy; None when there is none (or it is not a file)."""
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What tells one rotated copy from another: device, inode, size and mtime (a copy
+    never changes once made; its inode number alone may be a removed copy's, reused).
+    None when there is none (or it is not a file)."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None

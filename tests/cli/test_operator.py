@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import select
 import shlex
 import shutil
@@ -18,6 +19,7 @@ import pytest
 
 from tests.conftest import TRAINCTL, Harness, wait_for
 from tests.helpers import Pane, stop_and_check
+from trainctl.launcher.ops import logs as logs_ops
 from trainctl.supervisor.watch.logs import Pace
 
 
@@ -425,3 +427,62 @@ def test_typos_get_the_closest_name_and_misplaced_options_where_they_go(
         res = h.tc(*argv)
         assert (res.rc, res.err.strip()) == (2, f"trainctl: error: {want}")
     assert not list((h.home / "jobs").glob("x"))
+
+
+def _rotate(log: Path, keep: int) -> None:
+    """As the supervisor rotates (supervisor/watch/logs.py): older copies up, then the
+    log copied to a new `.1` and emptied in place."""
+    for i in range(keep - 1, 0, -1):
+        older = log.with_name(f"{log.name}.{i}")
+        if older.exists():
+            os.replace(older, log.with_name(f"{log.name}.{i + 1}"))
+    fresh = log.with_name(f"{log.name}.new")
+    shutil.copyfile(log, fresh)
+    os.truncate(log, 0)
+    os.replace(fresh, log.with_name(f"{log.name}.1"))
+
+
+def _drain(reader: logs_ops._LogReader) -> str:
+    out = ""
+    while chunk := reader.read():
+        out += chunk
+    return out
+
+
+def test_the_follow_reads_each_copy_made_since_its_last_read(tmp_path: Path) -> None:
+    log = tmp_path / "run-1.log"
+    log.write_bytes(b"a1\na2\n")
+    r = logs_ops._LogReader(log, logs_ops.FollowFrom.now(log))
+    with open(log, "ab") as f:
+        f.write(b"a3\n")
+    _rotate(log, keep=2)
+    log.write_bytes(b"b1\n")
+    assert _drain(r) == "a3\nb1\n"  # the rest of the copy, then the emptied log
+    with open(log, "ab") as f:
+        f.write(b"b2\n")
+    _rotate(log, keep=2)
+    log.write_bytes(b"c1\n")
+    _rotate(log, keep=2)  # two rotations between two reads
+    log.write_bytes(b"d1\n")
+    assert _drain(r) == "b2\nc1\nd1\n"
+    log.write_bytes(b"d1\nd2\n")
+    _rotate(log, keep=1)
+    log.write_bytes(b"e1\n")
+    _rotate(log, keep=1)  # the copy it was in is gone: the next one from its start
+    log.write_bytes(b"f1\n")
+    assert _drain(r) == "e1\nf1\n"
+
+
+def test_a_follow_waits_a_moment_for_a_copy_before_reading_a_shortened_log_again(
+    tmp_path: Path,
+) -> None:
+    """A rotation empties the log a moment before its copy is named `.1`: read in that
+    moment, the log is not yet "shortened by hand" (which reads it from its start)."""
+    log = tmp_path / "run-1.log"
+    log.write_bytes(b"a1\na2\n")
+    r = logs_ops._LogReader(log, logs_ops.FollowFrom.now(log))
+    os.truncate(log, 0)  # log_keep = 0, or a rotation whose copy is not named yet
+    log.write_bytes(b"b1\n")
+    assert _drain(r) == ""
+    time.sleep(logs_ops.SETTLE_S + 0.1)
+    assert _drain(r) == "b1\n"  # no copy came: shortened, read from its start
