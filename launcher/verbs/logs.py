@@ -175,7 +175,8 @@ def _say_why_no_log(inv: Invocation, name: str, path: Path) -> None:
         if st.main is None and st.supervisor is None:
             why = st.cause.summary if st.cause is not None else "it was never started"
             sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
-        else:  # the job's descriptor still writes to the removed file: nobody can read it
+        elif st.backend == "local":  # made at the spawn (Slurm's: when the job runs)
+            # the job's descriptor still writes to the removed file: nobody can read it
             sys.stderr.write(f"trainctl: {path} is gone: it was removed after the run began\n")
 
 
