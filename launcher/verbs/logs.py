@@ -175,9 +175,8 @@ def _say_why_no_log(inv: Invocation, name: str, path: Path) -> None:
         if st.main is None and st.supervisor is None:
             why = st.cause.summary if st.cause is not None else "it was never started"
             sys.stderr.write(f"trainctl: job {name} run {st.run} never ran ({why}): no log\n")
-        elif st.backend == "local":  # made at the spawn (Slurm's: when the job runs)
-            # the job's descriptor still writes to the removed file: nobody can read it
-            sys.stderr.write(f"trainctl: {path} is gone: it was removed after the run began\n")
+        else:  # made at the spawn here (a scheduler's node: once the job runs there)
+            sys.stderr.write(f"trainctl: {path} is not there: not written yet, or removed\n")
 
 
 def _latest(line: str) -> str:
