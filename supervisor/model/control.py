@@ -222,16 +222,8 @@ def attach_reply(doc: JsonObject) -> AttachReply:
 
 def ask_stop(jdir: Path, ask: StopAsk, timeout_s: float, *, watch: bool = False) -> StopReply:
     """Send a stop to the job's supervisor and return its checked reply (``watch``: see
-    :func:`read_stop_reply`)."""
-    doc = ask.to_doc()
-    fields = {k: v for k, v in doc.items() if k != "op"}
-    s = connect(jdir, timeout_s)
-    try:
-        s.sendall(wire.request(str(doc["op"]), **fields))  # type: ignore[arg-type]
-    except OSError as e:
-        s.close()
-        raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
-    return read_stop_reply(s, timeout_s, jdir if watch else None)
+    :func:`request`)."""
+    return stop_reply(request(jdir, ask.to_doc(), timeout_s, watch=watch))
 
 
 def _peer_cred(sock: socket.socket) -> tuple[int, int]:
@@ -322,15 +314,19 @@ def connect(jdir: Path, timeout_s: float) -> socket.socket:
     return s
 
 
-def request(jdir: Path, msg: JsonObject, timeout_s: float) -> JsonObject:
+def request(jdir: Path, msg: JsonObject, timeout_s: float, *, watch: bool = False) -> JsonObject:
     """Send one request (a flat object with its ``op``) to the job's supervisor and return
-    its reply."""
+    its reply. ``watch``: while the reply is awaited (a stop's: minutes), tell whether
+    the supervisor still answers anything (:func:`still_answering`)."""
     fields = {k: v for k, v in msg.items() if k != "op"}
     line = wire.request(str(msg["op"]), **fields)  # type: ignore[arg-type]
     s = connect(jdir, timeout_s)
     try:
-        s.sendall(line)
-        return read_reply(s)
+        try:
+            s.sendall(line)
+        except OSError as e:  # as a failed read is: the supervisor went away
+            raise ControlUnavailableError(f"the connection failed: {e.strerror}") from None
+        return read_reply(s, still_answering(jdir, s) if watch else None)
     finally:
         s.close()
 

@@ -285,12 +285,10 @@ def ensure_home(home: Path) -> None:
     """
     for path in (home, jobs_dir(home)):
         if path.is_symlink():  # a home that is the user's own link was followed already
-            raise ConfigError(
-                f"{path} is a symlink owned by uid {path.lstat().st_uid}, not by you; "
-                "refusing to follow it"
-                if path == home and path.lstat().st_uid != os.geteuid()
-                else f"{path} is a symlink; refusing to follow it"
-            )
+            owner = path.lstat().st_uid
+            theirs = path == home and owner != os.geteuid()
+            whose = f" owned by uid {owner}, not by you" if theirs else ""
+            raise ConfigError(f"{path} is a symlink{whose}; refusing to follow it")
         if path.exists():
             _check_private_dir(path)
             continue
