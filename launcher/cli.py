@@ -463,6 +463,13 @@ def restart(
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--force", is_flag=True, help="Deploy even when the code has not changed.")
 @click.option(
+    "--no-check",
+    is_flag=True,
+    help="Do not look at the new code first. By default the job's own Python compiles its "
+    "entry script and the modules beside it, and looks for what they import (running none "
+    "of it): code that cannot start is refused before anything is stopped.",
+)
+@click.option(
     "--checkpoint-timeout",
     metavar="DURATION",
     default="5m",
@@ -486,6 +493,7 @@ def deploy(
     reload: bool,
     dry_run: bool,
     force: bool,
+    no_check: bool,
     checkpoint_timeout: str,
     grace: str | None,
     rolling: bool,
@@ -515,6 +523,7 @@ def deploy(
             grace=grace,
             rolling=rolling,
             as_json=as_json,
+            no_check=no_check,
         )
     )
 

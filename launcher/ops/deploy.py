@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainctl.launcher import backends, snapshot
+from trainctl.launcher import backends, codecheck, snapshot
 from trainctl.launcher.checkpoint import (
     newest_checkpoint,
     wait_new_checkpoint,
@@ -44,12 +44,13 @@ from trainctl.launcher.checkpoint import (
 )
 from trainctl.launcher.config import Config
 from trainctl.launcher.results import Checkpoint
-from trainctl.launcher.results.ops import DeployPlan
+from trainctl.launcher.results.ops import CodeCheck, DeployPlan
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
     ProcessTreeError,
+    SpawnError,
     TrainctlError,
 )
 from trainctl.supervisor.life import hooks
@@ -103,8 +104,11 @@ def plan_deploy(
     resume_tolerance: float = DEFAULT_RESUME_TOLERANCE,
     probation_s: float | None = None,
     dry_run: bool = False,
+    check: bool = True,
 ) -> DeployPlan:
-    """Check that ``name`` can take a deploy now, and decide every step; change nothing."""
+    """Check that ``name`` can take a deploy now, and decide every step; change nothing.
+    ``check``: look at the new code first (launcher/codecheck.py), and refuse code that
+    cannot start."""
     jdir = existing_job(home, name)
     st = state.read_state(jdir)
     state.require_known(name, st)
@@ -112,7 +116,8 @@ def plan_deploy(
     if not backends.of(st).can.deploy:
         raise ConfigError(f"job {name} runs under {st.backend}: deploy is for local jobs")
     spec = state.read_spec(jdir)
-    to_code, changes = _new_code(name, st, spec, cfg, reload=reload, force=force)
+    new_spec = reloaded_spec(spec, cfg) if reload else spec
+    to_code, changes = _new_code(name, st, spec, new_spec, force=force)
     if state.is_locked(jdir, LOCK):
         raise JobConflictError(f"a deploy of {name} is already running; wait for it to end")
     if st.trial is not None and st.trial.stage == GATE and not dry_run:
@@ -126,6 +131,7 @@ def plan_deploy(
     back = _rollback_target(jdir, spec, rollback)
     ck = _resume_point(name, spec, jdir, st.run, at=at, force=force)
     return DeployPlan(
+        code_check=_look_at(name, new_spec) if check else None,
         newest_step=ck.step if ck else None,
         resume_tolerance=resume_tolerance,
         probation_s=_probation(spec, probation_s),
@@ -157,20 +163,38 @@ def plan_deploy(
 
 
 def _new_code(
-    name: str, st: JobState, spec: Spec, cfg: Config, *, reload: bool, force: bool
+    name: str, st: JobState, spec: Spec, new_spec: Spec, *, force: bool
 ) -> tuple[CodeRecord | None, list[str]]:
     """The code a deploy brings (its version) and what changed; refused when nothing did
     (unless --force or --reload) or the new code cannot be snapshotted."""
-    new_spec = reloaded_spec(spec, cfg) if reload else spec
     source = replace(new_spec, cwd=snapshot.source_of(new_spec))
     changes = drift(st.code, spec)
-    if not changes and not force and not reload:
+    if not changes and not force and new_spec is spec:
         raise ConfigError(
             f"job {name}: its code has not changed since run {st.run} started "
             f"({st.code.line() if st.code else 'nothing recorded'}); --force to deploy anyway"
         )
     snapshot.check(replace(new_spec, source=None, cwd=source.cwd))
     return code_version(source), changes
+
+
+def _look_at(name: str, new_spec: Spec) -> CodeCheck:
+    """The new code, looked at by the job's own interpreter before anything is stopped:
+    code that cannot start (a syntax error, a module not there) is refused here instead
+    of costing a stop, a failed start and a rollback."""
+    seen = codecheck.check(
+        new_spec.argv,
+        snapshot.source_of(new_spec),
+        new_spec.env,
+        git_snapshot=new_spec.snapshot.mode == "git",
+    )
+    if seen.problems:
+        more = f" (and {len(seen.problems) - 1} more)" if len(seen.problems) > 1 else ""
+        raise SpawnError(
+            f"job {name}: the new code would not start: {seen.problems[0]}{more}; nothing "
+            f"was stopped (looked at by {seen.python}; --no-check deploys anyway)"
+        )
+    return seen
 
 
 def _resume_point(

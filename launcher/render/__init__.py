@@ -30,7 +30,15 @@ from .base import (
     to,
     write,
 )
-from .deploy import deploy_plan, deploy_report, deploy_step, goodput, goodput_line, history
+from .deploy import (
+    code_check,
+    deploy_plan,
+    deploy_report,
+    deploy_step,
+    goodput,
+    goodput_line,
+    history,
+)
 from .fleet import fleet_gpus, fleet_jobs, fleet_top
 from .status import (
     as_written,
@@ -69,6 +77,7 @@ __all__ = [
     "checkpoint_line",
     "clean",
     "cmd_cell",
+    "code_check",
     "deploy_plan",
     "deploy_report",
     "deploy_step",

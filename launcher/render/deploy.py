@@ -9,7 +9,13 @@ from trainctl.launcher import term
 from trainctl.launcher.inputs import human_duration
 
 if TYPE_CHECKING:
-    from trainctl.launcher.results.ops import DeployPlan, Goodput, HistoryRow, InterruptionParts
+    from trainctl.launcher.results.ops import (
+        CodeCheck,
+        DeployPlan,
+        Goodput,
+        HistoryRow,
+        InterruptionParts,
+    )
     from trainctl.supervisor.model.deploys import DeployReport, DeployStep
 
 
@@ -23,6 +29,7 @@ def deploy_plan(p: DeployPlan) -> str:
     new = p.to_code.line() if p.to_code else "not recorded"
     o.append(f"deploy {p.name}: run {p.from_run} ({old}) -> the code on disk ({new})")
     o.append(f"  changes     {clean('; '.join(p.changes))}")
+    o.append(f"  new code    {clean(code_check(p.code_check))}")
     if p.at == "next-checkpoint":
         o.append(
             f"  checkpoint  wait for the trainer's own next save (nothing is signalled), at most "
@@ -57,6 +64,18 @@ def deploy_plan(p: DeployPlan) -> str:
     back = p.rollback_to if p.rollback_to else f"none ({p.no_rollback_why})"
     o.append(f"  rollback    {p.rollback}: {back}")
     return "\n".join(o)
+
+
+def code_check(c: CodeCheck | None) -> str:
+    """The look at the new code before the stop, in a line."""
+    if c is None:
+        return "not looked at (--no-check)"
+    if c.python is None or (c.unchecked and not c.files):
+        return f"not looked at: {c.unchecked}"
+    by = f"{c.python} ({c.version})" if c.version else c.python
+    beside = f" and {c.files - 1} module(s) beside it" if c.files > 1 else ""
+    seen = f"{c.entry}{beside} compile; {c.imports} import(s) placed, by {by}"
+    return f"{seen}; {c.unchecked}" if c.unchecked else seen
 
 
 def deploy_step(step: DeployStep) -> str:

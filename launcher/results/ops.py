@@ -126,6 +126,21 @@ class RestartPlan:
 
 
 @record(frozen=True)
+class CodeCheck:
+    """What a deploy's look at the new code found before anything stopped
+    (launcher/codecheck.py): problems refuse the deploy; ``unchecked`` says what it
+    could not look at, and why."""
+
+    python: str | None = None  # the job's interpreter that looked
+    version: str = ""
+    entry: str | None = None  # the script or module the job's command runs
+    files: int = 0  # the job's Python files compiled
+    imports: int = 0  # module-level imports placed
+    problems: list[str] = field(default_factory=list)
+    unchecked: str | None = None
+
+
+@record(frozen=True)
 class DeployPlan:
     """What `deploy` will do, decided and checked before anything is touched."""
 
@@ -156,6 +171,7 @@ class DeployPlan:
     probation_s: float = 1800.0  # after the gate: until the first checkpoint, at most this
     keep_max: int = 4 << 30  # the handed checkpoint is kept aside up to this size
     can_at: list[str] = field(default_factory=lambda: ["now"])
+    code_check: CodeCheck | None = None  # None: --no-check
 
     def to_doc(self) -> JsonObject:
         """The JSON form (`deploy --dry-run --json`, the plan file)."""

@@ -40,6 +40,7 @@ def run(
     grace: str | None = None,
     rolling: bool = False,
     as_json: bool = False,
+    no_check: bool = False,
 ) -> int:
     """Deploy into job NAME (or, with --rolling, each NAME in turn); 0 when deployed."""
     if len(names) > 1 and not rolling:
@@ -57,6 +58,7 @@ def run(
             inv.home, name, inv.cfg, at=at, health_s=health_s, rollback=rollback,
             reload=reload, force=force, checkpoint_timeout_s=timeout_s, grace_s=grace_s,
             resume_tolerance=tolerance, probation_s=probation_s, dry_run=dry_run,
+            check=not no_check,
         )  # fmt: skip
 
     if dry_run:
@@ -125,6 +127,7 @@ def _deploy(inv: Invocation, plan: DeployPlan, *, quiet: bool) -> DeployReport:
     verdict_by: float | None = None  # the deployer handed over: the verdict comes by then
     if not quiet:
         render.line(f"deploy {plan.name} ({plan.id}): deployer pid {proc.pid}")
+        render.line(f"  [new code] {render.code_check(plan.code_check)}")
     try:
         while True:
             for step in files.read_steps(jdir, plan.id, seen):

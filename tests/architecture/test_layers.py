@@ -30,6 +30,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "__init__",
             "checkpoint",
+            "codecheck",
+            "codecheck_probe",
             "config",
             "early",
             "exitcodes",

@@ -194,6 +194,68 @@ def test_new_code_that_fails_at_import_is_rolled_back_from_the_same_checkpoint(
     assert first["parts"]["down"] >= began[3] - began[2], (first, began)  # run 2's life
 
 
+@pytest.mark.parametrize("broken", ["syntax", "module"])
+def test_new_code_that_cannot_start_is_refused_before_anything_stops(
+    harness: Harness, broken: str
+) -> None:
+    """A typo, or an import of a module that is not installed, in the entry script or a
+    module beside it: refused by the look at the new code, in one line that names the
+    file and line, with the run, its code and its checkpoint untouched. --no-check goes
+    ahead (and the gate rolls it back)."""
+    h = harness
+    r = repo(h)
+    start(h, "d", r)
+    pid = h.state("d")["main"]["pid"]
+    second = "def net(:\n" if broken == "syntax" else "import flash_attn_not_here\n"
+    (r / "model.py").write_text("import json\n" + second)
+    (r / "train.py").write_text("import model\n" + (r / "train.py").read_text())
+    subprocess.run([*GIT, "-C", str(r), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(r), "commit", "-qm", "v2"], check=True)
+    for args in (["--dry-run"], ["--json"], []):
+        res = h.tc("deploy", "d", *args, timeout=60)
+        assert res.rc == 1, res
+        assert res.out == ""
+        (line,) = res.err.splitlines()
+        want = "model.py:2: SyntaxError" if broken == "syntax" else "model.py:2: No module named"
+        assert want in line, line
+        assert "nothing was stopped" in line, line
+        assert "--no-check" in line, line
+    assert h.state("d")["run"] == 1
+    assert h.state("d")["main"]["pid"] == pid
+    assert not list((h.home / "jobs" / "d").glob("deploys/*.plan.json"))
+    if broken == "syntax":
+        res = h.tc("deploy", "d", "--no-check", "--health", "30s", "--json", timeout=90)
+        assert res.rc == 1, res
+        assert res.json()["outcome"] == "rolled-back"
+        assert h.state("d")["run"] == 3
+    h.tc("stop", "d", check=True)
+
+
+def test_a_deploy_says_what_it_looked_at(harness: Harness) -> None:
+    h = harness
+    r = repo(h)
+    start(h, "d", r)
+    (r / "helper.py").write_text("import os\n")
+    (r / "train.py").write_text("import helper\n" + (r / "train.py").read_text())
+    # untracked: the git snapshot would not hold it, and the new run would not start
+    res = h.tc("deploy", "d")
+    assert res.rc == 1, res
+    assert "helper.py (imported at train.py:1) is not in git" in res.err, res
+    subprocess.run([*GIT, "-C", str(r), "add", "helper.py"], check=True)  # staged is enough
+    plan = h.tc("deploy", "d", "--dry-run", check=True).out
+    said = "train.py and 1 module(s) beside it compile; 7 import(s) placed"
+    assert f"new code    {said}, by {sys.executable}" in plan, plan
+    doc = h.tc("deploy", "d", "--dry-run", "--json", check=True).json()
+    assert doc["code_check"]["problems"] == []
+    assert doc["code_check"]["files"] == 2
+    none = h.tc("deploy", "d", "--dry-run", "--no-check", "--json", check=True).json()
+    assert none["code_check"] is None
+    res = h.tc("deploy", "d", "--health", "30s", timeout=90)
+    assert res.rc == 0, res
+    assert "[new code] train.py and 1 module(s) beside it compile" in res.out
+    h.tc("stop", "d", check=True)
+
+
 def test_new_code_that_makes_no_progress_within_the_gate_is_rolled_back(
     harness: Harness,
 ) -> None:
