@@ -23,6 +23,13 @@ steps redone included). `trainctl report`'s goodput for the trainctl run.
 
 ``--issue-schedule`` runs issue 56's own five faults instead: the same, without the
 scratch deploy (its broken deploy is the one that fails at import).
+
+The broken deploy's new code imports a module that is not installed (a dependency added
+to the code and not to the venv: "fails at import" as it happens), so trainctl's look at
+the new code refuses it before anything is stopped (launcher/codecheck.py).
+``--late-failure`` gives it code that fails at start in a way no look can see instead
+(it raises once its imports are done), as every run before 2026-12-05 did: the stop, the
+failed start and the rollback are then all paid.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ FAULTS = [  # (seconds from the start, fault)
 ]
 END_S = 175.0
 REACTION_S = 20.0  # by hand: how long a person takes to notice a hang or a failed start
+LATE_FAILURE = False  # --late-failure: the broken deploy's code fails past its imports
+MODES = {"good": "ok v2", "scratch": "scratch", "import-fail": "importfail"}
 
 
 def tc(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -83,6 +92,25 @@ def rank1_of(torchrun_pid: int) -> int | None:
 
 def set_mode(code: Path, mode: str) -> None:
     (code / "mode").write_text(mode + "\n")
+
+
+def new_code(code: Path, fault: str) -> None:
+    """The deploy's code change: the trainer's mode, or for the broken deploy (unless
+    --late-failure) an import of a module that is not installed."""
+    kind = fault.split(maxsplit=1)[0]
+    if kind == "import-fail" and not LATE_FAILURE:
+        text = TRAINER.read_text().replace(
+            "import torch\n", "import torch\nimport bench_new_dependency  # not installed\n", 1
+        )
+        (code / "train.py").write_text(text)
+    else:
+        set_mode(code, MODES[kind])
+
+
+def mend(code: Path, mode: str) -> None:
+    """Back to working code on disk, in ``mode``."""
+    shutil.copy(TRAINER, code / "train.py")
+    set_mode(code, mode)
 
 
 def workdir(tmp: Path, name: str) -> tuple[Path, Path]:
@@ -161,12 +189,12 @@ def run_trainctl(tmp: Path, faults: bool) -> dict[str, object]:
         elif fault == "hang rank" and victim:
             os.kill(victim, signal.SIGSTOP)
         elif fault.endswith("deploy"):
-            mode = {"good": "ok v2", "scratch": "scratch", "import-fail": "importfail"}
-            set_mode(code, mode[fault.split()[0]])
+            new_code(code, fault)
             r = tc(home, "deploy", name, "--at", "next-checkpoint", "--health", "60s",
                    "--probation", "15s", "--json")  # fmt: skip
-            print(f"  trainctl {fault}: {json.loads(r.stdout).get('outcome')}", flush=True)
-            set_mode(code, "ok v3" if fault != "good deploy" else "ok v2")
+            said = json.loads(r.stdout).get("outcome") if r.stdout.strip() else r.stderr.strip()
+            print(f"  trainctl {fault}: {said}", flush=True)
+            mend(code, "ok v3" if fault != "good deploy" else "ok v2")
         elif fault == "stop and start":
             tc(home, "stop", name, "--at", "next-checkpoint")
             tc(home, "start", "-c", str(spec))
@@ -195,9 +223,10 @@ def fault_parts(interruptions: list[dict[str, object]], wall0: float) -> list[st
     (detect, stop: the job's exit on the signal included, down: the backoff included,
     redo) is what the fault cost beyond it (issue 56's target: 0.5 s)."""
     out = []
-    for at, fault in FAULTS:
+    for k, (at, fault) in enumerate(FAULTS):
+        upto = wall0 + (FAULTS[k + 1][0] if k + 1 < len(FAULTS) else END_S) - 1.0
         hit = next((i for i in interruptions
-                    if float(i["at"]) >= wall0 + at - 1.0 and i.get("parts")), None)  # type: ignore[arg-type]  # fmt: skip
+                    if wall0 + at - 1.0 <= float(i["at"]) < upto and i.get("parts")), None)  # type: ignore[arg-type]  # fmt: skip
         if hit is None:
             out.append(f"{fault}: no interruption (nothing stopped, or no step after it)")
             continue
@@ -278,6 +307,7 @@ def run_peer(tmp: Path) -> dict[str, object]:
 def _run_peer(code: Path, out: Path) -> dict[str, object]:
     t0, wall0 = time.monotonic(), time.time()
     p = start_torchrun(code, out)
+    last = "ok"  # the mode of the last code that ran
     for at, fault in FAULTS:
         until(t0, at)
         victim = rank1_of(p.pid)
@@ -290,14 +320,18 @@ def _run_peer(code: Path, out: Path) -> dict[str, object]:
             p = start_torchrun(code, out)
         elif fault.endswith("deploy"):
             end(p, signal.SIGTERM)  # Ctrl-C in the tmux pane, then the new code
-            mode = {"good": "ok v2", "scratch": "scratch", "import-fail": "importfail"}
-            set_mode(code, mode[fault.split()[0]])
+            new_code(code, fault)
             p = start_torchrun(code, out)
             if fault == "import-fail deploy":
                 time.sleep(REACTION_S / 2)  # the failure is on screen: back to the last code
                 end(p, signal.SIGTERM)
-                set_mode(code, "scratch")  # the last code that ran (nobody saw it start over)
+                # the last code that ran (after a scratch deploy: nobody saw it start over;
+                # runs before 2026-12-05 went back to it in the issue schedule too, which
+                # has no scratch deploy: the peer started over there, 0.12 of fault-free)
+                mend(code, last)
                 p = start_torchrun(code, out)
+            else:
+                last = MODES[fault.split(maxsplit=1)[0]]
         elif fault == "stop and start":
             end(p, signal.SIGTERM)
             p = start_torchrun(code, out)
@@ -311,13 +345,18 @@ def _run_peer(code: Path, out: Path) -> dict[str, object]:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--issue-schedule"]:  # issue 56's five faults: no scratch deploy
+    global LATE_FAILURE
+    args = sys.argv[1:]
+    if not set(args) <= {"--issue-schedule", "--late-failure"}:
+        sys.exit(f"usage: {sys.argv[0]} [--issue-schedule] [--late-failure]")
+    if "--issue-schedule" in args:  # issue 56's five faults: no scratch deploy
         FAULTS[:] = [(at, f) for at, f in FAULTS if f != "scratch deploy"]
-    elif sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]} [--issue-schedule]")
+    LATE_FAILURE = "--late-failure" in args
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as d:
         tmp = Path(d)
         print(f"schedule: {', '.join(f'{f} at {a:g}s' for a, f in FAULTS)}; {END_S:g}s each")
+        broken = "raises past its imports" if LATE_FAILURE else "imports a module not installed"
+        print(f"the broken deploy's new code {broken}")
         free = run_trainctl(tmp, faults=False)
         print(f"no faults        steps {free['steps']:.0f}", flush=True)
         ours = run_trainctl(tmp, faults=True)
