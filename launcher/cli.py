@@ -378,6 +378,13 @@ def stop(
     help="Say what the restart would do (the checkpoint handed, the copy kept aside, the "
     "guard's floor) and change nothing.",
 )
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Do not look at the code on disk first (as deploy does: its syntax and imports, "
+    "by the job's own Python, running none of it; code that cannot start is refused "
+    "before the stop).",
+)
 @ckpt_options
 @json_opt
 @pass_ctx
@@ -390,6 +397,7 @@ def restart(
     reload: bool,
     from_scratch: bool,
     dry_run: bool,
+    no_check: bool,
     at: str | None,
     ask_checkpoint: bool,
     checkpoint_timeout: str,
@@ -418,6 +426,7 @@ def restart(
             reload=reload,
             from_scratch=from_scratch,
             dry_run=dry_run,
+            no_check=no_check,
         )
     )
 

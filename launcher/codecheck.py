@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainctl.launcher.results.ops import CodeCheck
+from trainctl.supervisor.errors import SpawnError
+from trainctl.supervisor.model.spec import Spec
 
 PROBE = Path(__file__).with_name("codecheck_probe.py")
 TIMEOUT_S = 60.0  # a cold venv on a network file system; past it, the run is left to tell
@@ -34,6 +36,21 @@ HEAD_BYTES = 512  # of a launcher: its #! line
 ARG_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # python's options that take a value
 
 Entry = tuple[str, str]  # ("file", PATH) | ("module", NAME)
+
+
+def refuse_broken(name: str, spec: Spec, source: str, *, verb: str) -> CodeCheck:
+    """The code in ``source`` that ``spec`` would run, looked at by the job's own
+    interpreter before ``verb`` stops anything: code that cannot start (a syntax error,
+    a module not there, a file a git snapshot leaves out) is refused here instead of
+    costing a stop, a failed start and a way back."""
+    seen = check(spec.argv, source, spec.env, git_snapshot=spec.snapshot.mode == "git")
+    if seen.problems:
+        more = f" (and {len(seen.problems) - 1} more)" if len(seen.problems) > 1 else ""
+        raise SpawnError(
+            f"job {name}: the new code would not start: {seen.problems[0]}{more}; nothing "
+            f"was stopped (looked at by {seen.python}; --no-check {verb} anyway)"
+        )
+    return seen
 
 
 def check(

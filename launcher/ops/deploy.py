@@ -44,13 +44,12 @@ from trainctl.launcher.checkpoint import (
 )
 from trainctl.launcher.config import Config
 from trainctl.launcher.results import Checkpoint
-from trainctl.launcher.results.ops import CodeCheck, DeployPlan
+from trainctl.launcher.results.ops import DeployPlan
 from trainctl.supervisor import ids
 from trainctl.supervisor.errors import (
     ConfigError,
     JobConflictError,
     ProcessTreeError,
-    SpawnError,
     TrainctlError,
 )
 from trainctl.supervisor.life import hooks
@@ -131,7 +130,11 @@ def plan_deploy(
     back = _rollback_target(jdir, spec, rollback)
     ck = _resume_point(name, spec, jdir, st.run, at=at, force=force)
     return DeployPlan(
-        code_check=_look_at(name, new_spec) if check else None,
+        code_check=(
+            codecheck.refuse_broken(name, new_spec, snapshot.source_of(new_spec), verb="deploys")
+            if check
+            else None
+        ),
         newest_step=ck.step if ck else None,
         resume_tolerance=resume_tolerance,
         probation_s=_probation(spec, probation_s),
@@ -176,25 +179,6 @@ def _new_code(
         )
     snapshot.check(replace(new_spec, source=None, cwd=source.cwd))
     return code_version(source), changes
-
-
-def _look_at(name: str, new_spec: Spec) -> CodeCheck:
-    """The new code, looked at by the job's own interpreter before anything is stopped:
-    code that cannot start (a syntax error, a module not there) is refused here instead
-    of costing a stop, a failed start and a rollback."""
-    seen = codecheck.check(
-        new_spec.argv,
-        snapshot.source_of(new_spec),
-        new_spec.env,
-        git_snapshot=new_spec.snapshot.mode == "git",
-    )
-    if seen.problems:
-        more = f" (and {len(seen.problems) - 1} more)" if len(seen.problems) > 1 else ""
-        raise SpawnError(
-            f"job {name}: the new code would not start: {seen.problems[0]}{more}; nothing "
-            f"was stopped (looked at by {seen.python}; --no-check deploys anyway)"
-        )
-    return seen
 
 
 def _resume_point(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trainctl.launcher import render
+from trainctl.launcher import backends, codecheck, render, snapshot
 from trainctl.launcher.exitcodes import ExitCode
 from trainctl.launcher.inputs import parse_seconds
 from trainctl.launcher.ops.changes import spec_changes
 from trainctl.launcher.ops.jobs import existing_job
-from trainctl.launcher.ops.start import plan_restart, restart_job, watch_health
+from trainctl.launcher.ops.start import plan_restart, reloaded_spec, restart_job, watch_health
 from trainctl.launcher.ops.status import spec_file_touched
 from trainctl.launcher.results import StartResult, StopResult
 from trainctl.launcher.results.ops import Health
@@ -37,6 +37,7 @@ def run(
     reload: bool = False,
     from_scratch: bool = False,
     dry_run: bool = False,
+    no_check: bool = False,
 ) -> int:
     """Restart job NAME on the same GPUs; refuse while anything of the old run survives.
 
@@ -45,6 +46,8 @@ def run(
     """
     grace_s = None if grace is None else parse_seconds(grace, "--grace")
     window = parse_seconds(health, "--health")
+    if not no_check:
+        _look_at(inv, name, reload=reload)
     if dry_run:
         return _dry_run(inv, name, from_scratch=from_scratch, as_json=as_json)
     if not reload:
@@ -93,6 +96,20 @@ def _dry_run(inv: Invocation, name: str, *, from_scratch: bool, as_json: bool) -
     plan = plan_restart(inv.home, name, from_scratch=from_scratch)
     inv.reply(asdict(plan)) if as_json else render.show(render.restart_plan(plan))
     return ExitCode.OK
+
+
+def _look_at(inv: Invocation, name: str, *, reload: bool) -> None:
+    """The code on disk, looked at by the job's own interpreter before the stop
+    (launcher/codecheck.py): code that cannot start is refused, nothing stopped. Local
+    jobs only: a Slurm job's code runs on a node whose Python this host may not have."""
+    jdir = existing_job(inv.home, name)
+    st = state.read_state(jdir)
+    if not backends.of(st).can.deploy:
+        return
+    spec = state.read_spec(jdir)
+    if reload:
+        spec = reloaded_spec(spec, inv.cfg)
+    codecheck.refuse_broken(name, spec, snapshot.source_of(spec), verb="restarts")
 
 
 def _note_spec_changes(inv: Invocation, name: str) -> None:

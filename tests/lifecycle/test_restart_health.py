@@ -16,7 +16,17 @@ def test_a_restart_into_broken_code_exits_1_with_the_cause(harness: Harness) -> 
     h.tc("start", "--name", "dep", "--cwd", str(h.tmp), "--", sys.executable, "train.py",
          check=True)  # fmt: skip
     script.write_text("def broken(:\n    pass\n")  # the deploy that introduced a SyntaxError
-    res = h.tc("restart", "dep", timeout=60)
+    pid = h.state("dep")["main"]["pid"]
+    refused = h.tc("restart", "dep", timeout=60)  # the look at the code: nothing stopped
+    assert refused.rc == 1, refused
+    assert refused.err.splitlines() == [
+        f"trainctl: error: job dep: the new code would not start: train.py:1: SyntaxError: "
+        f"invalid syntax; nothing was stopped (looked at by {sys.executable}; --no-check "
+        "restarts anyway)"
+    ]
+    assert (h.state("dep")["run"], h.state("dep")["main"]["pid"]) == (1, pid)
+    assert h.tc("restart", "dep", "--dry-run").rc == 1
+    res = h.tc("restart", "dep", "--no-check", timeout=60)  # the health window's turn
     assert res.rc == 1, (res.out, res.err)
     assert "started dep run 2" in res.out
     first = res.err.splitlines()[0]
