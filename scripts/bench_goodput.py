@@ -136,18 +136,23 @@ def resume_times(
 ) -> list[float]:
     """Per fault: seconds from the fault until the step counter passed where it was when
     the fault came, once the run was disrupted (a gap of 1 s, or the counter going back to
-    a checkpoint): the restart, the rendezvous, the load and the steps redone. ``runs``:
+    a checkpoint) before the next fault (0: it was not; a refused deploy took the next
+    fault's disruption for its own until 2026-12-05): the restart, the rendezvous, the
+    load and the steps redone. ``runs``:
     when each run's first step came (trainctl's run files); then only a step of a run
     that began after the fault counts (a hung rank set going by the stall's stop ends
     its step: that is not the job back)."""
     out = []
-    for at, _ in FAULTS:
+    for k, (at, _) in enumerate(FAULTS):
         f = t0 + at
+        nxt = t0 + FAULTS[k + 1][0] if k + 1 < len(FAULTS) else end
         before = [s for t, s in pts if t <= f]
         pre = before[-1] if before else 0.0
         disrupted, last_t, last_s, back = False, f, pre, end
         fresh = min((r for r in runs or [] if r > f), default=None)
         for t, s in (p for p in pts if p[0] > f):
+            if not disrupted and t > nxt:  # not disrupted before the next fault: none
+                break
             disrupted = disrupted or t - last_t >= 1.0 or s < last_s
             if disrupted and s > pre and (runs is None or (fresh is not None and t >= fresh)):
                 back = t
