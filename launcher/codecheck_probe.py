@@ -46,6 +46,9 @@ class FOUND:  # stands for a spec where looking raised: counted as found
 def main() -> None:
     order = json.loads(sys.argv[1])
     os.chdir(order["cwd"])
+    # a slot of our own in front, for the folder a run puts there (its script's, or the
+    # cwd for -m); `-c` put '' first, and PYTHONSAFEPATH nothing: neither is replaced
+    sys.path.insert(0, os.getcwd())
     look = Look()
     for kind, what in order["entries"]:
         if kind == "file":
@@ -150,7 +153,7 @@ class Look:
 
     def find(self, name: str, root: str) -> "ModuleSpec | type[FOUND] | None":
         """The spec of top-level module ``name`` as the run would find it (None: none)."""
-        sys.path[0] = root
+        sys.path[0] = root  # the slot main() made
         try:
             return find_spec(name)
         except Exception:  # noqa: BLE001  # a finder of the job's that fails: not ours to judge

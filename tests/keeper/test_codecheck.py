@@ -183,3 +183,12 @@ def test_the_job_s_own_python_judges_the_syntax(tmp_path: Path, version: str) ->
         assert problems(tmp_path, python, "matching.py") == [
             "matching.py:1: SyntaxError: invalid syntax"
         ]
+
+
+def test_a_safe_path_job_keeps_its_pythonpath(tmp_path: Path) -> None:
+    """PYTHONSAFEPATH puts nothing first on sys.path: the look's own slot for the
+    script's folder must not take the place of the job's PYTHONPATH."""
+    tree(tmp_path, {"code/train.py": "import sidecar_mod\n", "extra/sidecar_mod.py": "x = 1\n"})
+    env = {**ENV, "PYTHONPATH": str(tmp_path / "extra"), "PYTHONSAFEPATH": "1"}
+    seen = codecheck.check([PY, "train.py"], str(tmp_path / "code"), env)
+    assert (seen.problems, seen.unchecked) == ([], None)
