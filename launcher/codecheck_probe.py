@@ -15,9 +15,10 @@ the Python that will run it, and nothing else.
 What it leaves alone, so that it never refuses code that would have run: imports under
 ``try``, ``if`` or in a function (optional, conditional or late); relative imports it
 cannot place; ``from X import name`` where name may be an attribute; submodules of
-installed packages (looking would import the package); and every missing module when a
-file it reached changes ``sys.path`` or the import machinery (the module may be found
-where that puts it).
+installed packages (looking would import the package); a missing module imported after
+a call at module level (a code generator, ``pyximport.install()``: the call may make it);
+and every missing module when a file it reached changes ``sys.path`` or the import
+machinery (the module may be found where that puts it).
 
 Standard library only, and Python 3.6's syntax (no walrus, no ``X | Y``): the job's
 interpreter may be older than trainctl's.
@@ -36,7 +37,18 @@ if TYPE_CHECKING:
     Where = tuple[str, int]  # a file and the line of an import in it
 
 MAX_FILES = 400  # a monorepo's entry imports much: the look stays a look
-DYNAMIC = (b"sys.path", b"addsitedir", b"meta_path", b"path_hooks", b"__path__")
+# text that may change where (or whether) a later import finds its module
+DYNAMIC = (
+    b"sys.path",
+    b"addsitedir",
+    b"meta_path",
+    b"path_hooks",
+    b"__path__",
+    b"sys.modules",
+    b"pyximport",
+    b"importlib.machinery",
+    b"declare_namespace",
+)
 
 
 class FOUND:  # stands for a spec where looking raised: counted as found
@@ -73,6 +85,9 @@ class Look:
         self.missing = []  # type: list[tuple[Where | None, str]]  # modules not found
         self.imports = 0
         self.dynamic = None  # type: str | None  # the first file that moves sys.path
+        self.late = None  # type: Where | None  # the first import after a call at top level
+        self.after_call = None  # type: Where | None  # the import under way, when late
+        self.late_n = 0
 
     def follow(self, path: str, root: str, where: "Where | None" = None) -> None:
         if path not in self.seen and len(self.seen) < MAX_FILES:
@@ -104,12 +119,18 @@ class Look:
             return
         if self.dynamic is None and any(d in src for d in DYNAMIC):
             self.dynamic = self.rel(path)
+        ran = False  # a statement before this one called something (codegen, an installer)
         for node in tree.body:  # module level, unconditional
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    self.module(alias.name, root, (path, node.lineno))
-            elif isinstance(node, ast.ImportFrom):
-                self.from_import(node, path, root)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.after_call = (path, node.lineno) if ran else None
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        self.module(alias.name, root, (path, node.lineno))
+                else:
+                    self.from_import(node, path, root)
+            elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                ran = ran or any(isinstance(n, ast.Call) for n in ast.walk(node))
+        self.after_call = None
 
     def from_import(self, node: ast.ImportFrom, path: str, root: str) -> None:
         if node.level:  # relative: placed against this file's package, when it is one
@@ -139,7 +160,11 @@ class Look:
         if not regular:
             spec = self.find(parts[0], root)
             if spec is None and not os.path.isdir(top):
-                self.missing.append((where, parts[0]))
+                if self.after_call is not None:  # what the call did may have made it
+                    self.late = self.late or self.after_call
+                    self.late_n += 1
+                else:
+                    self.missing.append((where, parts[0]))
             if spec is None or spec.origin is not None or not os.path.isdir(top):
                 return False  # installed (it wins over a folder of that name), or missing
         for i in range(1, len(parts) + 1):  # the code's own: each part followed
@@ -196,10 +221,15 @@ class Look:
                 at = self.at(where) if where else "-m"
                 self.problems.append(f"{at}: No module named {name!r}")
         unchecked = None
-        if self.missing and self.dynamic is not None:
+        if self.dynamic is not None and (self.missing or self.late is not None):
+            n = len(self.missing) + self.late_n
             unchecked = (
-                f"{self.dynamic} changes sys.path: {len(self.missing)} import(s) not found "
-                "here left to the run"
+                f"{self.dynamic} changes sys.path: {n} import(s) not found here left to the run"
+            )
+        elif self.late is not None:
+            unchecked = (
+                f"{self.at(self.late)} imports a module not found here after a call that "
+                "may make it: left to the run"
             )
         out = {
             "problems": self.problems,

@@ -192,3 +192,28 @@ def test_a_safe_path_job_keeps_its_pythonpath(tmp_path: Path) -> None:
     env = {**ENV, "PYTHONPATH": str(tmp_path / "extra"), "PYTHONSAFEPATH": "1"}
     seen = codecheck.check([PY, "train.py"], str(tmp_path / "code"), env)
     assert (seen.problems, seen.unchecked) == ([], None)
+
+
+def test_a_module_a_call_may_make_is_left_to_the_run(tmp_path: Path) -> None:
+    """Code that makes a module before importing it (a code generator, an import hook
+    installed by a call) must not be refused; a missing import before any call still is."""
+    tree(tmp_path, {
+        "gen.py": (
+            "import os\n"
+            "with open('made_now.py', 'w') as f:\n    f.write('x = 1\\n')\n"
+            "import made_now\n"
+        ),
+        "hook.py": "import pyx_like\npyx_like.install()\nimport fastmod\n",
+        "pyx_like.py": "def install(): pass\n",
+        "early.py": "import not_there_at_all\nprint('go')\nimport made_later\n",
+    })  # fmt: skip
+    seen = codecheck.check([PY, "gen.py"], str(tmp_path), ENV)
+    assert seen.problems == []
+    assert seen.unchecked is not None
+    assert seen.unchecked.startswith("gen.py:4 imports a module not found here after a call")
+    seen = codecheck.check([PY, "hook.py"], str(tmp_path), ENV)
+    assert (seen.problems, seen.unchecked is not None) == ([], True)
+    seen = codecheck.check([PY, "early.py"], str(tmp_path), ENV)
+    assert seen.problems == ["early.py:1: No module named 'not_there_at_all'"]
+    # the look made nothing: gen.py was read, not run
+    assert not (tmp_path / "made_now.py").exists()
