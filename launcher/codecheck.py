@@ -34,6 +34,12 @@ TIMEOUT_S = 60.0  # a cold venv on a network file system; past it, the run is le
 PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?$")
 HEAD_BYTES = 512  # of a launcher: its #! line
 ARG_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # python's options that take a value
+# Python programs that run the job in an environment of their choosing (`conda run -n
+# env ...`, `poetry run ...`): their own #! Python is not the job's
+ENV_SWITCHERS = frozenset(
+    {"conda", "mamba", "micromamba", "poetry", "pipenv", "hatch", "pdm", "pixi", "rye",
+     "tox", "nox", "pipx", "uv", "uvx", "virtualenv"}
+)  # fmt: skip
 
 Entry = tuple[str, str]  # ("file", PATH) | ("module", NAME)
 
@@ -134,10 +140,13 @@ def _interpreter(
     if prog is None:
         return f"{argv[0]} is not found on the job's PATH"
     if PYTHON.match(os.path.basename(prog)):
-        return prog, _python_entries(argv[1:])
+        return prog, _python_entries(argv[1:], cwd)
+    name = os.path.basename(argv[0])
+    if name in ENV_SWITCHERS or any(PYTHON.match(os.path.basename(a)) for a in argv[1:]):
+        return f"{name} runs the job in an environment of its own choosing"
     python = _shebang_python(prog, cwd, env)
     if python is None:
-        return f"{os.path.basename(argv[0])} is not a Python program"
+        return f"{name} is not a Python program"
     return python, _launcher_entries(argv[1:], cwd)
 
 
@@ -166,13 +175,15 @@ def _shebang_python(prog: str, cwd: str, env: Mapping[str, str]) -> str | None:
     return words[0]
 
 
-def _python_entries(args: Sequence[str]) -> list[Entry]:
-    """What ``python ARGS`` runs: a script, a module (-m), or code we cannot see (-c, -)."""
+def _python_entries(args: Sequence[str], cwd: str) -> list[Entry]:
+    """What ``python ARGS`` runs: a script, a module (-m), or code we cannot see (-c, -).
+    A module is followed by the first ``.py`` file among its arguments, for a launcher
+    run as one (``python -m torch.distributed.run ... train.py``)."""
     it = iter(args)
     for a in it:
         if a == "-m" or (a.startswith("-m") and not a.startswith("--")):
             name = a[2:] or next(it, "")
-            return [("module", name)] if name else []
+            return [("module", name), *_launcher_entries(list(it), cwd)] if name else []
         if a == "-" or (a.startswith("-c") and not a.startswith("--")):
             return []
         if a in ARG_OPTIONS:

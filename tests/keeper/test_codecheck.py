@@ -217,3 +217,24 @@ def test_a_module_a_call_may_make_is_left_to_the_run(tmp_path: Path) -> None:
     assert seen.problems == ["early.py:1: No module named 'not_there_at_all'"]
     # the look made nothing: gen.py was read, not run
     assert not (tmp_path / "made_now.py").exists()
+
+
+def test_a_launcher_run_as_a_module_and_environment_switchers(tmp_path: Path) -> None:
+    tree(tmp_path, {"train.py": "import not_installed_here\n"})
+    want = ["train.py:1: No module named 'not_installed_here'"]
+    assert problems(tmp_path, PY, "-m", "json.tool", "--nproc", "2", "train.py") == want
+    # `conda run -n env python train.py`, `poetry run torchrun train.py`: the Python that
+    # runs the job is the environment's, not the one the switcher's own #! names
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("conda", "mytool"):
+        (bin_dir / name).write_text(f"#!{PY}\nimport sys\n")
+        (bin_dir / name).chmod(0o755)
+    for argv in (
+        [str(bin_dir / "conda"), "run", "-n", "env", "torchrun", "train.py"],
+        [str(bin_dir / "mytool"), "run", "python3", "train.py"],
+    ):
+        seen = codecheck.check(argv, str(tmp_path), ENV)
+        assert seen.problems == [], argv
+        assert seen.unchecked is not None
+        assert "runs the job in an environment of its own choosing" in seen.unchecked
