@@ -73,6 +73,15 @@ def newest_checkpoint(
     return checkpoint_view(spec, jdir, run)[0]
 
 
+SAVE_UNDER_WAY_POLL_S = 0.05  # a save in place: its end record is written within ms to seconds
+
+
+def wait_complete(spec: Spec, timeout_s: float) -> Checkpoint | None:
+    """The newest complete checkpoint, waiting up to ``timeout_s`` while there is none (a
+    save in place under way: the file the glob names has no end record yet)."""
+    return poll_until(lambda: newest_checkpoint(spec), timeout_s, SAVE_UNDER_WAY_POLL_S)
+
+
 def wait_new_checkpoint(spec: Spec, asked_at: float, timeout_s: float) -> Checkpoint:
     """Wait for a complete checkpoint written after ``asked_at``."""
 

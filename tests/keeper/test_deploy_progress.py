@@ -19,6 +19,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Harness, wait_for
 from tests.keeper.test_deploy import GIT, progress
 
@@ -225,3 +227,51 @@ def test_new_code_that_keeps_failing_after_its_probation_goes_back_to_the_old_co
     rows = h.tc("history", "ph", "--json", check=True).json()
     assert any(m.startswith("rolled back: ") for m in rows[-1]["marks"]), rows[-1]
     h.tc("stop", "ph", check=True)
+
+
+def test_deploy_at_now_landing_in_a_save_waits_for_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`deploy --at now` reads the newest complete checkpoint twice: in the plan, then in
+    the deployer a moment later. A trainer rewriting it in place between the two left the
+    deployer with none: the new code was handed no checkpoint and no step (seen once in
+    CI, on a loaded VM). It now waits for that save's end (real files; the save is
+    finished by a thread, half a second on)."""
+    import threading
+
+    from trainctl.launcher.config import load_config
+    from trainctl.launcher.ops import deploy as ops
+    from trainctl.launcher.results.ops import DeployPlan
+    from trainctl.supervisor.model.spec import Spec, Watch
+
+    ck = tmp_path / "ckpt.pt"
+
+    def save(step: int, whole: bool = True) -> None:
+        with zipfile.ZipFile(ck, "w") as z:
+            z.writestr("archive/data.pkl", json.dumps({"iter_num": step}))
+        if not whole:  # as it is while torch.save writes: no end record yet
+            ck.write_bytes(ck.read_bytes()[:-22])
+
+    save(20)
+    jdir = tmp_path / "job"
+    (jdir / "logs").mkdir(parents=True)
+    (jdir / "deploys").mkdir()  # the verb made it, with the plan
+    spec = Spec(name="g", argv=("true",), cwd=str(tmp_path), env={},
+                watch=Watch(checkpoint="ckpt.pt"))  # fmt: skip
+    plan = DeployPlan(id="1-t", name="g", from_run=1, from_code=None, to_code=None,
+                      changes=[], at="now", newest_checkpoint=str(ck),
+                      checkpoint_timeout_s=10.0)  # fmt: skip
+    save(30, whole=False)  # the trainer's next save, under way as the deployer looks
+    finisher = threading.Timer(0.5, save, args=(30,))
+    finisher.start()
+    monkeypatch.delenv("TRAINCTL_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # the shipped defaults
+    d = ops._Deploy(tmp_path, jdir, plan, load_config(), spec)
+    t0 = time.monotonic()
+    assert ops._checkpoint_step(d, spec) is None  # not ended: it goes on to the stop
+    finisher.join()
+    assert d.checkpoint is not None
+    assert d.checkpoint.path == str(ck)
+    assert 0.4 < time.monotonic() - t0 < 5.0
+    steps = (jdir / "deploys" / "1-t.steps.jsonl").read_text()
+    assert "is being saved: waiting for it" in steps
