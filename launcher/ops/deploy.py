@@ -438,12 +438,15 @@ def _checkpoint_step(d: _Deploy, spec: Spec) -> DeployReport | None:
         d.checkpoint = newest_checkpoint(spec)
         if d.checkpoint is None and p.newest_checkpoint is not None:
             # the plan saw one: a save in place is rewriting it now; its end comes soon
-            d.say("checkpoint", f"{p.newest_checkpoint} is being saved: waiting for it",
-                  p.checkpoint_timeout_s)  # fmt: skip
+            d.say(
+                "checkpoint",
+                f"{p.newest_checkpoint} is being saved: waiting for it",
+                p.checkpoint_timeout_s,
+            )
             d.checkpoint = wait_complete(spec, p.checkpoint_timeout_s)
             if d.checkpoint is None:
-                return d.report("failed", f"{p.newest_checkpoint} was not complete again "
-                                f"within {p.checkpoint_timeout_s:g} s; nothing was stopped")  # fmt: skip
+                why = f"within {p.checkpoint_timeout_s:g} s; nothing was stopped"
+                return d.report("failed", f"{p.newest_checkpoint} was not complete again {why}")
     else:
         if p.at == "checkpoint":
             d.say("checkpoint", f"asking {p.name} for a checkpoint ({p.checkpoint_signal})",

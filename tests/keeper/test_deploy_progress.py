@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -23,6 +24,10 @@ import pytest
 
 from tests.conftest import Harness, wait_for
 from tests.keeper.test_deploy import GIT, progress
+from trainctl.launcher.config import load_config
+from trainctl.launcher.ops import deploy as ops
+from trainctl.launcher.results.ops import DeployPlan
+from trainctl.supervisor.model.spec import Spec, Watch
 
 TRAINER = """\
 import json, os, signal, sys, time, zipfile
@@ -237,13 +242,6 @@ def test_deploy_at_now_landing_in_a_save_waits_for_its_end(
     deployer with none: the new code was handed no checkpoint and no step (seen once in
     CI, on a loaded VM). It now waits for that save's end (real files; the save is
     finished by a thread, half a second on)."""
-    import threading
-
-    from trainctl.launcher.config import load_config
-    from trainctl.launcher.ops import deploy as ops
-    from trainctl.launcher.results.ops import DeployPlan
-    from trainctl.supervisor.model.spec import Spec, Watch
-
     ck = tmp_path / "ckpt.pt"
 
     def save(step: int, whole: bool = True) -> None:
