@@ -10,7 +10,7 @@ import os
 import select
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -174,41 +174,59 @@ def reader_gone(fd: int = 1) -> bool:
 
 
 def follow(
-    home: Path, name: str, path: Path, poll_s: float, start: FollowFrom | None = None
+    home: Path,
+    name: str,
+    path: Path,
+    poll_s: float,
+    start: FollowFrom | None = None,
+    on_gap: Callable[[str], None] | None = None,
 ) -> Iterator[str]:
     """Yield new log text as it appears, switching to the next run's log after a restart.
 
     From ``start`` on (where the caller's own read of the log stopped: nothing written
-    between that read and this one is lost), else from the log's end now.
+    between that read and this one is lost), else from the log's end now. ``on_gap`` is
+    told, between two chunks, when the log rotated faster than it was read and the copy
+    holding the lines between them was removed (more than ``log_keep`` rotations).
     Ends when the job has finished and its log is drained: the run is over (or its
     supervisor is lost and no process of it is left) and nobody holds the job lock to
     restart it.
     """
     jdir = existing_job(home, name)
     run = int(path.stem.split("-")[-1])
-    reader = _LogReader(path, start or FollowFrom.now(path))
+    readers = [_LogReader(path, start or FollowFrom.now(path))]  # each run's, in turn
     end = _End(jdir, run)
-    while True:
-        chunk = reader.read()
-        if chunk:
-            yield chunk
-            continue
-        if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
-            run += 1
-            reader = _LogReader(state.log_path(jdir, run), START)
-            end = _End(jdir, run)
-            yield f"==> {name} run {run} <==\n"
-            continue
-        if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
-            if state.log_path(jdir, run + 1).exists():
-                continue  # relaunched meanwhile: follow it
-            while last := reader.read(final=True):  # the rest (a copy made at the end too)
-                yield last
-            return
-        if reader_gone():
-            # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
-            return
-        time.sleep(poll_s)
+    try:
+        while True:
+            reader = readers[-1]
+            gaps = reader.gaps
+            chunk = reader.read()
+            if reader.gaps > gaps and on_gap is not None:
+                on_gap(
+                    f"{reader.path.name} rotated faster than this follow read it: lines "
+                    "before the next ones may have gone with its oldest kept copy (log_keep)"
+                )
+            if chunk:
+                yield chunk
+                continue
+            if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
+                run += 1
+                readers.append(_LogReader(state.log_path(jdir, run), START))
+                end = _End(jdir, run)
+                yield f"==> {name} run {run} <==\n"
+                continue
+            if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
+                if state.log_path(jdir, run + 1).exists():
+                    continue  # relaunched meanwhile: follow it
+                while last := reader.read(final=True):  # the rest (a copy made at the end)
+                    yield last
+                return
+            if reader_gone():
+                # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
+                return
+            time.sleep(poll_s)
+    finally:
+        for r in readers:  # the copies still open to be read
+            r.close()
 
 
 class _End:
@@ -255,6 +273,7 @@ class _LogReader:
         self.backlog: list[tuple[BinaryIO, int]] = []  # (an open copy, where to read it from)
         self.recent = b""  # the last bytes read of the log, ending at pos (none known yet)
         self.shrunk_since: float | None = None  # when the log was first seen shorter than pos
+        self.gaps = 0  # rotations that removed lines before this reader read them
 
     def read(self, *, final: bool = False) -> str:
         self._notice_rotations()
@@ -271,6 +290,12 @@ class _LogReader:
             self.pos += len(data)
             self.recent = (self.recent + data)[-RECENT:]
         return self.decoder.decode(data, final=final and not self.backlog)
+
+    def close(self) -> None:
+        """Close the copies still open to be read."""
+        for f, _ in self.backlog:
+            f.close()
+        self.backlog.clear()
 
     def _shortened(self) -> bool:
         """The log is shorter than this reader's offset, and no new copy explains it: a
@@ -306,7 +331,11 @@ class _LogReader:
                 fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 opened.append(os.fdopen(fd, "rb"))
         for k, f in enumerate(opened):
-            self.backlog.append((f, self.pos if k == 0 and self._was_in(f) else 0))
+            was_in = k == 0 and self._was_in(f)
+            # the copy it was in went with the oldest: what it had not read of it is gone
+            # (nothing, if it had read it all: that cannot be told once it is gone)
+            self.gaps += k == 0 and not was_in
+            self.backlog.append((f, self.pos if was_in else 0))
         self.pos, self.recent = 0, b""  # the log itself: from its start, once copies are read
 
     def _was_in(self, f: BinaryIO) -> bool:

@@ -55,13 +55,20 @@ def follow_to_stdout(
     ends, the reader leaves, or Ctrl-C."""
     stamped = _Stamped() if timestamps else None
     try:
-        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start):
+        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start, _say_gap):
             render.write(stamped.feed(chunk) if stamped else chunk)
             if output.reader_gone():
                 return
     except KeyboardInterrupt:
         if detach_note:
             sys.stderr.write(f"\ndetached; {name} keeps running (trainctl stop {name})\n")
+
+
+def _say_gap(line: str) -> None:
+    """Lines a follow could not read (rotated away): said on stderr, not in the log."""
+    if sys.stderr is not None:
+        sys.stderr.write(f"trainctl: {line}\n")
+        sys.stderr.flush()
 
 
 def follow_new_run(inv: Invocation, name: str, path: Path) -> None:

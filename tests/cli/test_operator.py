@@ -209,7 +209,12 @@ def test_logs_follow_across_rotations_prints_every_line_once(harness: Harness) -
     rotated = (h.home / "jobs" / "numf" / "events.jsonl").read_text().count("log_rotated")
     assert rotated >= 3, rotated
     gaps = [(a, b) for a, b in itertools.pairwise(got) if b != a + 1]
-    assert not gaps, (gaps[:5], rotated)  # from its first line on: each once, in order
+    # From its first line on: each once, in order. A follow descheduled for longer than
+    # log_keep rotations take (~0.2 s at this rate: seen once in a loaded CI run) finds
+    # the copy it was in removed: those lines are gone, and each such gap must be said.
+    said = res.err.count("rotated faster than this follow read it")
+    assert all(b > a for a, b in gaps), gaps[:5]  # never a line twice, never back
+    assert len(gaps) <= said, (gaps[:5], said, rotated)
 
 
 def test_the_log_pace_looks_sooner_as_the_log_nears_its_cap() -> None:
@@ -465,12 +470,40 @@ def test_the_follow_reads_each_copy_made_since_its_last_read(tmp_path: Path) -> 
     _rotate(log, keep=2)  # two rotations between two reads
     log.write_bytes(b"d1\n")
     assert _drain(r) == "b2\nc1\nd1\n"
+    assert r.gaps == 0  # nothing lost so far
     log.write_bytes(b"d1\nd2\n")
     _rotate(log, keep=1)
     log.write_bytes(b"e1\n")
     _rotate(log, keep=1)  # the copy it was in is gone: the next one from its start
     log.write_bytes(b"f1\n")
     assert _drain(r) == "e1\nf1\n"
+    assert r.gaps == 1  # d2 went with it: `logs -f` says so on stderr
+
+
+def test_a_follow_says_when_the_copy_it_was_in_is_gone(harness: Harness) -> None:
+    """A live job's log, rotated by hand past a paused follow: the lines of the copy it
+    was in are gone, and its caller is told between the chunks (on stderr, by the verb)."""
+    h = harness
+    h.tc("start", "--name", "gap", "--", sys.executable, "-c",
+         "import time; print('one', flush=True); time.sleep(600)", check=True)  # fmt: skip
+    log = h.home / "jobs" / "gap" / "logs" / "run-1.log"
+    wait_for(lambda: log.exists() and log.read_bytes() == b"one\n", 20, "its first line")
+    told: list[str] = []
+    chunks = logs_ops.follow(h.home, "gap", log, 0.05, logs_ops.START, told.append)
+    try:
+        assert next(chunks) == "one\n"
+        with open(log, "ab") as f:
+            f.write(b"two\n")  # not read: it goes with the copy rotated out
+        _rotate(log, keep=1)
+        log.write_bytes(b"three\n")
+        _rotate(log, keep=1)
+        assert told == []
+        assert next(chunks) == "three\n"  # "two" is gone, and said to be, before it
+        assert len(told) == 1
+        assert told[0].startswith("run-1.log rotated faster than this follow read it")
+    finally:
+        chunks.close()  # its open copies closed with it
+        h.tc("stop", "gap", check=True)
 
 
 def test_a_follow_waits_a_moment_for_a_copy_before_reading_a_shortened_log_again(
