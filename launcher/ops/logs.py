@@ -192,41 +192,58 @@ def follow(
     restart it.
     """
     jdir = existing_job(home, name)
-    run = int(path.stem.split("-")[-1])
     readers = [_LogReader(path, start or FollowFrom.now(path))]  # each run's, in turn
-    end = _End(jdir, run)
     try:
-        while True:
-            reader = readers[-1]
-            gaps = reader.gaps
-            chunk = reader.read()
-            if reader.gaps > gaps and on_gap is not None:
-                on_gap(
-                    f"{reader.path.name} rotated faster than this follow read it: lines "
-                    "before the next ones may have gone with its oldest kept copy (log_keep)"
-                )
-            if chunk:
-                yield chunk
-                continue
-            if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
-                run += 1
-                readers.append(_LogReader(state.log_path(jdir, run), START))
-                end = _End(jdir, run)
-                yield f"==> {name} run {run} <==\n"
-                continue
-            if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
-                if state.log_path(jdir, run + 1).exists():
-                    continue  # relaunched meanwhile: follow it
-                while last := reader.read(final=True):  # the rest (a copy made at the end)
-                    yield last
-                return
-            if reader_gone():
-                # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
-                return
-            time.sleep(poll_s)
+        yield from _follow(jdir, name, readers, poll_s, on_gap)
     finally:
         for r in readers:  # the copies still open to be read
             r.close()
+
+
+def _follow(
+    jdir: Path,
+    name: str,
+    readers: list[_LogReader],
+    poll_s: float,
+    on_gap: Callable[[str], None] | None,
+) -> Iterator[str]:
+    """:func:`follow`'s loop; a later run's reader is appended to ``readers``."""
+    run = int(readers[0].path.stem.split("-")[-1])
+    end = _End(jdir, run)
+    while True:
+        reader = readers[-1]
+        chunk = _read_telling(reader, on_gap)
+        if chunk:
+            yield chunk
+            continue
+        if state.log_path(jdir, run + 1).exists():  # made at its spawn: a later run
+            run += 1
+            readers.append(_LogReader(state.log_path(jdir, run), START))
+            end = _End(jdir, run)
+            yield f"==> {name} run {run} <==\n"
+            continue
+        if end.finished() and not state.is_locked(jdir, state.JOB_LOCK):
+            if state.log_path(jdir, run + 1).exists():
+                continue  # relaunched meanwhile: follow it
+            while last := reader.read(final=True):  # the rest (a copy made at the end too)
+                yield last
+            return
+        if reader_gone():
+            # e.g. `trainctl --host X logs -f` after Ctrl-C: ssh is gone; do not linger
+            return
+        time.sleep(poll_s)
+
+
+def _read_telling(reader: _LogReader, on_gap: Callable[[str], None] | None) -> str:
+    """The reader's next text; ``on_gap`` told first when lines rotated away unread."""
+    gaps = reader.gaps
+    chunk = reader.read()
+    if reader.gaps > gaps and on_gap is not None:
+        on_gap(
+            f"{reader.path.name} rotated faster than this follow read it: lines before "
+            "the next ones may have gone with its oldest kept copy (log_keep)"
+        )
+    return chunk
 
 
 class _End:
