@@ -103,10 +103,12 @@ def _look_at(inv: Invocation, name: str, *, reload: bool) -> None:
     (launcher/codecheck.py): code that cannot start is refused, nothing stopped. Local
     jobs only: a Slurm job's code runs on a node whose Python this host may not have."""
     jdir = existing_job(inv.home, name)
-    st = state.read_state(jdir)
+    try:
+        st, spec = state.read_state(jdir), state.read_spec(jdir)
+    except TrainctlError:
+        return  # the restart itself says what is wrong with the job, as it always did
     if not backends.of(st).can.deploy:
         return
-    spec = state.read_spec(jdir)
     if reload:
         spec = reloaded_spec(spec, inv.cfg)
     codecheck.refuse_broken(name, spec, snapshot.source_of(spec), verb="restarts")
