@@ -2,7 +2,9 @@
 
 Run as ``PYTHON -c <this file's text> JSON`` (launcher/codecheck.py), where JSON is
 ``{"cwd": ..., "entries": [["file", PATH] | ["module", NAME], ...]}``. It prints one JSON
-object: ``{"problems": [...], "files": N, "imports": N, "unchecked": REASON | null}``.
+object: ``{"problems": [...], "files": N, "imports": N, "unchecked": REASON | null,
+"followed": [[FILE, "file:line" | null], ...], "python": "3.N"}`` (the files it read and
+the import that brought each, for the git snapshot's look; its own version).
 
 It executes none of the job's code and imports none of its packages: each Python file it
 reaches (the entry script, then the modules beside it that it imports at module level,
