@@ -80,7 +80,6 @@ def main() -> None:
 class Look:
     def __init__(self) -> None:
         self.queue = []  # type: list[tuple[str, str]]  # (path, root)
-        self.seen = set()  # type: set[str]
         # each file followed: the import that brought it (None: an entry)
         self.via = {}  # type: dict[str, Where | None]
         self.problems = []  # type: list[str]
@@ -92,8 +91,7 @@ class Look:
         self.late_n = 0
 
     def follow(self, path: str, root: str, where: "Where | None" = None) -> None:
-        if path not in self.seen and len(self.seen) < MAX_FILES:
-            self.seen.add(path)
+        if path not in self.via and len(self.via) < MAX_FILES:
             self.via[path] = where
             self.queue.append((path, root))
 
@@ -235,7 +233,7 @@ class Look:
             )
         out = {
             "problems": self.problems,
-            "files": len(self.seen),
+            "files": len(self.via),
             "imports": self.imports,
             "unchecked": unchecked,
             "followed": [

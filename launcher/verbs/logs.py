@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from trainctl.launcher import output, render
-from trainctl.launcher.exitcodes import ExitCode
+from trainctl.launcher.exitcodes import ExitCode, say_error
 from trainctl.launcher.inputs import parse_duration
 from trainctl.launcher.ops.logs import (
     START,
@@ -55,20 +55,13 @@ def follow_to_stdout(
     ends, the reader leaves, or Ctrl-C."""
     stamped = _Stamped() if timestamps else None
     try:
-        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start, _say_gap):
+        for chunk in follow(inv.home, name, path, inv.cfg.follow_poll_s, start, say_error):
             render.write(stamped.feed(chunk) if stamped else chunk)
             if output.reader_gone():
                 return
     except KeyboardInterrupt:
         if detach_note:
             sys.stderr.write(f"\ndetached; {name} keeps running (trainctl stop {name})\n")
-
-
-def _say_gap(line: str) -> None:
-    """Lines a follow could not read (rotated away): said on stderr, not in the log."""
-    if sys.stderr is not None:
-        sys.stderr.write(f"trainctl: {line}\n")
-        sys.stderr.flush()
 
 
 def follow_new_run(inv: Invocation, name: str, path: Path) -> None:
